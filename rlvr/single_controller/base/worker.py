@@ -1,0 +1,122 @@
+"""``Worker``: the base class of every role worker (actor, rollout, reference, critic, reward).
+
+A worker is one process per device (a Ray actor, or the driver itself with the local backend).
+Its place in the group comes from the environment that the worker group sets before starting it:
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import ray
+import torch
+import torch.distributed as dist
+
+from rlvr.single_controller.base.decorator import Dispatch, register
+
+
+@dataclass
+class RankInfo:
+    """Where a worker sits in its group; a worker may change the dp/tp fields in ``__init__``.
+
+    ``DP_MP_COMPUTE`` / ``DP_MP_DISPATCH_FIRST`` send data chunk ``dp_rank`` (of ``dp_size``) to the
+    worker and collect the output of the ranks with ``is_collect`` (``tp_rank == 0``).
+    """
+
+    rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+    tp_rank: int = 0
+    tp_size: int = 1
+
+    @property
+    def is_collect(self) -> bool:
+        """Whether the driver keeps this rank's output (one rank per data-parallel group)."""
+        return self.tp_rank == 0
+
+
+def free_port() -> int:
+    """A TCP port that is free on this host right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def node_ip() -> str:
+    """IP address of this node as Ray sees it, or loopback outside Ray."""
+    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+
+
+class Worker:
+    """Base class of role workers.
+
+    Args:
+        worker_config: the role's config object, kept as ``self.worker_config``.
+
+    Attributes:
+        rank, world_size, local_rank: from ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` (default 0, 1, 0).
+        master_addr, master_port: rendezvous of ``torch.distributed``; rank 0 picks them when the
+            environment has none (the worker group then hands them to the other ranks).
+        device: ``"cuda:<i>"`` when a GPU is visible to this process, else ``"cpu"``.
+        rank_info: ``RankInfo`` used by the DP_MP dispatch modes.
+    """
+
+    def __init__(self, worker_config: Any = None) -> None:
+        self.worker_config = worker_config
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if "MASTER_ADDR" not in os.environ and self.rank == 0:
+            os.environ["MASTER_ADDR"] = node_ip()
+            os.environ["MASTER_PORT"] = str(free_port())
+        self.master_addr = os.environ.get("MASTER_ADDR", "")
+        self.master_port = int(os.environ.get("MASTER_PORT", "0"))
+        self.device = self._pick_device()
+        self.rank_info = RankInfo(
+            rank=self.rank, world_size=self.world_size, dp_rank=self.rank, dp_size=self.world_size
+        )
+
+    def _pick_device(self) -> str:
+        if not torch.cuda.is_available():
+            return "cpu"
+        count = torch.cuda.device_count()
+        return f"cuda:{self.local_rank if count > 1 else 0}"
+
+    def get_rank_info(self) -> RankInfo:
+        """The worker's current ``RankInfo`` (the worker group reads it for DP_MP dispatch)."""
+        return self.rank_info
+
+    def get_master_address(self) -> tuple[str, int]:
+        """``(MASTER_ADDR, MASTER_PORT)`` of this worker (rank 0 chooses them)."""
+        return self.master_addr, self.master_port
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_process_group(self, backend: str | None = None, timeout_s: float = 600.0) -> str:
+        """Join ``torch.distributed`` with the other ranks of the group (idempotent).
+
+        Args:
+            backend: ``"gloo"`` or ``"nccl"``; default NCCL on GPU, gloo on CPU.
+            timeout_s: timeout of the rendezvous and of every collective.
+
+        Returns:
+            the backend in use.
+        """
+        if dist.is_initialized():
+            return dist.get_backend()
+        backend = backend or ("nccl" if self.device.startswith("cuda") else "gloo")
+        if backend == "nccl":
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{self.master_addr}:{self.master_port}",
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        return backend

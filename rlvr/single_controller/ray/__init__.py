@@ -1,0 +1,11 @@
+"""Ray backend of the single controller."""
+
+from rlvr.single_controller.ray.base import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    create_colocated_worker_cls,
+    init_ray,
+)
+
+__all__ = ["RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "create_colocated_worker_cls", "init_ray"]

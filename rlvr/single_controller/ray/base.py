@@ -1,0 +1,254 @@
+"""Ray backend: one Ray actor per device, placed with placement groups.
+
+``RayResourcePool`` reserves one bundle per worker process (a GPU plus a CPU share, or a CPU share
+only); ``RayWorkerGroup`` starts one actor of the worker class in each bundle, gives it its rank
+through the environment, and inherits dispatch / execute / collect from ``WorkerGroup``. Every wait
+goes through ``ray.wait`` with a timeout, so a hung or dead worker raises instead of blocking.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import (
+    PlacementGroup,
+    placement_group,
+    placement_group_table,
+    remove_placement_group,
+)
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from rlvr.single_controller.base.colocate import create_colocated_worker_cls
+from rlvr.single_controller.base.worker import free_port, node_ip
+from rlvr.single_controller.base.worker_group import (
+    ClassWithInitArgs,
+    ResourcePool,
+    WorkerGroup,
+)
+from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+
+__all__ = [
+    "RayClassWithInitArgs",
+    "RayResourcePool",
+    "RayWorkerGroup",
+    "create_colocated_worker_cls",
+    "init_ray",
+]
+
+RayClassWithInitArgs = ClassWithInitArgs
+
+WORKER_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN"}
+
+
+def init_ray(
+    num_cpus: int | None = None,
+    num_gpus: int | None = None,
+    address: str | None = None,
+    object_store_memory: int = 512 * 1024**2,
+    env_vars: dict[str, str] | None = None,
+) -> None:
+    """Start (or join) Ray once per driver process with settings that suit a small machine.
+
+    Args:
+        num_cpus: CPUs of a new local cluster (default: all of this machine).
+        num_gpus: GPUs of a new local cluster (default: all visible).
+        address: cluster to join; default ``RAY_ADDRESS`` if set, else a new local cluster
+            (never someone else's cluster on the same machine).
+        object_store_memory: bytes of shared memory for a new local cluster's object store.
+        env_vars: extra environment variables for every worker (added to ``WORKER_ENV_VARS``).
+    """
+    if ray.is_initialized():
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or "local"
+    runtime_env = {"env_vars": {**WORKER_ENV_VARS, **(env_vars or {})}}
+    if address == "local":
+        ray.init(
+            address="local",
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            object_store_memory=object_store_memory,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env=runtime_env,
+        )
+    else:
+        ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
+
+
+class RayResourcePool(ResourcePool):
+    """Placement groups (one per node, ``STRICT_PACK``) with one bundle per worker process.
+
+    Args:
+        process_on_nodes: worker processes on each node, e.g. ``[2]``.
+        use_gpu: each bundle holds one GPU; else bundles are CPU-only.
+        max_colocate_count: worker groups that may share a bundle (each takes a 1/count share).
+        name_prefix: prefix of the placement-group names.
+        num_cpus_per_bundle: CPUs reserved per bundle; a small share lets 2 workers fit on 2 cores.
+        start_timeout_s: how long to wait for the placement groups to be scheduled and for the
+            workers of a group to be constructed.
+    """
+
+    def __init__(
+        self,
+        process_on_nodes: Sequence[int],
+        use_gpu: bool = True,
+        max_colocate_count: int = 1,
+        name_prefix: str | None = None,
+        num_cpus_per_bundle: float = 0.1,
+        start_timeout_s: float = 600.0,
+    ) -> None:
+        super().__init__(process_on_nodes, max_colocate_count)
+        self.use_gpu = use_gpu
+        self.name_prefix = name_prefix or f"pool_{uuid.uuid4().hex[:6]}"
+        self.num_cpus_per_bundle = num_cpus_per_bundle
+        self.start_timeout_s = start_timeout_s
+        self._pgs: list[PlacementGroup] | None = None
+
+    def bundle(self) -> dict[str, float]:
+        """Resources of one bundle."""
+        return {"CPU": self.num_cpus_per_bundle, **({"GPU": 1.0} if self.use_gpu else {})}
+
+    def get_placement_groups(self) -> list[PlacementGroup]:
+        """The pool's placement groups, created (and waited for) on first use."""
+        if self._pgs is None:
+            pgs = [
+                placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_pg{i}")
+                for i, n in enumerate(self.store)
+            ]
+            ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.start_timeout_s)
+            if len(ready) < len(pgs):
+                for pg in pgs:
+                    remove_placement_group(pg)
+                raise RuntimeError(
+                    f"resource pool '{self.name_prefix}': placement groups for {self.store} processes per node "
+                    f"(bundle {self.bundle()}) not scheduled after {self.start_timeout_s:.0f} s; the cluster has "
+                    f"{ray.available_resources()} available. Free resources or ask for fewer processes."
+                )
+            self._pgs = pgs
+        return self._pgs
+
+    def remove(self) -> None:
+        """Give the placement groups back to the cluster."""
+        for pg in self._pgs or []:
+            remove_placement_group(pg)
+        self._pgs = None
+
+
+def _master_env_on_driver_node(pg: PlacementGroup) -> dict[str, str]:
+    """Rendezvous address for rank 0 when its bundle is on the driver's node, else ``{}``."""
+    if placement_group_table(pg)["bundles_to_node_id"][0] != ray.get_runtime_context().get_node_id():
+        return {}
+    return {"MASTER_ADDR": node_ip(), "MASTER_PORT": str(free_port())}
+
+
+class RayWorkerGroup(WorkerGroup):
+    """A group of Ray actors of one worker class, one per bundle of ``resource_pool``.
+
+    Args:
+        resource_pool: where the actors go (a ``RayResourcePool``).
+        ray_cls_with_init: the worker class and its constructor arguments.
+        name_prefix: group name used in actor names and error messages (default: class name + id).
+        call_timeout_s: timeout of every call; default ``RLVR_CALL_TIMEOUT_S`` / 3600 s (start-up
+            waits ``resource_pool.start_timeout_s``).
+        detached: actors outlive the driver (named, ``lifetime="detached"``).
+    """
+
+    def __init__(
+        self,
+        resource_pool: RayResourcePool,
+        ray_cls_with_init: ClassWithInitArgs,
+        name_prefix: str | None = None,
+        call_timeout_s: float | None = None,
+        detached: bool = False,
+    ) -> None:
+        cls = ray_cls_with_init.cls
+        super().__init__(name_prefix or f"{cls.__name__}_{uuid.uuid4().hex[:6]}", cls, call_timeout_s)
+        self.resource_pool = resource_pool
+        try:
+            self._start_workers(ray_cls_with_init, detached)
+            self._query_rank_infos("__init__", resource_pool.start_timeout_s)  # every worker constructed
+        except Exception:
+            self.shutdown()  # no half-started group keeps its actors
+            raise
+        self._bind_worker_methods(cls)
+
+    def _start_workers(self, ray_cls_with_init: ClassWithInitArgs, detached: bool) -> None:
+        """One actor per bundle. ``MASTER_ADDR``/``MASTER_PORT`` come from rank 0: picked here when
+        rank 0 lands on the driver's node (then all ranks start at once), else by rank 0 itself,
+        which then starts alone first."""
+        pool = self.resource_pool
+        remote_cls = ray.remote(ray_cls_with_init.cls)
+        share = 1.0 / pool.max_colocate_count
+        pgs = pool.get_placement_groups()
+        master = _master_env_on_driver_node(pgs[0])
+        rank = 0
+        for pg, n_local in zip(pgs, pool.store):
+            for local_rank in range(n_local):
+                env = {
+                    "RANK": str(rank),
+                    "WORLD_SIZE": str(pool.world_size),
+                    "LOCAL_RANK": str(local_rank),
+                    "LOCAL_WORLD_SIZE": str(n_local),
+                    "RLVR_WORKER_GROUP": self.name,
+                    **master,
+                }
+                actor = remote_cls.options(
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank),
+                    num_cpus=pool.num_cpus_per_bundle * share,
+                    num_gpus=share if pool.use_gpu else 0,
+                    runtime_env={"env_vars": env},
+                    name=f"{self.name}_rank{rank}",
+                    lifetime="detached" if detached else None,
+                ).remote(*ray_cls_with_init.args, **ray_cls_with_init.kwargs)
+                self._workers.append(actor)
+                if not master:
+                    ref = actor.get_master_address.remote()
+                    addr, port = self._wait([ref], [0], "__init__", pool.start_timeout_s)[0]
+                    master = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
+                rank += 1
+
+    def _submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> ray.ObjectRef:
+        return getattr(self._workers[rank], method).remote(*args, **kwargs)
+
+    def _wait(self, handles: list, ranks: list[int], method: str, timeout_s: float) -> list:
+        """Results in order; the first failing rank raises as soon as it fails."""
+        deadline = time.monotonic() + timeout_s
+        position = {ref: i for i, ref in enumerate(handles)}
+        outputs: list[Any] = [None] * len(handles)
+        pending = list(handles)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(deadline - time.monotonic(), 0.0))
+            if not ready:
+                late = sorted(ranks[position[ref]] for ref in pending)
+                raise self._fail(
+                    WorkerTimeoutError(
+                        self.name,
+                        method,
+                        late[0],
+                        f"no result from rank(s) {late} within {timeout_s:.1f} s (set call_timeout_s, the "
+                        "RLVR_CALL_TIMEOUT_S environment variable or _timeout_s=... on the call to allow longer)",
+                    )
+                )
+            i = position[ready[0]]
+            outputs[i] = self._get(ready[0], ranks[i], method)
+        return outputs
+
+    def _get(self, ref: ray.ObjectRef, rank: int, method: str) -> Any:
+        try:
+            return ray.get(ref)
+        except RayTaskError as err:
+            raise WorkerError(self.name, method, rank, str(err)) from None
+        except RayActorError as err:
+            raise self._fail(WorkerDiedError(self.name, method, rank, f"the worker process died: {err}")) from None
+
+    def shutdown(self) -> None:
+        """Kill the group's actors (the resource pool keeps its placement groups)."""
+        for actor in self._workers:
+            ray.kill(actor, no_restart=True)
+        self._fail(WorkerError(self.name, "shutdown", 0, "the group was shut down"))

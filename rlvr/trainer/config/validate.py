@@ -1,0 +1,240 @@
+"""Check a whole run configuration before any worker or model starts.
+
+Each check raises :class:`~rlvr.utils.errors.ConfigError` naming the key and saying what to change.
+Names that come from a registry (advantage estimator, policy loss, reward manager, rollout engine)
+are looked up in that registry, so the error lists the names that are valid today.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig
+
+from rlvr.utils.errors import ConfigError
+
+BACKENDS = ("ray", "local")
+DEVICES = ("auto", "cpu", "cuda")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOGGERS = {"console": None, "jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
+RESUME_MODES = ("auto", "disable", "resume_path")
+FILTER_METRICS = ("acc", "score")
+GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "gpg", "egpo", "reinforce_plus_plus_baseline")
+"""Estimators whose baseline is the other samples of the same prompt: they need ``rollout.n > 1``."""
+
+
+def world_size(cfg: DictConfig) -> int:
+    """Workers per role: ``nnodes * n_gpus_per_node`` on Ray, 1 on the local backend."""
+    if cfg.trainer.backend == "local":
+        return 1
+    return cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+
+
+def use_reference(cfg: DictConfig) -> bool:
+    """A reference policy exists only for a KL term (in the loss or in the reward)."""
+    return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(key, message)
+
+
+def _check_one_of(cfg_value: Any, key: str, choices: tuple[str, ...]) -> None:
+    _require(cfg_value in choices, key, f"{cfg_value!r} is not valid; use one of {', '.join(choices)}")
+
+
+def _check_registered(key: str, name: str, lookup: Callable[[str], Any]) -> None:
+    try:
+        lookup(name)
+    except KeyError as err:
+        raise ConfigError(key, str(err.args[0]) if err.args else f"unknown name {name!r}") from None
+
+
+def _paths(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple, ListConfig)):
+        return [str(v) for v in value]
+    return [str(value)]
+
+
+def _check_files(key: str, value: Any, required: bool) -> None:
+    files = _paths(value)
+    _require(bool(files) or not required, key, "no training data given; set it to a parquet or JSONL file "
+             "(e.g. make one with `python scripts/preprocess_reasoning_gym.py`)")
+    for path in files:
+        _require(Path(path).is_file(), key, f"data file {path!r} does not exist; check the path or "
+                 "create it with scripts/preprocess_gsm8k.py / scripts/preprocess_reasoning_gym.py")
+        _require(Path(path).suffix in (".parquet", ".jsonl", ".json"), key,
+                 f"{path!r} is neither .parquet nor .jsonl; convert it to one of these formats")
+
+
+def _check_trainer(cfg: DictConfig) -> None:
+    t = cfg.trainer
+    _check_one_of(t.backend, "trainer.backend", BACKENDS)
+    _check_one_of(t.device, "trainer.device", DEVICES)
+    if t.device == "cuda":
+        import torch
+
+        _require(torch.cuda.is_available(), "trainer.device", "cuda was asked for but no CUDA device is "
+                 "visible; set trainer.device=cpu (or auto)")
+    _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1, "trainer.n_gpus_per_node",
+             "nnodes and n_gpus_per_node must be >= 1")
+    _require(t.backend == "ray" or t.nnodes * t.n_gpus_per_node == 1, "trainer.n_gpus_per_node",
+             "the local backend runs one worker in the driver; set trainer.nnodes=1 trainer.n_gpus_per_node=1 "
+             "or use trainer.backend=ray")
+    _require(t.total_epochs >= 1, "trainer.total_epochs", "must be >= 1")
+    _require(t.total_training_steps is None or t.total_training_steps >= 1, "trainer.total_training_steps",
+             "must be >= 1 (or null to run total_epochs over the data)")
+    _require(t.max_time_s is None or t.max_time_s > 0, "trainer.max_time_s", "must be > 0 seconds (or null)")
+    _require(t.test_freq == -1 or t.test_freq > 0, "trainer.test_freq", "use -1 (only at the end) or a step count > 0")
+    _require(t.save_freq == -1 or t.save_freq > 0, "trainer.save_freq", "use -1 (only at the end) or a step count > 0")
+    _require(t.critic_warmup >= 0, "trainer.critic_warmup", "must be >= 0")
+    _require(t.call_timeout_s > 0, "trainer.call_timeout_s", "must be > 0 seconds")
+    _require(t.max_actor_ckpt_to_keep is None or t.max_actor_ckpt_to_keep >= 1, "trainer.max_actor_ckpt_to_keep",
+             "keep at least 1 checkpoint (or null to keep all)")
+    _check_one_of(t.resume_mode, "trainer.resume_mode", RESUME_MODES)
+    if t.resume_mode == "resume_path":
+        _require(t.resume_from_path is not None and Path(t.resume_from_path).is_dir(), "trainer.resume_from_path",
+                 f"resume_mode=resume_path needs an existing checkpoint directory, got {t.resume_from_path!r}")
+    for name in t.logger:
+        _require(name in LOGGERS, "trainer.logger", f"unknown logger {name!r}; use any of {', '.join(LOGGERS)}")
+        module = LOGGERS[name]
+        _require(module is None or importlib.util.find_spec(module) is not None, "trainer.logger",
+                 f"the {name} logger needs the `{module}` package: `pip install {module}` or remove {name!r}")
+
+
+def _check_data(cfg: DictConfig, require_data_files: bool) -> None:
+    d = cfg.data
+    _check_files("data.train_files", d.train_files, required=require_data_files)
+    _check_files("data.val_files", d.val_files, required=False)
+    _require(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1 prompt")
+    _require(d.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1 token")
+    _require(d.max_response_length >= 1, "data.max_response_length", "must be >= 1 token")
+    _require(d.val_batch_size is None or d.val_batch_size >= 1, "data.val_batch_size", "must be >= 1 (or null)")
+    _check_one_of(d.truncation, "data.truncation", ("error", "left", "right"))
+
+
+def _check_batch_sizes(section: DictConfig, prefix: str, cfg: DictConfig, dynamic_bsz: bool) -> None:
+    """``train_batch_size`` splits into mini-batches, each of which splits over workers and micro-batches."""
+    n, workers = cfg.actor_rollout_ref.rollout.n, world_size(cfg)
+    mini, train = section.ppo_mini_batch_size, cfg.data.train_batch_size
+    _require(mini >= 1, f"{prefix}.ppo_mini_batch_size", "must be >= 1 prompt")
+    _require(train % mini == 0, f"{prefix}.ppo_mini_batch_size",
+             f"data.train_batch_size={train} is not a multiple of ppo_mini_batch_size={mini}; "
+             f"pick a mini-batch size that divides {train}")
+    micro = section.ppo_micro_batch_size_per_gpu
+    _require(micro >= 1, f"{prefix}.ppo_micro_batch_size_per_gpu", "must be >= 1 sequence")
+    sequences = mini * n
+    _require(sequences % workers == 0, f"{prefix}.ppo_mini_batch_size",
+             f"a mini-batch of {mini} prompts x rollout.n={n} = {sequences} sequences does not split over "
+             f"{workers} workers; make ppo_mini_batch_size * rollout.n a multiple of {workers}")
+    if not dynamic_bsz:
+        _require((sequences // workers) % micro == 0, f"{prefix}.ppo_micro_batch_size_per_gpu",
+                 f"each worker gets {sequences // workers} sequences per mini-batch (ppo_mini_batch_size={mini} "
+                 f"x rollout.n={n} / {workers} workers), not a multiple of ppo_micro_batch_size_per_gpu={micro}; "
+                 f"use a micro-batch size that divides {sequences // workers}")
+
+
+def _check_actor(cfg: DictConfig) -> None:
+    from rlvr.trainer.ppo.core_algos import get_policy_loss_fn
+    from rlvr.trainer.ppo.kl import KL_PENALTY_NAMES
+
+    actor = cfg.actor_rollout_ref.actor
+    _check_batch_sizes(actor, "actor_rollout_ref.actor", cfg, actor.use_dynamic_bsz)
+    _require(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs", "must be >= 1")
+    _require(actor.clip_ratio > 0, "actor_rollout_ref.actor.clip_ratio", "must be > 0 (typically 0.2)")
+    _require(actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c", "dual-clip bound must be > 1 (typically 3)")
+    _require(actor.grad_clip > 0, "actor_rollout_ref.actor.grad_clip", "must be > 0")
+    _require(actor.optim.lr > 0, "actor_rollout_ref.actor.optim.lr", "must be > 0")
+    _check_one_of(actor.optim.lr_scheduler_type, "actor_rollout_ref.actor.optim.lr_scheduler_type", ("constant", "cosine"))
+    _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
+    _check_one_of(actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type", KL_PENALTY_NAMES)
+    _check_registered("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, get_policy_loss_fn)
+    _check_one_of(cfg.actor_rollout_ref.model.dtype, "actor_rollout_ref.model.dtype", ("float32", "bfloat16"))
+    _require(cfg.actor_rollout_ref.model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", "must be >= 0 (0 = no LoRA)")
+
+
+def _check_rollout(cfg: DictConfig) -> None:
+    from rlvr.workers.rollout import get_rollout_engine
+
+    rollout = cfg.actor_rollout_ref.rollout
+    _check_registered("actor_rollout_ref.rollout.name", rollout.name, get_rollout_engine)
+    _require(rollout.n >= 1, "actor_rollout_ref.rollout.n", "must be >= 1 sample per prompt")
+    _require(not rollout.do_sample or rollout.temperature > 0, "actor_rollout_ref.rollout.temperature",
+             "sampling needs temperature > 0; for greedy decoding set rollout.do_sample=False")
+    _require(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
+    _require(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", "must be >= 1")
+
+
+def _check_algorithm(cfg: DictConfig) -> None:
+    from rlvr.trainer.ppo.core_algos import get_adv_estimator_fn
+    from rlvr.trainer.ppo.kl import KL_PENALTY_NAMES
+
+    algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    _check_registered("algorithm.adv_estimator", algo.adv_estimator, get_adv_estimator_fn)
+    _require(algo.adv_estimator not in GROUP_ESTIMATORS or n > 1, "actor_rollout_ref.rollout.n",
+             f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of one prompt, so it needs "
+             f"rollout.n > 1 (got {n}); set actor_rollout_ref.rollout.n=8 for example")
+    _require(algo.adv_estimator != "gae" or cfg.critic.enable, "critic.enable",
+             "algorithm.adv_estimator=gae needs a critic; set critic.enable=True or pick a critic-free "
+             "estimator such as grpo or rloo")
+    _check_one_of(algo.kl_penalty, "algorithm.kl_penalty", KL_PENALTY_NAMES)
+    _check_one_of(algo.kl_ctrl.type, "algorithm.kl_ctrl.type", ("fixed", "adaptive"))
+    if algo.kl_ctrl.type == "adaptive":
+        _require(algo.kl_ctrl.target_kl > 0 and algo.kl_ctrl.horizon > 0, "algorithm.kl_ctrl",
+                 "the adaptive KL controller needs target_kl > 0 and horizon > 0")
+    _require(0 <= algo.gamma <= 1 and 0 <= algo.lam <= 1, "algorithm.gamma", "gamma and lam must be in [0, 1]")
+    fg = algo.filter_groups
+    _check_one_of(fg.metric, "algorithm.filter_groups.metric", FILTER_METRICS)
+    _require(fg.max_num_gen_batches >= 0, "algorithm.filter_groups.max_num_gen_batches", "must be >= 0 (0 = unlimited)")
+    _require(not fg.enable or n > 1, "algorithm.filter_groups.enable",
+             "dynamic sampling drops groups whose samples agree, which needs rollout.n > 1")
+
+
+def _check_critic(cfg: DictConfig) -> None:
+    if not cfg.critic.enable:
+        return
+    _check_batch_sizes(cfg.critic, "critic", cfg, dynamic_bsz=False)
+    _require(cfg.critic.optim.lr > 0, "critic.optim.lr", "must be > 0")
+    _require(cfg.critic.cliprange_value > 0, "critic.cliprange_value", "must be > 0")
+    _check_one_of(cfg.critic.loss_agg_mode, "critic.loss_agg_mode", LOSS_AGG_MODES)
+
+
+def _check_reward(cfg: DictConfig) -> None:
+    from rlvr.workers.reward_manager import get_reward_manager_cls
+
+    rm = cfg.reward_model
+    _check_registered("reward_model.reward_manager", rm.reward_manager, get_reward_manager_cls)
+    _check_one_of(rm.on_error, "reward_model.on_error", ("raise", "fallback"))
+    _require(rm.timeout_s > 0, "reward_model.timeout_s", "must be > 0 seconds")
+    buffer, max_len = rm.overlong_buffer, cfg.data.max_response_length
+    _require(not buffer.enable or 0 < buffer.len <= max_len, "reward_model.overlong_buffer.len",
+             f"the overlong buffer must fit in the response: use a length in (0, data.max_response_length={max_len}], "
+             f"got {buffer.len}")
+    custom = cfg.custom_reward_function
+    _require(custom.path is None or Path(custom.path).is_file(), "custom_reward_function.path",
+             f"file {custom.path!r} does not exist; give the path of a .py file defining {custom.name}()")
+
+
+def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
+    """Raise :class:`ConfigError` for the first problem found in ``cfg`` (a finalised config).
+
+    ``require_data_files=False`` accepts a config without ``data.train_files`` (the caller passes
+    a dataset object); files that are named must still exist.
+
+    Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
+    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators),
+    group estimators with ``n == 1``, GAE without a critic, resume settings, dynamic sampling.
+    """
+    _check_trainer(cfg)
+    _check_data(cfg, require_data_files)
+    _check_rollout(cfg)
+    _check_algorithm(cfg)
+    _check_actor(cfg)
+    _check_critic(cfg)
+    _check_reward(cfg)

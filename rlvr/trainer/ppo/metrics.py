@@ -1,0 +1,123 @@
+"""Per-step metrics of the PPO trainer, computed on the driver from the step's batch.
+
+Names follow verl where verl has one (``critic/score/mean``, ``response_length/clip_ratio``,
+``timing/gen``, ``perf/throughput``); per data source: ``train/<source>/score``,
+``train/<source>/acc`` (and ``val/<source>/score``, ``val/<source>/acc`` in validation).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from rlvr.protocol import DataProto
+
+ACC_THRESHOLD = 1.0
+"""Without an ``acc`` from the reward manager, a sample counts as correct when its score is >= 1."""
+
+
+def sample_accuracy(scores: torch.Tensor, reward_extra_info: dict[str, Sequence[Any]]) -> np.ndarray:
+    """Per-sample correctness ``[batch]`` (float 0/1): the reward manager's ``acc`` if it reports
+    one, else ``score >= 1``.
+
+    Args:
+        scores: sequence scores ``[batch]``.
+        reward_extra_info: the reward manager's per-sample extras (lists of length batch).
+    """
+    if "acc" in reward_extra_info:
+        return np.asarray(reward_extra_info["acc"], dtype=np.float64).astype(bool).astype(np.float64)
+    return (scores.detach().cpu().numpy() >= ACC_THRESHOLD).astype(np.float64)
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    if values.numel() == 0:
+        return {}
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+            f"{prefix}/min": values.min().item()}
+
+
+def per_source_metrics(prefix: str, sources: Sequence[str], scores: Sequence[float],
+                       acc: Sequence[float]) -> dict[str, float]:
+    """``<prefix>/<source>/score`` and ``<prefix>/<source>/acc`` (means over the samples of each
+    data source) and ``<prefix>/acc`` over all samples."""
+    by_source: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for source, score, correct in zip(sources, scores, acc):
+        by_source[str(source)].append((float(score), float(correct)))
+    metrics = {}
+    for source, pairs in sorted(by_source.items()):
+        metrics[f"{prefix}/{source}/score"] = float(np.mean([p[0] for p in pairs]))
+        metrics[f"{prefix}/{source}/acc"] = float(np.mean([p[1] for p in pairs]))
+    if len(acc):
+        metrics[f"{prefix}/acc"] = float(np.mean(acc))
+    return metrics
+
+
+def compute_data_metrics(batch: DataProto, use_critic: bool) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values, lengths and per-source accuracy of a trained batch.
+
+    Expects ``token_level_scores``, ``token_level_rewards``, ``advantages``, ``returns``,
+    ``responses``, ``response_mask``, ``attention_mask`` (``values`` with a critic) in ``batch.batch``
+    and ``data_source``, ``acc`` in ``batch.non_tensor_batch``.
+    """
+    tensors = batch.batch
+    response_mask = tensors["response_mask"].bool()
+    max_response = tensors["responses"].shape[-1]
+    prompt_mask = tensors["attention_mask"][:, :-max_response].bool()
+    response_length = response_mask.sum(-1).float()
+    prompt_length = prompt_mask.sum(-1).float()
+    max_prompt = prompt_mask.shape[-1]
+    scores = tensors["token_level_scores"].sum(-1)
+    metrics = {
+        **_stats("critic/score", scores),
+        **_stats("critic/rewards", tensors["token_level_rewards"].sum(-1)),
+        **_stats("critic/advantages", torch.masked_select(tensors["advantages"], response_mask)),
+        **_stats("critic/returns", torch.masked_select(tensors["returns"], response_mask)),
+        **_stats("response_length", response_length),
+        "response_length/clip_ratio": (response_length >= max_response).float().mean().item(),
+        **_stats("prompt_length", prompt_length),
+        "prompt_length/clip_ratio": (prompt_length >= max_prompt).float().mean().item(),
+    }
+    if use_critic:
+        values = torch.masked_select(tensors["values"], response_mask)
+        returns = torch.masked_select(tensors["returns"], response_mask)
+        metrics.update(_stats("critic/values", values))
+        return_var = torch.var(returns)
+        metrics["critic/vf_explained_var"] = (1.0 - torch.var(returns - values) / (return_var + 1e-5)).item()
+    metrics.update(per_source_metrics("train", batch.non_tensor_batch["data_source"], scores.tolist(),
+                                      batch.non_tensor_batch["acc"].tolist()))
+    return metrics
+
+
+def compute_timing_metrics(batch: DataProto, timing_raw: dict[str, float]) -> dict[str, float]:
+    """``timing/<stage>`` in seconds and ``timing_per_token/<stage>`` in milliseconds per token
+    (generation per response token, other stages per prompt + response token)."""
+    response_tokens = batch.batch["response_mask"].sum().item()
+    all_tokens = batch.batch["attention_mask"].sum().item()
+    metrics = {f"timing/{name}": seconds for name, seconds in timing_raw.items()}
+    for name, seconds in timing_raw.items():
+        if name == "step":
+            continue
+        tokens = response_tokens if name == "gen" else all_tokens
+        if tokens:
+            metrics[f"timing_per_token/{name}"] = 1000.0 * seconds / tokens
+    return metrics
+
+
+def compute_throughput_metrics(batch: DataProto, timing_raw: dict[str, float], n_workers: int) -> dict[str, float]:
+    """``perf/total_num_tokens``, ``perf/time_per_step`` and ``perf/throughput`` (tokens per second
+    of the whole step, all workers together) and ``perf/throughput_per_worker``."""
+    tokens = float(batch.batch["attention_mask"].sum().item())
+    step = timing_raw["step"]
+    return {"perf/total_num_tokens": tokens, "perf/time_per_step": step,
+            "perf/throughput": tokens / step, "perf/throughput_per_worker": tokens / step / n_workers}
+
+
+def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """Average list-valued metrics (as workers return them per micro-batch) to one float each."""
+    return {key: float(np.mean(value)) if isinstance(value, (list, tuple, np.ndarray)) else float(value)
+            for key, value in metrics.items()}

@@ -1,0 +1,504 @@
+"""The PPO-family trainer: one driver process that drives role worker groups (seed 000).
+
+One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
+
+    gen           prompts (uid each) x rollout.n  -> actor_rollout.generate_sequences
+    reward        reward_fn on the responses      -> token_level_scores (+ acc per sample)
+                  (DAPO dynamic sampling: drop groups that all agree, generate more)
+    old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric
+    ref           ref.compute_ref_log_prob        -> ref_log_prob       (KL in loss or reward only)
+    values        critic.compute_values           -> values             (with a critic only)
+    adv           KL penalty in the reward, then the registered advantage estimator (driver)
+    update_critic critic.update_critic                                   (with a critic only)
+    update_actor  actor.update_actor (after trainer.critic_warmup steps); the hybrid worker
+                  syncs the new weights into its rollout engine
+
+Validation (greedy, ``rollout.val_kwargs``) runs before training if asked, every ``test_freq``
+steps and at the end; checkpoints every ``save_freq`` steps and at the end.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+from rlvr.protocol import DataProto
+from rlvr.single_controller import ClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
+from rlvr.trainer.checkpoint import CheckpointManager
+from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
+from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
+from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
+from rlvr.trainer.ppo.core_algos import AdvantageConfig, agg_loss, get_adv_estimator_fn, get_kl_controller, kl_penalty
+from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
+from rlvr.trainer.ppo.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    per_source_metrics,
+    reduce_metrics,
+    sample_accuracy,
+)
+from rlvr.trainer.ppo.resource_pool import ResourcePoolManager
+from rlvr.trainer.ppo.reward import compute_reward
+from rlvr.trainer.ppo.utils import Role
+from rlvr.trainer.progress import TrainingProgress
+from rlvr.trainer.report import write_report
+from rlvr.trainer.tracking import Tracking, read_metrics
+from rlvr.utils.errors import ConfigError
+from rlvr.utils.seed import get_rng_state, set_rng_state
+from rlvr.utils.torch_functional import masked_mean
+
+__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role"]
+
+PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
+
+
+@contextmanager
+def _timer(name: str, timing: dict[str, float]) -> Iterator[None]:
+    """Add the wall time of the block to ``timing[name]``; a failure inside names the stage."""
+    start = time.perf_counter()
+    try:
+        yield
+    except Exception as err:
+        err.add_note(f"(raised during the trainer stage '{name}')")
+        raise
+    finally:
+        timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+class RayPPOTrainer:
+    """Distributed PPO-family trainer (PPO with GAE, GRPO, RLOO, REINFORCE++, ReMax, DAPO, EGPO, ...).
+
+    Args:
+        config: the run config (``RlvrConfig`` or its ``DictConfig``); validated here.
+        tokenizer: tokenizer of the policy (decoding, pad/EOS ids).
+        role_worker_mapping: ``Role`` -> worker class; needs ``Role.ActorRollout`` (or
+            ``Role.ActorRolloutRef``), ``Role.Critic`` with a critic, ``Role.RefPolicy`` when a
+            reference is needed and the actor does not provide it (LoRA).
+        resource_pool_manager: pools and role -> pool mapping.
+        ray_worker_group_cls: ``RayWorkerGroup`` or ``LocalWorkerGroup``.
+        processor: multimodal processor (passed to the datasets).
+        reward_fn: training reward manager (``compute_reward(data, reward_fn)``).
+        val_reward_fn: validation reward manager; None disables validation.
+        train_dataset, val_dataset: datasets; default built from ``data.train_files`` / ``val_files``.
+        collate_fn: batch collation (default :func:`rlvr.trainer.data.collate_fn`).
+        train_sampler: item order (default: seeded shuffle, ``data.seed``).
+        device_name: ``"cpu"`` / ``"cuda"``; default from ``trainer.device``.
+    """
+
+    def __init__(self, config, tokenizer, role_worker_mapping: dict[Role, type], resource_pool_manager:
+                 ResourcePoolManager, ray_worker_group_cls: type = RayWorkerGroup, processor=None,
+                 reward_fn=None, val_reward_fn=None, train_dataset=None, val_dataset=None, collate_fn=None,
+                 train_sampler=None, device_name=None) -> None:
+        self.config = to_config(config)
+        validate_config(self.config, require_data_files=train_dataset is None)
+        if reward_fn is None:
+            raise ConfigError("reward_model.reward_manager", "the trainer needs a reward_fn: build one with "
+                              "rlvr.trainer.ppo.reward.load_reward_manager(config, tokenizer, num_examine)")
+        self.tokenizer = tokenizer
+        self.processor = processor
+        self.role_worker_mapping = role_worker_mapping
+        self.resource_pool_manager = resource_pool_manager
+        self.ray_worker_group_cls = ray_worker_group_cls
+        self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
+        self.device_name = device_name or _resolve_device(self.config.trainer.device)
+        self.use_reference = use_reference(self.config)
+        self.ref_in_actor = self.use_reference and self.config.actor_rollout_ref.model.lora_rank > 0
+        self.use_critic = bool(self.config.critic.enable)
+        self._check_roles()
+        self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
+                                  if self.config.algorithm.use_kl_in_reward else None)
+        self.adv_config = _advantage_config(self.config.algorithm)
+        self._create_dataloader(train_dataset, val_dataset, collate_fn or default_collate_fn, train_sampler)
+        self.run_dir = Path(self.config.trainer.default_local_dir)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
+        self.global_steps = 0
+        self._colocated_groups: list[Any] = []
+        self.metrics_history: list[dict[str, float]] = []
+        self.val_generations: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ setup
+    def _check_roles(self) -> None:
+        mapping = self.role_worker_mapping
+        if self._actor_role() not in mapping:
+            raise ConfigError("role_worker_mapping", "needs Role.ActorRollout (the hybrid actor/rollout worker)")
+        if self.use_critic and Role.Critic not in mapping:
+            raise ConfigError("critic.enable", "a critic is enabled but role_worker_mapping has no Role.Critic; "
+                              "add the critic worker or set critic.enable=False")
+        if self.use_reference and not self.ref_in_actor and Role.RefPolicy not in mapping:
+            raise ConfigError("actor_rollout_ref.actor.use_kl_loss", "a KL term (use_kl_loss or use_kl_in_reward) "
+                              "needs a reference policy: add Role.RefPolicy to role_worker_mapping, train the "
+                              "actor with LoRA (the actor then provides it), or turn the KL term off")
+
+    def _actor_role(self) -> Role:
+        return Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
+
+    def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
+        data = self.config.data
+        if train_dataset is None:
+            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor)
+        if val_dataset is None and data.val_files is not None:
+            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor,
+                                            max_samples=data.val_max_samples)
+        self.train_dataset, self.val_dataset, self.collate_fn = train_dataset, val_dataset, collate_fn
+        sampler = train_sampler if train_sampler is not None else create_rl_sampler(data, train_dataset)
+        self.train_iter = StatefulBatchIterator(train_dataset, data.train_batch_size, sampler, collate_fn)
+        steps = len(self.train_iter) * self.config.trainer.total_epochs
+        if self.config.trainer.total_training_steps is not None:
+            steps = self.config.trainer.total_training_steps
+        self.total_training_steps = steps
+        self.config.actor_rollout_ref.actor.optim.total_training_steps = steps
+        self.config.critic.optim.total_training_steps = steps
+
+    def init_workers(self) -> None:
+        """Create the resource pools, one colocated worker group per pool, spawn the role groups
+        and initialise the models (critic and reference first, the actor last)."""
+        self.resource_pool_manager.create_resource_pool()
+        cfg = self.config
+        actor_role = "actor_rollout_ref" if self.ref_in_actor else "actor_rollout"
+        roles: dict[str, tuple[Role, ClassWithInitArgs]] = {
+            "actor_rollout": (self._actor_role(), ClassWithInitArgs(
+                self.role_worker_mapping[self._actor_role()], config=cfg, role=actor_role))}
+        if self.use_critic:
+            roles["critic"] = (Role.Critic, ClassWithInitArgs(self.role_worker_mapping[Role.Critic], config=cfg))
+        if self.use_reference and not self.ref_in_actor:
+            roles["ref"] = (Role.RefPolicy, ClassWithInitArgs(
+                self.role_worker_mapping[Role.RefPolicy], config=cfg, role="ref"))
+        by_pool: dict[int, tuple[Any, dict[str, ClassWithInitArgs]]] = {}
+        for name, (role, cls) in roles.items():
+            pool = self.resource_pool_manager.get_resource_pool(role)
+            by_pool.setdefault(id(pool), (pool, {}))[1][name] = cls
+        groups: dict[str, Any] = {}
+        for pool, class_dict in by_pool.values():
+            fused = create_colocated_worker_cls(class_dict)
+            group = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=fused,
+                                              call_timeout_s=cfg.trainer.call_timeout_s)
+            self._colocated_groups.append(group)
+            groups.update(group.spawn(prefix_set=list(class_dict)))
+        self.worker_groups = groups
+        self.critic_wg = groups.get("critic")
+        self.ref_policy_wg = groups["actor_rollout"] if self.ref_in_actor else groups.get("ref")
+        self.actor_rollout_wg = groups["actor_rollout"]
+        for name in ("critic", "ref", "actor_rollout"):
+            if name in groups:
+                groups[name].init_model()
+
+    def shutdown(self) -> None:
+        """Stop the workers and give the Ray placement groups back, so that another trainer can
+        start in the same Ray session."""
+        for group in self._colocated_groups:
+            group.shutdown()
+        self._colocated_groups.clear()
+        for pool in self.resource_pool_manager.resource_pool_dict.values():
+            if isinstance(pool, RayResourcePool):
+                pool.remove()
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> None:
+        """Train until ``total_training_steps`` or ``trainer.max_time_s``; validate, checkpoint,
+        export and write the report on the configured schedule."""
+        cfg = self.config.trainer
+        resumed_from = self._load_checkpoint()
+        progress = TrainingProgress(self.total_training_steps, self.global_steps, cfg.max_time_s, cfg.progress_bar)
+        self.tracker = Tracking(cfg.project_name, cfg.experiment_name, list(cfg.logger), self.run_dir,
+                                OmegaConf.to_container(self.config, resolve=True), resume_step=resumed_from,
+                                console_write=progress.write)
+        if self.val_reward_fn is not None and cfg.val_before_train and self.global_steps == 0:
+            self._log(self._validate(), step=0)
+        last_val_step = last_save_step = self.global_steps
+        while self.global_steps < self.total_training_steps and not progress.out_of_time():
+            self.global_steps += 1
+            metrics = self._train_step()
+            is_last = self.global_steps >= self.total_training_steps or progress.out_of_time()
+            if self.val_reward_fn is not None and cfg.test_freq > 0 and self.global_steps % cfg.test_freq == 0:
+                metrics.update(self._validate())
+                last_val_step = self.global_steps
+            if cfg.save_freq > 0 and self.global_steps % cfg.save_freq == 0 and not is_last:
+                self._save_checkpoint()
+                last_save_step = self.global_steps
+            self._log(metrics, step=self.global_steps)
+            progress.update(metrics["timing/step"], metrics)
+        progress.close()
+        if self.val_reward_fn is not None and last_val_step != self.global_steps:
+            self._log(self._validate(), step=self.global_steps)
+        if last_save_step != self.global_steps:
+            self._save_checkpoint()
+        if cfg.export_hf:
+            self.actor_rollout_wg.export_hf(str(self.run_dir / "hf_model"))
+        self.tracker.finish()
+        if cfg.report:
+            self._write_report(progress.elapsed_s())
+
+    def _log(self, metrics: dict[str, float], step: int) -> None:
+        self.metrics_history.append({"step": step, **metrics})
+        self.tracker.log(metrics, step=step)
+
+    def _train_step(self) -> dict[str, float]:
+        """One PPO step; returns its metrics (``train/skipped_step`` = 1 when dynamic sampling
+        found no informative group, so nothing was trained)."""
+        timing: dict[str, float] = {}
+        metrics: dict[str, float] = {}
+        with _timer("step", timing):
+            batch = self._collect_batch(timing, metrics)
+            if batch is not None:
+                self._train_on_batch(batch, timing, metrics)
+        if batch is None:
+            return {**metrics, "train/skipped_step": 1.0, **{f"timing/{k}": v for k, v in timing.items()}}
+        metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics.update(compute_timing_metrics(batch, timing))
+        metrics.update(compute_throughput_metrics(batch, timing, world_size(self.config)))
+        return metrics
+
+    def _train_on_batch(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """Log-probs, reference, values, advantages, then the critic and actor updates."""
+        self._compute_old_log_prob(batch, timing, metrics)
+        if self.use_reference:
+            self._compute_ref_log_prob(batch, timing)
+        if self.use_critic:
+            self._compute_values(batch, timing)
+        self._compute_advantage(batch, timing, metrics)
+        if self.use_critic:
+            self._update_critic(batch, timing, metrics)
+        if self.global_steps > self.config.trainer.critic_warmup:
+            self._update_actor(batch, timing, metrics)
+
+    # ------------------------------------------------------------------ stages
+    def _collect_batch(self, timing: dict[str, float], metrics: dict[str, float]) -> DataProto | None:
+        """Generate and score prompts. With ``filter_groups`` (DAPO) keep only informative groups
+        and generate more until ``train_batch_size`` groups are kept; after ``max_num_gen_batches``
+        train on the groups kept so far (``train/filter_groups_incomplete`` = 1), trimmed so that
+        their rows split evenly over the workers; None when no group was kept."""
+        fg = self.config.algorithm.filter_groups
+        n, wanted = self.config.actor_rollout_ref.rollout.n, self.config.data.train_batch_size
+        if not fg.enable:
+            return self._generate_and_score(timing, metrics, tag="0")
+        kept = GroupAccumulator(fg.metric)
+        num_gen = 0
+        while kept.num_groups < wanted and (fg.max_num_gen_batches == 0 or num_gen < fg.max_num_gen_batches):
+            kept.add(self._generate_and_score(timing, metrics, tag=str(num_gen)))
+            num_gen += 1
+        metrics["train/num_gen_batches"] = float(num_gen)
+        metrics["train/kept_group_ratio"] = kept.num_groups / max(kept.num_seen_groups, 1)
+        metrics["train/filter_groups_incomplete"] = float(kept.num_groups < wanted)
+        usable = min(kept.num_groups, wanted)
+        workers = world_size(self.config)
+        while usable > 0 and (usable * n) % workers:
+            usable -= 1
+        return kept.take(usable, n) if usable else None
+
+    def _generate_and_score(self, timing: dict[str, float], metrics: dict[str, float], tag: str) -> DataProto:
+        """Draw a batch of prompts (uid ``<step>-<tag>-<i>``), generate ``rollout.n`` responses each
+        (plus a greedy baseline for ReMax) and score them; worker and reward metrics go to ``metrics``."""
+        batch = DataProto.from_single_dict(next(self.train_iter))
+        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}-{tag}-{i}" for i in range(len(batch))],
+                                                 dtype=object)
+        n = self.config.actor_rollout_ref.rollout.n
+        repeated = batch.repeat(n, interleave=True)
+        with _timer("gen", timing):
+            if self.config.algorithm.adv_estimator == "remax":
+                baseline = self._generate(batch, validate=False, do_sample=False)
+            batch = self._generate(repeated, validate=False)
+        metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))
+        with _timer("reward", timing):
+            metrics.update(self._score(batch, self.reward_fn))
+            if self.config.algorithm.adv_estimator == "remax":
+                self._score(baseline, self.reward_fn)
+                baseline_scores = baseline.batch["token_level_scores"].sum(-1)
+                batch.batch["reward_baselines"] = baseline_scores.repeat_interleave(n)
+        return batch
+
+    def _generate(self, batch: DataProto, validate: bool, do_sample: bool | None = None) -> DataProto:
+        """``batch`` (prompts; its prompt tensors are moved to the rollout input) united with the
+        rollout's output."""
+        gen_input = batch.pop(batch_keys=PROMPT_KEYS)
+        gen_input.meta_info = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
+                               "validate": validate, "global_steps": self.global_steps}
+        if do_sample is not None:
+            gen_input.meta_info["do_sample"] = do_sample
+        output = self.actor_rollout_wg.generate_sequences(gen_input)
+        output.meta_info.pop("timing", None)  # per-call worker timing; the trainer times its stages itself
+        generated = output.select(batch_keys=list(output.batch.keys()))
+        generated.meta_info = output.meta_info  # keeps rollout_weights_version etc. for compute_log_prob
+        return batch.union(generated)
+
+    def _score(self, batch: DataProto, reward_fn: Any) -> dict[str, float]:
+        """``token_level_scores`` and per-sample ``acc`` into ``batch``; returns the reward metrics."""
+        reward_tensor, extra = compute_reward(batch, reward_fn)
+        batch.batch["token_level_scores"] = reward_tensor
+        acc = sample_accuracy(reward_tensor.sum(-1), extra)
+        batch.non_tensor_batch["acc"] = np.array(acc.tolist(), dtype=object)
+        return reduce_metrics(batch.meta_info.pop("metrics", {}))
+
+    def _compute_old_log_prob(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """``old_log_probs`` from the actor (the worker reuses the rollout's sampling log-probs when
+        they are exact for the current weights). ``actor/entropy`` is the Monte-Carlo estimate
+        ``mean(-log p)`` of the sampled tokens, unless the worker returned per-token ``entropys``."""
+        with _timer("old_log_prob", timing):
+            output = self.actor_rollout_wg.compute_log_prob(batch)
+        mask = batch.batch["response_mask"]
+        batch.batch["old_log_probs"] = output.batch["old_log_probs"]
+        metrics.update(reduce_metrics(output.meta_info["metrics"]))
+        if "entropys" in output.batch.keys():
+            loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
+            metrics["actor/entropy"] = agg_loss(output.batch["entropys"], mask, loss_agg_mode).item()
+        else:
+            metrics["actor/entropy"] = masked_mean(-output.batch["old_log_probs"], mask).item()
+
+    def _compute_ref_log_prob(self, batch: DataProto, timing: dict[str, float]) -> None:
+        with _timer("ref", timing):
+            output = self.ref_policy_wg.compute_ref_log_prob(batch)
+        batch.batch["ref_log_prob"] = output.batch["ref_log_prob"]
+
+    def _compute_values(self, batch: DataProto, timing: dict[str, float]) -> None:
+        with _timer("values", timing):
+            output = self.critic_wg.compute_values(batch)
+        batch.batch["values"] = output.batch["values"]
+
+    def _compute_advantage(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """KL penalty in the reward (if enabled), then the registered estimator on the driver."""
+        tensors = batch.batch
+        with _timer("adv", timing):
+            if self.kl_ctrl_in_reward is not None:
+                metrics.update(self._apply_kl_penalty(batch))
+            else:
+                tensors["token_level_rewards"] = tensors["token_level_scores"]
+            optional = {key: tensors[key] if key in tensors.keys() else None
+                        for key in ("values", "reward_baselines", "old_log_probs", "rollout_log_probs")}
+            advantages, returns = get_adv_estimator_fn(self.config.algorithm.adv_estimator)(
+                token_level_rewards=tensors["token_level_rewards"], response_mask=tensors["response_mask"],
+                index=batch.non_tensor_batch["uid"], values=optional["values"],
+                reward_baselines=optional["reward_baselines"], old_log_prob=optional["old_log_probs"],
+                rollout_log_prob=optional["rollout_log_probs"], gamma=self.config.algorithm.gamma,
+                lam=self.config.algorithm.lam, config=self.adv_config)
+            tensors["advantages"], tensors["returns"] = advantages, returns
+
+    def _apply_kl_penalty(self, batch: DataProto) -> dict[str, float]:
+        """``token_level_rewards = token_level_scores - beta * KL(actor || ref)`` per token
+        (Ziegler et al. 2019, arXiv:1909.08593); the controller then updates ``beta``."""
+        tensors, algo = batch.batch, self.config.algorithm
+        mask = tensors["response_mask"]
+        kld = kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty) * mask
+        beta = self.kl_ctrl_in_reward.value
+        tensors["token_level_rewards"] = tensors["token_level_scores"] - beta * kld
+        current_kl = masked_mean(kld, mask, axis=-1).mean().item()
+        self.kl_ctrl_in_reward.update(current_kl=current_kl, n_steps=len(batch))
+        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+    def _update_critic(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        with _timer("update_critic", timing):
+            output = self.critic_wg.update_critic(batch)
+        metrics.update(reduce_metrics(output.meta_info["metrics"]))
+
+    def _update_actor(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        with _timer("update_actor", timing):
+            output = self.actor_rollout_wg.update_actor(batch)
+        metrics.update(reduce_metrics(output.meta_info["metrics"]))
+
+    # ------------------------------------------------------------------ validation
+    def _validate(self) -> dict[str, float]:
+        """Greedy (``rollout.val_kwargs``) generation on the validation set; ``val/<source>/acc``,
+        ``val/<source>/score`` and ``val/acc``. Sample generations are kept for the report."""
+        cfg = self.config
+        val_n = cfg.actor_rollout_ref.rollout.val_kwargs.n
+        size = cfg.data.val_batch_size or len(self.val_dataset)
+        sources, scores, accs = [], [], []
+        for start in range(0, len(self.val_dataset), size):
+            items = [self.val_dataset[i] for i in range(start, min(start + size, len(self.val_dataset)))]
+            batch = DataProto.from_single_dict(self.collate_fn(items)).repeat(val_n, interleave=True)
+            batch = self._generate(batch, validate=True)
+            self._score(batch, self.val_reward_fn)
+            seq_scores = batch.batch["token_level_scores"].sum(-1).tolist()
+            sources += batch.non_tensor_batch["data_source"].tolist()
+            scores += seq_scores
+            accs += batch.non_tensor_batch["acc"].tolist()
+            self._keep_generations(batch, seq_scores)
+        return per_source_metrics("val", sources, scores, accs)
+
+    def _keep_generations(self, batch: DataProto, seq_scores: list[float]) -> None:
+        limit = self.config.trainer.log_val_generations
+        taken = sum(1 for g in self.val_generations if g["step"] == self.global_steps)
+        for i in range(min(limit - taken, len(batch))):
+            mask = batch.batch["response_mask"][i].bool()
+            self.val_generations.append({
+                "step": self.global_steps,
+                "prompt": self.tokenizer.decode(batch.batch["prompts"][i][batch.batch["attention_mask"][i][
+                    :batch.batch["prompts"].shape[-1]].bool()], skip_special_tokens=True),
+                "response": self.tokenizer.decode(batch.batch["responses"][i][mask], skip_special_tokens=True),
+                "ground_truth": batch.non_tensor_batch["reward_model"][i].get("ground_truth"),
+                "score": seq_scores[i]})
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self) -> None:
+        """Write ``global_step_<k>`` atomically: worker states, then the driver state."""
+        tmp = self.checkpoints.begin(self.global_steps)
+        self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"))
+        worker_rng = {"actor_rollout": self.actor_rollout_wg.get_rng_state()}
+        if self.use_critic:
+            self.critic_wg.save_checkpoint(str(tmp / "critic"))
+            worker_rng["critic"] = self.critic_wg.get_rng_state()
+        state = {"global_steps": self.global_steps, "data": self.train_iter.state_dict(),
+                 "driver_rng": get_rng_state(), "worker_rng": worker_rng,
+                 "kl_ctrl": self.kl_ctrl_in_reward.state_dict() if self.kl_ctrl_in_reward else None,
+                 "val_generations": self.val_generations}
+        self.checkpoints.commit(tmp, self.global_steps, state)
+
+    def _load_checkpoint(self) -> int | None:
+        """Resume per ``trainer.resume_mode``; returns the restored step or None."""
+        cfg = self.config.trainer
+        if cfg.resume_mode == "disable":
+            return None
+        path = Path(cfg.resume_from_path) if cfg.resume_mode == "resume_path" else self.checkpoints.latest()
+        if path is None:
+            return None
+        state = CheckpointManager.load_trainer_state(path)
+        self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
+        if self.use_critic:
+            self.critic_wg.load_checkpoint(str(path / "critic"))
+            self.critic_wg.set_rng_state(state["worker_rng"]["critic"])
+        self.actor_rollout_wg.set_rng_state(state["worker_rng"]["actor_rollout"])
+        self.train_iter.load_state_dict(state["data"])
+        set_rng_state(state["driver_rng"])
+        if self.kl_ctrl_in_reward is not None:
+            self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
+        self.val_generations = list(state["val_generations"])
+        self.global_steps = int(state["global_steps"])
+        return self.global_steps
+
+    # ------------------------------------------------------------------ report
+    def _write_report(self, train_time_s: float) -> None:
+        jsonl = self.run_dir / "metrics.jsonl"
+        rows = read_metrics(jsonl) if jsonl.is_file() else self.metrics_history
+        val_rows = [r for r in rows if "val/acc" in r]
+        summary: dict[str, Any] = {
+            "algorithm": self.config.algorithm.adv_estimator, "model": self.config.actor_rollout_ref.model.path,
+            "steps": self.global_steps, "training wall time (s)": round(train_time_s, 1)}
+        if val_rows:
+            summary[f"val/acc before (step {val_rows[0]['step']})"] = val_rows[0]["val/acc"]
+            summary[f"val/acc after (step {val_rows[-1]['step']})"] = val_rows[-1]["val/acc"]
+        step_times = [r["timing/step"] for r in rows if "timing/step" in r]
+        if step_times:
+            summary["mean step time (s)"] = float(np.mean(step_times))
+        steps = sorted({g["step"] for g in self.val_generations})
+        shown = [g for g in self.val_generations if g["step"] in (steps[:1] + steps[-1:])]
+        write_report(self.run_dir, rows, shown, summary)
+
+
+def _resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def _advantage_config(algorithm: Any) -> AdvantageConfig:
+    return AdvantageConfig(gamma=algorithm.gamma, lam=algorithm.lam,
+                           norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
+                           egpo_alpha=algorithm.egpo_alpha, egpo_beta=algorithm.egpo_beta,
+                           egpo_correct_threshold=algorithm.egpo_correct_threshold,
+                           egpo_uncertainty_norm=algorithm.egpo_uncertainty_norm)

@@ -1,0 +1,112 @@
+"""The end-of-run report: ``<run dir>/report.md`` with PNG curves and a table of sample generations.
+
+Plots are drawn with matplotlib's ``Agg`` backend (no display needed) from the rows of
+``metrics.jsonl``; a curve whose metrics never appeared is left out.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("reward", "reward (mean sequence score)", ("critic/score/mean", "critic/rewards/mean")),
+    ("accuracy", "accuracy", ("train/acc", "val/*/acc")),
+    ("kl", "KL to the reference / old policy", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
+    ("entropy", "policy entropy (nats/token)", ("actor/entropy",)),
+    ("response_length", "response length (tokens)", ("response_length/mean", "response_length/max")),
+    ("step_time", "step time (s)", ("timing/step", "timing/gen", "timing/update_actor")),
+)
+
+
+def _series(rows: Sequence[dict[str, Any]], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
+    """``{metric: (steps, values)}`` for the metric names matching ``pattern`` (one ``*`` allowed)."""
+    prefix, _, suffix = pattern.partition("*")
+    wildcard = "*" in pattern
+    out: dict[str, tuple[list[int], list[float]]] = {}
+    for row in rows:
+        for key, value in row.items():
+            matches = key.startswith(prefix) and key.endswith(suffix) if wildcard else key == pattern
+            if matches and isinstance(value, (int, float)) and key != "step":
+                steps, values = out.setdefault(key, ([], []))
+                steps.append(int(row["step"]))
+                values.append(float(value))
+    return out
+
+
+def plot_metrics(rows: Sequence[dict[str, Any]], out_dir: str | os.PathLike) -> list[Path]:
+    """One PNG per entry of :data:`PLOTS` that has data; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, title, patterns in PLOTS:
+        curves = {k: v for pattern in patterns for k, v in _series(rows, pattern).items()}
+        if not curves:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for label, (steps, values) in sorted(curves.items()):
+            ax.plot(steps, values, marker="o" if len(steps) < 30 else None, markersize=3, label=label)
+        ax.set_title(title)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out_dir / f"{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def _cell(text: Any, limit: int = 300) -> str:
+    text = str(text)
+    text = text if len(text) <= limit else text[:limit] + " …"
+    return html.escape(text).replace("|", "&#124;").replace("\n", "<br>")
+
+
+def generations_table(generations: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of sample generations (keys ``step``, ``prompt``, ``response``,
+    ``ground_truth``, ``score``)."""
+    lines = ["| step | prompt | response | ground truth | score |", "|---|---|---|---|---|"]
+    for g in generations:
+        lines.append(f"| {g['step']} | {_cell(g['prompt'])} | {_cell(g['response'])} | "
+                     f"{_cell(g['ground_truth'])} | {float(g['score']):.3f} |")
+    return "\n".join(lines)
+
+
+def _summary_table(summary: dict[str, Any]) -> str:
+    lines = ["| | |", "|---|---|"]
+    lines += [f"| {key} | {value:.4g} |" if isinstance(value, float) else f"| {key} | {value} |"
+              for key, value in summary.items()]
+    return "\n".join(lines)
+
+
+def write_report(run_dir: str | os.PathLike, rows: Sequence[dict[str, Any]],
+                 generations: Sequence[dict[str, Any]], summary: dict[str, Any]) -> Path:
+    """Write ``<run_dir>/report.md`` and its PNGs (in ``<run_dir>/plots``).
+
+    Args:
+        run_dir: the run directory.
+        rows: metric rows (``{"step": k, name: value, ...}``), e.g. from ``metrics.jsonl``.
+        generations: sample generations for the table (validation samples, first and last).
+        summary: headline numbers (accuracy before/after, steps, wall time, ...).
+
+    Returns:
+        The path of ``report.md``.
+    """
+    run_dir = Path(run_dir)
+    plots = plot_metrics(rows, run_dir / "plots")
+    parts = ["# rlvr run report", "", "## Summary", "", _summary_table(summary), "", "## Curves", ""]
+    parts += [f"![{p.stem}](plots/{p.name})" for p in plots] or ["(no metrics were logged)"]
+    parts += ["", "## Sample generations", "", generations_table(generations) if generations else "(none)", ""]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path

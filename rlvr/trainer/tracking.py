@@ -1,0 +1,161 @@
+"""Metric sinks: console, JSONL (``<run dir>/metrics.jsonl``), TensorBoard and Weights & Biases.
+
+TensorBoard and W&B are optional dependencies: asking for them without the package installed is an
+error that says what to install.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rlvr.utils.errors import RlvrError
+
+CONSOLE_KEYS = (
+    ("critic/score/mean", "score"),
+    ("train/acc", "acc"),
+    ("actor/kl_loss", "kl"),
+    ("actor/entropy", "entropy"),
+    ("actor/grad_norm", "grad"),
+    ("response_length/mean", "len"),
+    ("timing/step", "s/step"),
+    ("perf/throughput", "tok/s"),
+)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}"
+
+
+class ConsoleLogger:
+    """One line per step with the main metrics; validation metrics in full.
+
+    Args:
+        write: where lines go (``tqdm.write`` keeps a progress bar intact).
+    """
+
+    def __init__(self, write: Callable[[str], None] = print) -> None:
+        self.write = write
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        parts = [f"step {step}"]
+        parts += [f"{short}={_fmt(data[key])}" for key, short in CONSOLE_KEYS if key in data]
+        parts += [f"{key}={_fmt(value)}" for key, value in sorted(data.items()) if key.startswith("val/")]
+        self.write(" | ".join(parts))
+
+    def finish(self) -> None:
+        """Nothing to close."""
+
+
+class JsonlLogger:
+    """Appends ``{"step": k, ...metrics}`` per call to ``<run dir>/metrics.jsonl``.
+
+    Args:
+        path: the JSONL file.
+        resume_step: when resuming from step k, lines with a step > k (written after that
+            checkpoint by the interrupted run) are removed first.
+    """
+
+    def __init__(self, path: str | os.PathLike, resume_step: int | None = None) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if resume_step is None:
+            self.path.write_text("")
+        elif self.path.exists():
+            kept = [line for line in read_metrics(self.path) if line["step"] <= resume_step]
+            self.path.write_text("".join(json.dumps(line) + "\n" for line in kept))
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        row = {"step": step, **{k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                                for k, v in data.items()}}
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def finish(self) -> None:
+        self._file.close()
+
+
+class TensorboardLogger:
+    """Scalars to a TensorBoard event file in ``<run dir>/tensorboard``."""
+
+    def __init__(self, log_dir: str | os.PathLike) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as err:
+            raise RlvrError("the tensorboard logger needs the `tensorboard` package: `pip install tensorboard` "
+                            "(or `pip install rlvr[tensorboard]`), or remove it from trainer.logger") from err
+        self.writer = SummaryWriter(log_dir=str(log_dir))
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        for key, value in data.items():
+            self.writer.add_scalar(key, value, step)
+
+    def finish(self) -> None:
+        self.writer.close()
+
+
+class WandbLogger:
+    """Weights & Biases run named ``<project>/<experiment>``, config attached."""
+
+    def __init__(self, project: str, experiment: str, config: dict[str, Any], run_dir: str | os.PathLike) -> None:
+        try:
+            import wandb
+        except ImportError as err:
+            raise RlvrError("the wandb logger needs the `wandb` package: `pip install wandb` "
+                            "(or `pip install rlvr[wandb]`), or remove it from trainer.logger") from err
+        self.run = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir))
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        self.run.log(data, step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class Tracking:
+    """Fan metrics out to the configured sinks (``trainer.logger``).
+
+    Args:
+        project_name: project (W&B project).
+        experiment_name: run name.
+        default_backend: sink names among ``console``, ``jsonl``, ``tensorboard``, ``wandb``.
+        run_dir: directory of the run (JSONL file, TensorBoard events).
+        config: the run config as a plain dict (for W&B).
+        resume_step: see :class:`JsonlLogger`.
+        console_write: line writer of the console sink.
+    """
+
+    def __init__(self, project_name: str, experiment_name: str, default_backend: Sequence[str],
+                 run_dir: str | os.PathLike, config: dict[str, Any] | None = None,
+                 resume_step: int | None = None, console_write: Callable[[str], None] = print) -> None:
+        run_dir = Path(run_dir)
+        factories: dict[str, Callable[[], Any]] = {
+            "console": lambda: ConsoleLogger(console_write),
+            "jsonl": lambda: JsonlLogger(run_dir / "metrics.jsonl", resume_step),
+            "tensorboard": lambda: TensorboardLogger(run_dir / "tensorboard"),
+            "wandb": lambda: WandbLogger(project_name, experiment_name, config or {}, run_dir),
+        }
+        unknown = [name for name in default_backend if name not in factories]
+        if unknown:
+            raise RlvrError(f"unknown logger(s) {unknown}; trainer.logger takes {', '.join(factories)}")
+        self.loggers = {name: factories[name]() for name in default_backend}
+
+    def log(self, data: dict[str, float], step: int) -> None:
+        """Send ``data`` (name -> float) for ``step`` to every sink."""
+        for logger in self.loggers.values():
+            logger.log(data, step)
+
+    def finish(self) -> None:
+        for logger in self.loggers.values():
+            logger.finish()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` file."""
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

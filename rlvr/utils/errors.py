@@ -1,0 +1,44 @@
+"""Exceptions that rlvr raises for user-facing failures.
+
+Every message says what went wrong, where (stage / worker group / method / rank / config key)
+and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class RlvrError(RuntimeError):
+    """Base class of rlvr's user-facing errors."""
+
+
+class ConfigError(RlvrError, ValueError):
+    """An invalid configuration value, detected before any model or worker starts.
+
+    Args:
+        key: dotted config key that is wrong (e.g. ``"data.train_batch_size"``).
+        message: what is wrong and what to change.
+    """
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        super().__init__(f"config error at '{key}': {message}")
+
+
+class WorkerError(RlvrError):
+    """A remote worker method raised; carries the group, method, rank and remote traceback."""
+
+    def __init__(self, group: str, method: str, rank: int, detail: str) -> None:
+        self.group, self.method, self.rank = group, method, rank
+        super().__init__(f"worker group '{group}', method '{method}', rank {rank} failed:\n{detail}")
+
+
+class WorkerTimeoutError(WorkerError):
+    """A remote call did not return within its timeout."""
+
+
+class WorkerDiedError(WorkerError):
+    """A worker process died (crashed or was killed) during a call."""
+
+
+class RewardError(RlvrError):
+    """A reward scorer or reward worker broke its contract (raised, timed out, bad output)."""

@@ -1,0 +1,99 @@
+"""Helpers for tests: a tiny deterministic tokenizer and a tiny random Llama model, built
+without any network access."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+__all__ = ["TINY_CHAT_TEMPLATE", "tiny_tokenizer", "tiny_causal_lm", "save_tiny_model"]
+
+PAD, BOS, IM_START, IM_END = "<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [PAD, BOS, IM_START, IM_END]
+
+TINY_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer: ids 0-3 are ``<pad>``, ``<|endoftext|>`` (BOS), ``<|im_start|>``,
+    ``<|im_end|>`` (EOS), ids 4-259 one per byte. It encodes any text and decodes it back exactly,
+    and has a ChatML chat template (like SmolLM2). ``len(tokenizer) == 260``.
+    """
+    byte_chars = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
+    vocab.update({char: len(SPECIAL_TOKENS) + i for i, char in enumerate(byte_chars)})
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token=PAD,
+        bos_token=BOS,
+        eos_token=IM_END,
+        additional_special_tokens=[IM_START],
+        padding_side="right",
+    )
+    tokenizer.chat_template = TINY_CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_causal_lm(
+    vocab_size: int | None = None,
+    hidden_size: int = 32,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+    intermediate_size: int = 64,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
+    """A small random Llama model and the matching :func:`tiny_tokenizer`.
+
+    The weights depend only on ``seed`` (the global RNG is left untouched).
+
+    Args:
+        vocab_size: model vocabulary, at least ``len(tokenizer)`` (260); None uses exactly that.
+    """
+    tokenizer = tiny_tokenizer()
+    vocab_size = len(tokenizer) if vocab_size is None else vocab_size
+    if vocab_size < len(tokenizer):
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the tiny tokenizer's {len(tokenizer)} tokens")
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config).to(dtype)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.eval(), tokenizer
+
+
+def save_tiny_model(path: str | os.PathLike, **kwargs) -> Path:
+    """Write :func:`tiny_causal_lm` (``**kwargs`` passed on) and its tokenizer to the folder
+    ``path``, loadable with :func:`rlvr.utils.model.load_causal_lm`; returns the folder."""
+    path = Path(path)
+    model, tokenizer = tiny_causal_lm(**kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

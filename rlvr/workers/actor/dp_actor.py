@@ -1,0 +1,240 @@
+"""The data-parallel PPO actor: log-probs of responses and the clipped policy update.
+
+PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); the loss
+itself comes from the policy-loss registry (``actor.policy_loss.loss_mode``) and is aggregated with
+``actor.loss_agg_mode``. The module may be sharded with FSDP2 over the worker group; every rank
+then runs the same number of forward passes (see :mod:`rlvr.workers.batching`).
+
+Batch keys read (``[batch, ...]``): ``input_ids``, ``attention_mask``, ``position_ids`` (``[B, P+R]``),
+``responses`` (``[B, R]``); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
+``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_log_probs`` (optional, for the loss's
+truncated importance sampling). ``meta_info["temperature"]`` divides the logits, as in sampling.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+
+from rlvr.protocol import DataProto
+from rlvr.trainer.ppo.core_algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
+from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from rlvr.workers.batching import all_reduce_sum, loss_share, micro_batch_indices
+from rlvr.workers.fsdp import clip_grad_norm
+
+__all__ = ["DataParallelPPOActor", "response_logits", "policy_loss_config"]
+
+_FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+_METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
+
+
+def policy_loss_config(actor_config) -> PolicyLossConfig:
+    """The registry losses' parameters from the ``actor`` config section."""
+    section = actor_config.policy_loss
+    return PolicyLossConfig(
+        clip_ratio=actor_config.clip_ratio,
+        clip_ratio_low=actor_config.clip_ratio_low,
+        clip_ratio_high=actor_config.clip_ratio_high,
+        clip_ratio_c=actor_config.clip_ratio_c,
+        clip_cov_ratio=section.clip_cov_ratio,
+        clip_cov_lb=section.clip_cov_lb,
+        clip_cov_ub=section.clip_cov_ub,
+        kl_cov_ratio=section.kl_cov_ratio,
+        kl_cov_coef=section.ppo_kl_coef,
+    )
+
+
+def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
+    """Logits that predict the response tokens, divided by ``temperature``.
+
+    Columns that are padding in every row are cut off first (left padding of the prompts, right
+    padding after the longest response), and the LM head runs only on the response positions
+    (``logits_to_keep``), so no logits are computed for the prompt.
+
+    Args:
+        batch: ``input_ids``/``attention_mask``/``position_ids`` ``[b, P+R]`` and ``responses`` ``[b, R]``.
+
+    Returns:
+        ``[b, r, vocab]`` in the model dtype, ``r <= R``: the logits of response tokens ``0..r-1``
+        (tokens after ``r`` are padding in every row).
+    """
+    attention_mask = batch["attention_mask"]
+    prompt_len = attention_mask.shape[1] - batch["responses"].shape[1]
+    used = attention_mask.any(dim=0).nonzero().flatten()
+    start = min(int(used[0]), prompt_len - 1)
+    stop = max(int(used[-1]) + 1, prompt_len + 1)
+    num_response = stop - prompt_len
+    logits = module(
+        input_ids=batch["input_ids"][:, start:stop],
+        attention_mask=attention_mask[:, start:stop],
+        position_ids=batch["position_ids"][:, start:stop],
+        use_cache=False,
+        logits_to_keep=num_response + 1,
+    ).logits[:, :-1]
+    if temperature != 1.0:
+        logits = logits / temperature
+    return logits
+
+
+def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
+    return torch.nn.functional.pad(values, (0, length - values.shape[1]))
+
+
+class DataParallelPPOActor:
+    """Computes response log-probs and updates the policy.
+
+    Args:
+        config: the ``actor_rollout_ref.actor`` section.
+        module: the policy model (plain or FSDP2-sharded).
+        optimizer: AdamW over the module's trainable parameters; None for a frozen reference.
+        mini_batch_size: sequences per optimizer step on this worker
+            (``ppo_mini_batch_size x rollout.n / world_size``).
+        log_prob_micro_batch_size: sequences per forward in :meth:`compute_log_prob`.
+        world_size: data-parallel ranks (collectives keep them in step).
+        device: where the module's (unsharded) compute runs.
+    """
+
+    def __init__(self, config, module: nn.Module, optimizer: torch.optim.Optimizer | None, *,
+                 mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
+                 device: str | torch.device) -> None:
+        self.config = config
+        self.module = module
+        self.optimizer = optimizer
+        self.mini_batch_size = mini_batch_size
+        self.log_prob_micro_batch_size = log_prob_micro_batch_size
+        self.world_size = world_size
+        self.device = torch.device(device)
+        self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
+        self.policy_loss_config = policy_loss_config(config)
+
+    def _micro_batches(self, batch: dict[str, torch.Tensor], size: int) -> list[list[int]]:
+        return micro_batch_indices(
+            batch["attention_mask"].sum(-1), size, self.config.use_dynamic_bsz,
+            self.config.ppo_max_token_len_per_gpu, self.world_size,
+        )
+
+    def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
+                 entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
+        response_len = batch["responses"].shape[1]
+        logits = response_logits(self.module, batch, temperature)
+        labels = batch["responses"][:, : logits.shape[1]]
+        log_probs = _pad_right(logprobs_from_logits(logits, labels), response_len)
+        if not calculate_entropy:
+            return log_probs, None
+        if entropy_grad:
+            entropy = entropy_from_logits(logits)
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach())
+        return log_probs, _pad_right(entropy, response_len)
+
+    @torch.no_grad()
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probability of each response token under the current policy.
+
+        Args:
+            data: ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``;
+                ``meta_info["temperature"]``.
+            calculate_entropy: also return the per-token entropy of the (tempered) policy.
+
+        Returns:
+            ``(log_probs [B, R], entropys [B, R] or None)``, float32 on CPU.
+        """
+        temperature = float(data.meta_info["temperature"])
+        batch = {key: data.batch[key] for key in _FORWARD_KEYS}
+        rows, response_len = batch["responses"].shape
+        log_probs = torch.zeros(rows, response_len)
+        entropys = torch.zeros(rows, response_len) if calculate_entropy else None
+        self.module.eval()
+        for idx in self._micro_batches(batch, self.log_prob_micro_batch_size):
+            index = torch.tensor(idx)
+            micro = {key: value[index].to(self.device) for key, value in batch.items()}
+            lp, ent = self._forward(micro, temperature, calculate_entropy, entropy_grad=False)
+            log_probs[index] = lp.cpu()
+            if entropys is not None:
+                entropys[index] = ent.cpu()
+        return log_probs, entropys
+
+    def update_policy(self, data: DataProto) -> dict[str, list[float]]:
+        """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
+
+        Returns:
+            metric name -> one value per mini-batch: ``actor/pg_loss``, ``actor/pg_clipfrac``,
+            ``actor/ppo_kl``, ``actor/entropy``, ``actor/kl_loss`` (global means over the
+            mini-batch on all ranks), ``actor/grad_norm``, ``actor/skipped_steps`` (1 when the
+            gradient was not finite and the step was skipped).
+        """
+        if self.optimizer is None:
+            raise RuntimeError("this actor has no optimizer (a frozen reference); it cannot be updated")
+        temperature = float(data.meta_info["temperature"])
+        keys = [*_FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
+        if self.config.use_kl_loss:
+            keys.append("ref_log_prob")
+        if "rollout_log_probs" in data.batch.keys():
+            keys.append("rollout_log_probs")
+        missing = [key for key in keys if key not in data.batch.keys()]
+        if missing:
+            raise KeyError(f"update_actor needs the batch keys {missing}; got {sorted(data.batch.keys())}")
+        batch = {key: data.batch[key] for key in keys}
+        rows = batch["responses"].shape[0]
+        metrics: dict[str, list[float]] = defaultdict(list)
+        self.module.train()
+        for _ in range(self.config.ppo_epochs):
+            order = torch.randperm(rows) if self.config.shuffle else torch.arange(rows)
+            for start in range(0, rows, self.mini_batch_size):
+                index = order[start : start + self.mini_batch_size]
+                mini = {key: value[index] for key, value in batch.items()}
+                for name, value in self._train_mini_batch(mini, temperature).items():
+                    metrics[name].append(value)
+        return dict(metrics)
+
+    def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Loss of one micro-batch (aggregated over it) and its metrics ``[len(_METRICS)]``."""
+        config = self.config
+        mask = micro["response_mask"]
+        log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
+        pg_loss, pg_metrics = self.policy_loss_fn(
+            old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
+            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=self.policy_loss_config,
+            rollout_log_prob=micro.get("rollout_log_probs"),
+        )
+        entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode)
+        loss = pg_loss - config.entropy_coeff * entropy_loss if config.entropy_coeff != 0 else pg_loss
+        kl_loss = torch.zeros(())
+        if config.use_kl_loss:
+            kl_loss = agg_loss(kl_penalty(log_prob, micro["ref_log_prob"], config.kl_loss_type), mask,
+                               config.loss_agg_mode)
+            loss = loss + config.kl_loss_coef * kl_loss
+        values = [pg_metrics["pg_loss"], pg_metrics["pg_clipfrac"], pg_metrics["ppo_kl"], entropy_loss, kl_loss]
+        return loss, torch.stack([v.detach().float().cpu() for v in values])
+
+    def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
+        """Gradient accumulation over micro-batches, then one clipped optimizer step."""
+        mask = mini["response_mask"]
+        counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
+        global_tokens, global_seqs = all_reduce_sum(counts.to(self.device), self.world_size).tolist()
+        sums = torch.zeros(len(_METRICS), dtype=torch.float64)
+        self.optimizer.zero_grad(set_to_none=True)
+        for idx in self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu):
+            index = torch.tensor(idx)
+            micro = {key: value[index].to(self.device) for key, value in mini.items()}
+            share = loss_share(micro["response_mask"], global_tokens, global_seqs, self.config.loss_agg_mode,
+                               self.world_size)
+            loss, values = self._micro_loss(micro, temperature)
+            (loss * share).backward()
+            sums += values.double() * (share / self.world_size)
+        grad_norm = clip_grad_norm(self.module, self.config.grad_clip)
+        finite = bool(torch.isfinite(torch.tensor(grad_norm)))
+        if finite:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = all_reduce_sum(sums.to(self.device), self.world_size).cpu()
+        out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, sums)}
+        out["actor/grad_norm"] = grad_norm
+        out["actor/skipped_steps"] = 0.0 if finite else 1.0
+        return out

@@ -1,0 +1,120 @@
+"""Splitting a worker's batch into mini-batches and micro-batches.
+
+A micro-batch is a list of row indices into the worker's local batch. Two ways to size them:
+
+- by count: ``micro_batch_size`` rows each (the last one may be shorter);
+- by token budget (``use_dynamic_bsz``): rows sorted by length and packed so that a micro-batch's
+  padded size ``rows x longest row`` stays within ``max_token_len``. Every rank of a data-parallel
+  group must run the same number of forward passes (FSDP2 all-gathers parameters in each one), so
+  the count is raised to the largest count of any rank by splitting the biggest micro-batches.
+
+The loss of a micro-batch is weighted by its share of the *global* mini-batch (all ranks), see
+:func:`loss_share`, so that gradient accumulation over micro-batches and averaging over ranks give
+exactly the gradient of one big batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["micro_batch_indices", "token_budget_partitions", "loss_share", "all_reduce_sum", "all_reduce_max"]
+
+
+def all_reduce_sum(value: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Sum of ``value`` over the data-parallel group (identity when ``world_size == 1``)."""
+    if world_size == 1:
+        return value
+    out = value.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.SUM)
+    return out
+
+
+def all_reduce_max(value: torch.Tensor, world_size: int) -> torch.Tensor:
+    """Maximum of ``value`` over the data-parallel group (identity when ``world_size == 1``)."""
+    if world_size == 1:
+        return value
+    out = value.clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return out
+
+
+def token_budget_partitions(seq_lens: list[int], max_token_len: int, min_parts: int = 1) -> list[list[int]]:
+    """Pack rows into micro-batches whose padded size ``rows x max(len)`` is at most ``max_token_len``.
+
+    Rows are visited longest first and appended to the current micro-batch while it fits, so each
+    micro-batch holds rows of similar length (little padding). A row longer than the budget gets a
+    micro-batch of its own. If fewer than ``min_parts`` micro-batches come out, the largest ones
+    are halved until there are ``min_parts`` (needs ``min_parts <= len(seq_lens)``).
+
+    Args:
+        seq_lens: ``[rows]`` number of real tokens (prompt + response) per row.
+        max_token_len: token budget of one micro-batch.
+        min_parts: the number of micro-batches to reach at least (the maximum over the ranks).
+
+    Returns:
+        lists of row indices; every row appears exactly once.
+    """
+    if max_token_len <= 0:
+        raise ValueError(f"the token budget must be positive, got {max_token_len}")
+    if min_parts > len(seq_lens):
+        raise ValueError(f"cannot make {min_parts} micro-batches out of {len(seq_lens)} rows")
+    order = sorted(range(len(seq_lens)), key=lambda i: (-seq_lens[i], i))
+    parts: list[list[int]] = []
+    for idx in order:
+        if parts and (len(parts[-1]) + 1) * seq_lens[parts[-1][0]] <= max_token_len:
+            parts[-1].append(idx)
+        else:
+            parts.append([idx])
+    while len(parts) < min_parts:
+        biggest = max(range(len(parts)), key=lambda p: (len(parts[p]), -p))
+        rows = parts.pop(biggest)
+        half = len(rows) // 2
+        parts[biggest:biggest] = [rows[:half], rows[half:]]
+    return parts
+
+
+def micro_batch_indices(
+    seq_lens: torch.Tensor,
+    micro_batch_size: int,
+    use_dynamic_bsz: bool,
+    max_token_len: int,
+    world_size: int,
+) -> list[list[int]]:
+    """Row indices of each micro-batch of a local batch.
+
+    Args:
+        seq_lens: ``[rows]`` real tokens per row (``attention_mask.sum(-1)``).
+        micro_batch_size: rows per micro-batch when not ``use_dynamic_bsz``.
+        use_dynamic_bsz: size micro-batches by token budget (collective: all ranks must call).
+        max_token_len: the token budget.
+        world_size: data-parallel ranks that must agree on the number of micro-batches.
+    """
+    rows = int(seq_lens.shape[0])
+    if not use_dynamic_bsz:
+        if micro_batch_size <= 0:
+            raise ValueError(f"micro-batch size must be positive, got {micro_batch_size}")
+        return [list(range(s, min(s + micro_batch_size, rows))) for s in range(0, rows, micro_batch_size)]
+    lens = [int(x) for x in seq_lens.tolist()]
+    local = len(token_budget_partitions(lens, max_token_len))
+    parts = int(all_reduce_max(torch.tensor([local], dtype=torch.int64), world_size).item())
+    return token_budget_partitions(lens, max_token_len, min_parts=parts)
+
+
+def loss_share(response_mask: torch.Tensor, global_tokens: float, global_seqs: float, loss_agg_mode: str,
+               world_size: int) -> float:
+    """Weight of a micro-batch's aggregated loss inside the global mini-batch.
+
+    ``agg_loss`` averages over the micro-batch (tokens for ``token-mean``, non-empty sequences for
+    the ``seq-mean-*`` modes). Multiplying by ``micro count / global count`` turns the sum over
+    micro-batches and ranks into the average over the whole mini-batch; the factor ``world_size``
+    undoes FSDP's averaging of gradients over ranks.
+
+    Args:
+        response_mask: ``[micro_rows, response_len]`` of the micro-batch.
+        global_tokens: valid tokens in the mini-batch over all ranks.
+        global_seqs: sequences with at least one valid token in the mini-batch over all ranks.
+    """
+    if loss_agg_mode == "token-mean":
+        return float(response_mask.sum()) / max(global_tokens, 1.0) * world_size
+    return float((response_mask.sum(-1) > 0).sum()) / max(global_seqs, 1.0) * world_size

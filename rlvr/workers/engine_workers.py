@@ -1,0 +1,470 @@
+"""The role workers: ``ActorRolloutRefWorker`` (hybrid), ``TrainingWorker`` and ``CriticWorker``.
+
+Every worker receives the whole run config (``RlvrConfig`` as an OmegaConf DictConfig) and runs
+as a Ray actor or inside the driver (local backend); methods are called through a worker group.
+
+Hybrid worker (``role="actor_rollout_ref"``, seed 001): one process holds the actor, the rollout
+and the reference.
+
+- Weights actor -> rollout, in-process. With one rank the rollout engine *shares* the actor's
+  module: nothing is copied, generation always sees the current weights. With several ranks the
+  actor is FSDP2-sharded and the rollout keeps an unsharded replica, refreshed (all-gather, one
+  parameter at a time) before the first generation after an actor update.
+- On GPU the actor's optimizer state (and its parameters, when the rollout has its own replica)
+  move to CPU during generation and back for training; the rollout's KV cache is freed after
+  generation (``rollout.free_cache_engine``).
+- Reference: a separate frozen model, or - when the actor trains LoRA adapters - the actor's
+  module with the adapters disabled (peft ``disable_adapter()``), sharing the base weights.
+- ``compute_log_prob`` reuses the rollout's sampling log-probs as ``old_log_probs`` (no forward)
+  when ``actor.use_rollout_log_probs`` is on and they are exact for the current weights: the
+  rollout ran on this worker with the actor's current weights (``meta_info
+  ["rollout_weights_version"]``), the engine reports them exact (fp32 model,
+  ``meta_info["rollout_log_probs_exact"]``), at the same temperature, and no entropy is asked for.
+  The trainer keeps the rollout's ``meta_info`` in the batch (``DataProto.union`` does).
+
+Outputs of the DP_COMPUTE_PROTO methods carry ``meta_info["metrics"]`` (name -> list of floats)
+and ``meta_info["timing"]`` (stage -> seconds, the slowest rank).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from rlvr.protocol import DataProto
+from rlvr.single_controller.base.decorator import Dispatch, register
+from rlvr.single_controller.base.worker import Worker
+from rlvr.utils.model import load_tokenizer
+from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
+from rlvr.workers.actor.dp_actor import DataParallelPPOActor
+from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_lora, save_training_state
+from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
+from rlvr.workers.fsdp import build_lr_scheduler, build_optimizer, full_parameters, full_state_dict, shard_module
+from rlvr.workers.models import build_causal_lm, build_critic
+from rlvr.workers.rollout import get_rollout_engine
+from rlvr.workers.worker_utils import (
+    Placement,
+    StageTimer,
+    peak_memory_metrics,
+    per_rank_batch_size,
+    set_cpu_threads,
+)
+
+__all__ = ["ActorRolloutRefWorker", "TrainingWorker", "CriticWorker"]
+
+HYBRID_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+TRAINING_ROLES = ("critic", "ref")
+
+
+class _RoleWorker(Worker):
+    """What every model worker shares: config, role checks, threads, process group, RNG states."""
+
+    def __init__(self, config, role: str, roles: tuple[str, ...]) -> None:
+        if role not in roles:
+            raise ValueError(f"{type(self).__name__} role must be one of {roles}, got {role!r}")
+        super().__init__(config)
+        self.config = config
+        self.role = role
+        if self.device == "cpu":
+            set_cpu_threads(config.trainer.num_threads, self.world_size)
+
+    def _device_type(self) -> str:
+        return "cuda" if self.device.startswith("cuda") else "cpu"
+
+    def _setup(self) -> None:
+        """Join the process group (several ranks) and seed identically on every rank so that
+        randomly initialised parts (the value head) agree before sharding."""
+        if self.world_size > 1:
+            self.init_process_group(timeout_s=float(self.config.trainer.call_timeout_s))
+        set_seed(int(self.config.trainer.seed))
+
+    def _require(self, present: bool, method: str, part: str) -> None:
+        if not present:
+            raise RuntimeError(
+                f"{type(self).__name__}(role={self.role!r}) has no {part}, so it cannot run {method}(); "
+                f"create the worker with a role that includes the {part}"
+            )
+
+    def _reply(self, tensors: dict[str, torch.Tensor] | None, metrics: dict, timer: StageTimer,
+               stage: str) -> DataProto:
+        metrics = {**metrics, **peak_memory_metrics(self.device, stage)}
+        return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics, "timing": timer.result()})
+
+    def _timer(self) -> StageTimer:
+        return StageTimer(self.world_size, self.device)
+
+    def _extra_rng_state(self) -> dict:
+        return {}
+
+    def _load_extra_rng_state(self, state: dict) -> None:
+        return None
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def get_rng_state(self) -> dict:
+        """This rank's RNG states (global generators and the rollout's sampling generator)."""
+        return {"global": get_rng_state(), **self._extra_rng_state()}
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def set_rng_state(self, state: dict) -> None:
+        """Restore this rank's RNG states from :meth:`get_rng_state` (one state per rank)."""
+        set_rng_state(state["global"])
+        self._load_extra_rng_state(state)
+
+
+class ActorRolloutRefWorker(_RoleWorker):
+    """Actor, rollout and/or reference in one worker.
+
+    Args:
+        config: the whole run config.
+        role: ``"actor"``, ``"rollout"``, ``"ref"``, ``"actor_rollout"`` or ``"actor_rollout_ref"``.
+    """
+
+    def __init__(self, config, role: str) -> None:
+        super().__init__(config, role, HYBRID_ROLES)
+        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self.actor = self.rollout = self.ref = None
+        self._weights_version = 0
+        self._synced_version = 0
+        self._rollout_replica = None
+        self._ref_shares_actor = False
+
+    # ------------------------------------------------------------------ construction
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the models of this worker's roles and build optimizer, schedule and engine."""
+        self._setup()
+        cfg = self.config.actor_rollout_ref
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+        if self._is_actor:
+            self._init_actor(cfg)
+        if self._is_rollout:
+            self._init_rollout(cfg)
+        if self._is_ref:
+            self._init_ref(cfg)
+
+    def _init_actor(self, cfg) -> None:
+        module = build_causal_lm(cfg.model, trainable=True).to(self.device)
+        if self._is_rollout and self.world_size > 1:
+            self._rollout_replica = copy.deepcopy(module).requires_grad_(False)
+        module = shard_module(module, self.world_size, self._device_type(), cfg.actor.fsdp_config.reshard_after_forward)
+        optimizer = build_optimizer(module, cfg.actor.optim)
+        self.lr_scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
+        mini = per_rank_batch_size(cfg.actor.ppo_mini_batch_size, cfg.rollout.n, self.world_size,
+                                   "actor_rollout_ref.actor.ppo_mini_batch_size")
+        self.actor_module = module
+        self.actor = DataParallelPPOActor(
+            cfg.actor, module, optimizer, mini_batch_size=mini,
+            log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
+            world_size=self.world_size, device=self.device,
+        )
+        self.actor_placement = Placement(module, optimizer, self.device)
+        self._rest_actor()
+
+    def _init_rollout(self, cfg) -> None:
+        if self._is_actor:
+            shared = self._rollout_replica is None
+            module = self.actor_module if shared else self._rollout_replica
+        else:
+            shared, module = False, build_causal_lm(cfg.model, trainable=False).to(self.device)
+        seed = int(self.config.trainer.seed) + 1_000_003 * (self.rank + 1)
+        factory = get_rollout_engine(cfg.rollout.name)
+        self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
+
+    def _init_ref(self, cfg) -> None:
+        if self._is_actor and cfg.model.lora_rank > 0:
+            self._ref_shares_actor = True
+            module = self.actor_module
+        else:
+            module = build_causal_lm(cfg.model, trainable=False).to(self.device)
+            module = shard_module(module, self.world_size, self._device_type(),
+                                  cfg.ref.fsdp_config.reshard_after_forward)
+        self.ref = DataParallelPPOActor(
+            cfg.actor, module, None, mini_batch_size=1,
+            log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
+            world_size=self.world_size, device=self.device,
+        )
+        self.ref_placement = Placement(module, None, self.device)
+        if not self._ref_shares_actor:
+            self.ref_placement.place(params=not cfg.ref.fsdp_config.param_offload, optimizer=False)
+
+    def _rest_actor(self) -> None:
+        """Actor placement between phases (CPU when offload is configured; GPU only)."""
+        fsdp = self.config.actor_rollout_ref.actor.fsdp_config
+        self.actor_placement.place(params=not fsdp.param_offload, optimizer=not fsdp.optimizer_offload)
+
+    def _temperature(self, data: DataProto) -> float:
+        data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
+        return float(data.meta_info["temperature"])
+
+    # ------------------------------------------------------------------ rollout
+    def _sync_rollout_weights(self, force: bool = False) -> None:
+        """Bring the rollout's replica up to the actor's weights (no-op when it shares the module)."""
+        if self._rollout_replica is not None and (force or self._synced_version != self._weights_version):
+            self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
+            self.rollout.wake_up()
+            self.rollout.update_weights(full_parameters(self.actor_module))
+        self._synced_version = self._weights_version
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Responses for left-padded prompts (one per row; see ``rlvr.workers.rollout.base``)."""
+        self._require(self._is_rollout, "generate_sequences", "rollout")
+        timer = self._timer()
+        with timer.stage("gen"):
+            if self._is_actor:
+                self._sync_rollout_weights()
+                self.actor_placement.place(params=self._rollout_replica is None, optimizer=False)
+            self.rollout.wake_up()
+            output = self.rollout.generate_sequences(prompts)
+            if self.config.actor_rollout_ref.rollout.free_cache_engine:
+                self.rollout.sleep()
+        metrics = peak_memory_metrics(self.device, "gen")
+        output.meta_info.update(metrics=metrics, timing=timer.result())
+        if self._is_actor:
+            output.meta_info["rollout_weights_version"] = self._weights_version
+        return output
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update_weights(self, weights=None) -> None:
+        """Load weights into the rollout: ``(name, tensor)`` pairs or a state dict (names of the
+        rollout's model), or None to copy the actor's current weights in-process. When the rollout
+        shares the actor's module (hybrid, one rank), given weights change the actor too."""
+        self._require(self._is_rollout, "update_weights", "rollout")
+        if weights is None:
+            self._require(self._is_actor, "update_weights(None)", "actor")
+            self._sync_rollout_weights(force=True)
+            return
+        self.rollout.wake_up()
+        self.rollout.update_weights(weights)
+
+    # ------------------------------------------------------------------ actor
+    def _reuse_rollout_log_probs(self, data: DataProto, temperature: float, calculate_entropy: bool) -> bool:
+        meta = data.meta_info
+        return (
+            bool(self.config.actor_rollout_ref.actor.use_rollout_log_probs)
+            and self._is_rollout
+            and not calculate_entropy
+            and "rollout_log_probs" in data.batch.keys()
+            and meta.get("rollout_log_probs_exact") is True
+            and meta.get("rollout_weights_version") == self._weights_version
+            and meta.get("rollout_log_prob_temperature") == temperature
+        )
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs [B, R]`` (and ``entropys`` when ``meta_info["calculate_entropy"]``)."""
+        self._require(self._is_actor, "compute_log_prob", "actor")
+        timer = self._timer()
+        temperature = self._temperature(data)
+        calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+        reuse = self._reuse_rollout_log_probs(data, temperature, calculate_entropy)
+        with timer.stage("old_log_prob"):
+            if reuse:
+                tensors = {"old_log_probs": data.batch["rollout_log_probs"].clone()}
+            else:
+                self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
+                log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=calculate_entropy)
+                tensors = {"old_log_probs": log_probs}
+                if entropys is not None:
+                    tensors["entropys"] = entropys
+        return self._reply(tensors, {"actor/reused_rollout_log_probs": float(reuse)}, timer, "old_log_prob")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO update on the batch (see ``DataParallelPPOActor.update_policy``); one LR-schedule step."""
+        self._require(self._is_actor, "update_actor", "actor")
+        timer = self._timer()
+        self._temperature(data)
+        with timer.stage("update_actor"):
+            self.actor_placement.place(params=True, optimizer=True)
+            metrics = self.actor.update_policy(data)
+            metrics["actor/lr"] = float(self.lr_scheduler.get_last_lr()[0])
+            self.lr_scheduler.step()
+            self._weights_version += 1
+            self._rest_actor()
+        return self._reply(None, metrics, timer, "update_actor")
+
+    # ------------------------------------------------------------------ reference
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob [B, R]`` under the reference policy."""
+        self._require(self._is_ref, "compute_ref_log_prob", "reference")
+        timer = self._timer()
+        self._temperature(data)
+        with timer.stage("ref"):
+            if self._ref_shares_actor:
+                self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
+                with self.actor_module.disable_adapter():
+                    log_probs, _ = self.ref.compute_log_prob(data)
+            else:
+                self.ref_placement.place(params=True, optimizer=False)
+                log_probs, _ = self.ref.compute_log_prob(data)
+                self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.fsdp_config.param_offload,
+                                         optimizer=False)
+        return self._reply({"ref_log_prob": log_probs}, {}, timer, "ref")
+
+    # ------------------------------------------------------------------ checkpoints and export
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Write the actor's model, optimizer and LR-scheduler states to the folder ``path``."""
+        self._require(self._is_actor, "save_checkpoint", "actor")
+        self.actor_placement.place(params=True, optimizer=True)
+        save_training_state(path, self.actor_module, self.actor.optimizer, self.lr_scheduler, self.rank,
+                            self.world_size)
+        self._rest_actor()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote; the rollout picks the weights up."""
+        self._require(self._is_actor, "load_checkpoint", "actor")
+        self.actor_placement.place(params=True, optimizer=True)
+        load_training_state(path, self.actor_module, self.actor.optimizer, self.lr_scheduler, self.rank,
+                            self.world_size)
+        self._weights_version += 1
+        self._rest_actor()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        """Write the actor (LoRA merged) and tokenizer as a Hugging Face folder at ``path``."""
+        self._require(self._is_actor, "export_hf", "actor")
+        self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
+        export_hf_model(path, self.actor_module, self.tokenizer, self.rank, self.world_size)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def get_actor_weights(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights (LoRA merged, plain HF names) on rank 0, ``{}`` on the others;
+        what a separate rollout worker's ``update_weights`` takes."""
+        self._require(self._is_actor, "get_actor_weights", "actor")
+        self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
+        state = full_state_dict(self.actor_module, self.world_size)
+        if self.rank == 0 and self.config.actor_rollout_ref.model.lora_rank > 0:
+            state = merge_lora(state, self.actor_module)
+        return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}  # not the live weights
+
+    def _extra_rng_state(self) -> dict:
+        return {"rollout": self.rollout.get_rng_state()} if self.rollout is not None else {}
+
+    def _load_extra_rng_state(self, state: dict) -> None:
+        if self.rollout is not None:
+            self.rollout.set_rng_state(state["rollout"])
+
+
+class TrainingWorker(_RoleWorker):
+    """A critic or a reference policy running as its own worker group.
+
+    Args:
+        config: the whole run config.
+        role: ``"critic"`` (value model from ``critic``) or ``"ref"`` (frozen policy from
+            ``actor_rollout_ref.model``).
+    """
+
+    def __init__(self, config, role: str) -> None:
+        super().__init__(config, role, TRAINING_ROLES)
+        self.critic = self.ref = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Load the model of this worker's role."""
+        self._setup()
+        if self.role == "critic":
+            self._init_critic(self.config.critic)
+        else:
+            self._init_ref(self.config.actor_rollout_ref)
+
+    def _init_critic(self, cfg) -> None:
+        path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
+        module = build_critic(cfg.model, path).to(self.device)
+        module = shard_module(module, self.world_size, self._device_type(), cfg.fsdp_config.reshard_after_forward)
+        optimizer = build_optimizer(module, cfg.optim)
+        self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
+        mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n, self.world_size,
+                                   "critic.ppo_mini_batch_size")
+        self.critic_module = module
+        self.critic = DataParallelPPOCritic(cfg, module, optimizer, mini_batch_size=mini,
+                                            world_size=self.world_size, device=self.device)
+        self.placement = Placement(module, optimizer, self.device)
+        self._rest()
+
+    def _init_ref(self, cfg) -> None:
+        module = build_causal_lm(cfg.model, trainable=False).to(self.device)
+        module = shard_module(module, self.world_size, self._device_type(), cfg.ref.fsdp_config.reshard_after_forward)
+        self.ref = DataParallelPPOActor(
+            cfg.actor, module, None, mini_batch_size=1,
+            log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
+            world_size=self.world_size, device=self.device,
+        )
+        self.placement = Placement(module, None, self.device)
+        self._rest()
+
+    def _fsdp_config(self):
+        if self.role == "critic":
+            return self.config.critic.fsdp_config
+        return self.config.actor_rollout_ref.ref.fsdp_config
+
+    def _rest(self) -> None:
+        fsdp = self._fsdp_config()
+        self.placement.place(params=not fsdp.param_offload, optimizer=not fsdp.optimizer_offload)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values [B, R]`` of the response positions."""
+        self._require(self.critic is not None, "compute_values", "critic")
+        timer = self._timer()
+        with timer.stage("values"):
+            self.placement.place(params=True, optimizer=self.placement.optimizer_on_device)
+            values = self.critic.compute_values(data)
+            self._rest()
+        return self._reply({"values": values}, {}, timer, "values")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def update_critic(self, data: DataProto) -> DataProto:
+        """Clipped value-loss update on the batch; one LR-schedule step."""
+        self._require(self.critic is not None, "update_critic", "critic")
+        timer = self._timer()
+        with timer.stage("update_critic"):
+            self.placement.place(params=True, optimizer=True)
+            metrics = self.critic.update_critic(data)
+            metrics["critic/lr"] = float(self.lr_scheduler.get_last_lr()[0])
+            self.lr_scheduler.step()
+            self._rest()
+        return self._reply(None, metrics, timer, "update_critic")
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob [B, R]`` under the frozen reference policy."""
+        self._require(self.ref is not None, "compute_ref_log_prob", "reference")
+        timer = self._timer()
+        data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
+        with timer.stage("ref"):
+            self.placement.place(params=True, optimizer=False)
+            log_probs, _ = self.ref.compute_log_prob(data)
+            self._rest()
+        return self._reply({"ref_log_prob": log_probs}, {}, timer, "ref")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        """Write the critic's model, optimizer and LR-scheduler states to the folder ``path``."""
+        self._require(self.critic is not None, "save_checkpoint", "critic (the reference is frozen)")
+        self.placement.place(params=True, optimizer=True)
+        save_training_state(path, self.critic_module, self.critic.optimizer, self.lr_scheduler, self.rank,
+                            self.world_size)
+        self._rest()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote."""
+        self._require(self.critic is not None, "load_checkpoint", "critic (the reference is frozen)")
+        self.placement.place(params=True, optimizer=True)
+        load_training_state(path, self.critic_module, self.critic.optimizer, self.lr_scheduler, self.rank,
+                            self.world_size)
+        self._rest()
+
+
+class CriticWorker(TrainingWorker):
+    """``TrainingWorker`` in the critic role."""
+
+    def __init__(self, config) -> None:
+        super().__init__(config, "critic")

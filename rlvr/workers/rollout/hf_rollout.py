@@ -1,0 +1,199 @@
+"""The default rollout engine: a KV-cached decode loop over a transformers causal LM (CPU and GPU).
+
+Each step runs the model on the last token with the KV cache, through a decoder of
+:mod:`~rlvr.workers.rollout.static_decode` (a growing transformers cache by default; a
+preallocated static cache with ``rollout.static_cache``, its step compiled with ``rollout.compile``:
+the GPU fast path), samples the next token with :func:`~rlvr.workers.rollout.sampling.sample_tokens`
+from a seeded ``torch.Generator`` and records its exact log-prob. Prompts repeated ``n`` times in a
+row (as the trainer sends them) are prefilled once and their cache repeated. A row stops at an EOS id (unless ``ignore_eos``) or when its text
+ends a stop string; the loop ends when all rows have stopped or after ``response_length`` tokens.
+Finished rows keep running through the model (static batch) but their tokens become padding.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from rlvr.protocol import DataProto
+from rlvr.workers.rollout.base import Weights, as_named_tensors, register_rollout_engine, tokenizer_ids
+from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling, sample_tokens
+from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
+
+__all__ = ["HFRollout"]
+
+_PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+
+def _repeat_factor(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
+    """``k`` when the rows come in runs of ``k`` identical prompts (``batch.repeat(k, interleave=True)``,
+    as the trainer sends them), else 1. Such prompts are prefilled once and the cache repeated."""
+    rows = input_ids.shape[0]
+    same = (input_ids[1:] == input_ids[:-1]).all(-1) & (attention_mask[1:] == attention_mask[:-1]).all(-1)
+    k = 1
+    while k < rows and bool(same[k - 1]):
+        k += 1
+    if k == 1 or rows % k:
+        return 1
+    runs_equal = (input_ids.view(rows // k, k, -1) == input_ids[::k, None]).all()
+    masks_equal = (attention_mask.view(rows // k, k, -1) == attention_mask[::k, None]).all()
+    return k if bool(runs_equal) and bool(masks_equal) else 1
+
+
+@register_rollout_engine("hf")
+class HFRollout:
+    """Generation with a transformers model.
+
+    Args:
+        config: the ``rollout`` section (``response_length``, ``micro_batch_size``, ``stop``,
+            ``ignore_eos``, sampling settings, ``val_kwargs``).
+        module: the policy model (a ``PreTrainedModel`` or peft model, not FSDP-sharded).
+        tokenizer: for the EOS/pad ids and for decoding stop strings.
+        device: where generation runs.
+        seed: seed of this engine's sampling generator.
+        owns_module: the engine holds its own copy of the weights (it may move it to CPU in
+            :meth:`sleep`); False when it shares the actor's module.
+    """
+
+    def __init__(self, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
+                 seed: int, owns_module: bool) -> None:
+        self.config = config
+        self.module = module
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.owns_module = owns_module
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self.stop = [str(s) for s in config.stop]
+        self._stop_window = max((len(s) for s in self.stop), default=0) + 2
+        if config.compile and not config.static_cache:
+            raise ValueError("rollout.compile needs rollout.static_cache=true (the compiled step has fixed shapes)")
+        if config.static_cache:
+            max_cache_len = int(config.prompt_length) + int(config.response_length)
+            self.decoder = StaticCacheDecoder(module, max_cache_len, bool(config.compile))
+        else:
+            self.decoder = DynamicCacheDecoder(module)
+
+    # ------------------------------------------------------------------ weights and memory
+    @torch.no_grad()
+    def update_weights(self, weights: Weights) -> None:
+        """Copy new weights into the engine's module in place, by parameter name.
+
+        Names the module does not have raise ``KeyError``; parameters not named keep their
+        values (a partial update, e.g. adapters only). Tied weights may come under any of their
+        names (``lm_head.weight`` and ``model.embed_tokens.weight``). A tensor that already *is* the
+        parameter's storage (the engine shares the actor's module) is skipped: nothing to copy.
+        """
+        params = dict(self.module.named_parameters(remove_duplicate=False))
+        for name, tensor in as_named_tensors(weights):
+            if name not in params:
+                raise KeyError(f"update_weights: the rollout model has no parameter {name!r}")
+            target = params[name]
+            if target.data_ptr() != tensor.data_ptr():
+                target.data.copy_(tensor.to(dtype=target.dtype))
+
+    def wake_up(self) -> None:
+        """Move an owned copy of the weights to the device."""
+        if self.owns_module:
+            self.module.to(self.device)
+
+    def sleep(self) -> None:
+        """Free the KV cache(s); on GPU also move an owned copy of the weights to CPU and release
+        cached device memory."""
+        self.decoder.free()
+        if self.device.type != "cuda":
+            return
+        if self.owns_module:
+            self.module.to("cpu")
+        torch.cuda.empty_cache()
+
+    def get_rng_state(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def set_rng_state(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        """Generate one response per prompt row (``meta_info["n"]`` rows per prompt if given).
+
+        See :mod:`rlvr.workers.rollout.base` for the input and output keys.
+        """
+        meta = prompts.meta_info
+        params = resolve_sampling(self.config, meta)
+        repeat = int(meta.get("n", 1))
+        if repeat > 1:
+            prompts = prompts.repeat(repeat, interleave=True)
+        eos_ids, pad_id = tokenizer_ids(self.tokenizer)
+        if "eos_token_id" in meta:
+            eos = meta["eos_token_id"]
+            eos_ids = [eos] if isinstance(eos, int) else list(eos)
+        pad_id = int(meta.get("pad_token_id", pad_id))
+        self.module.eval()
+        outputs = []
+        size = int(self.config.micro_batch_size)
+        for start in range(0, len(prompts), size):
+            chunk = {key: prompts.batch[key][start : start + size] for key in _PROMPT_KEYS}
+            outputs.append(self._generate(chunk, params, eos_ids, pad_id))
+        tensors = {key: torch.cat([out[key] for out in outputs]) for key in outputs[0]}
+        out_meta = {
+            "rollout_log_prob_temperature": params.log_prob_temperature,
+            "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32,
+        }
+        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=out_meta)
+
+    def _stopped_by_string(self, responses: torch.Tensor, step: int, active: torch.Tensor) -> torch.Tensor:
+        """Rows (among ``active``) whose response text now contains a stop string ``[b]`` bool."""
+        hit = torch.zeros_like(active)
+        first = max(0, step + 1 - self._stop_window)
+        for row in active.nonzero().flatten().tolist():
+            text = self.tokenizer.decode(responses[row, first : step + 1].tolist(), skip_special_tokens=False)
+            hit[row] = any(s in text for s in self.stop)
+        return hit
+
+    def _generate(self, prompt: dict[str, torch.Tensor], params: SamplingParams, eos_ids: list[int],
+                  pad_id: int) -> dict[str, torch.Tensor]:
+        """Decode one micro-batch of prompts ``[b, P]``; returns the output tensors (CPU)."""
+        input_ids, attention_mask, position_ids = (prompt[k] for k in _PROMPT_KEYS)
+        rows, response_len = input_ids.shape[0], int(self.config.response_length)
+        start = int(attention_mask.any(dim=0).nonzero()[0])
+        next_pos = position_ids[:, -1].to(self.device) + 1
+        repeats = _repeat_factor(input_ids, attention_mask) if isinstance(self.decoder, DynamicCacheDecoder) else 1
+        logits = self.decoder.prefill(input_ids[::repeats, start:].to(self.device),
+                                      attention_mask[::repeats, start:].to(self.device),
+                                      position_ids[::repeats, start:].to(self.device))
+        if repeats > 1:
+            self.decoder.expand(repeats)
+            logits = logits.repeat_interleave(repeats, dim=0)
+        responses = torch.full((rows, response_len), pad_id, dtype=input_ids.dtype, device=self.device)
+        log_probs = torch.zeros(rows, response_len, device=self.device)
+        response_mask = torch.zeros(rows, response_len, dtype=attention_mask.dtype, device=self.device)
+        done = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        eos = torch.tensor(eos_ids, device=self.device)
+        for step in range(response_len):
+            tokens, token_log_probs = sample_tokens(logits, params, self.generator)
+            active = ~done
+            responses[:, step] = torch.where(active, tokens, pad_id)
+            log_probs[:, step] = torch.where(active, token_log_probs, 0.0)
+            response_mask[:, step] = active.to(response_mask.dtype)
+            if not self.config.ignore_eos:
+                done |= torch.isin(tokens, eos)
+            if self.stop:
+                done |= self._stopped_by_string(responses, step, active & ~done)
+            if step == response_len - 1 or bool(done.all()):
+                break
+            logits = self.decoder.step(tokens, next_pos + step)
+        self.decoder.finish()
+        response_pos = next_pos[:, None].cpu() + torch.arange(response_len)
+        responses, log_probs, response_mask = responses.cpu(), log_probs.cpu(), response_mask.cpu()
+        return {
+            "prompts": input_ids,
+            "responses": responses,
+            "input_ids": torch.cat([input_ids, responses], dim=1),
+            "attention_mask": torch.cat([attention_mask, response_mask], dim=1),
+            "position_ids": torch.cat([position_ids, response_pos.to(position_ids.dtype)], dim=1),
+            "response_mask": response_mask,
+            "rollout_log_probs": log_probs,
+        }

@@ -1,0 +1,152 @@
+"""Forward passes of the decode loop, with a growing or a static KV cache (the GPU fast path).
+
+:class:`DynamicCacheDecoder` is the plain transformers path: the KV cache grows by one column per
+step, the attention mask is concatenated every step. Simple, any shape, but every step launches
+each kernel of the model separately and re-allocates the cache.
+
+:class:`StaticCacheDecoder` preallocates a transformers ``StaticCache`` of ``max_cache_len``
+columns (``rollout.prompt_length + rollout.response_length``) once per batch size and keeps it
+between calls, so every decode step has the same shapes and tensor addresses: one-token input
+``[b, 1]``, a constant attention mask ``[b, max_cache_len]`` (prompt padding 0, every later column
+1; the causal mask hides the columns not written yet). With ``compile`` the step is compiled with
+``torch.compile`` (``mode="reduce-overhead"`` on CUDA: the whole step is replayed as one CUDA graph).
+The prompt (prefill) always runs eagerly: its width changes from batch to batch.
+
+Both decoders offer ``prefill(input_ids, attention_mask, position_ids) -> logits [b, vocab]`` and
+``step(tokens [b], position_ids [b]) -> logits [b, vocab]`` for the sampling loop of
+:class:`~rlvr.workers.rollout.hf_rollout.HFRollout`; ``finish()`` ends a generation call.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import StaticCache
+
+__all__ = ["DynamicCacheDecoder", "StaticCacheDecoder"]
+
+
+def _text_config(module: nn.Module):
+    """Config of the (possibly peft-wrapped) causal LM: what ``StaticCache`` sizes its layers by."""
+    config = module.config
+    return config.get_text_config(decoder=True)
+
+
+class DynamicCacheDecoder:
+    """Decoding with transformers' default growing cache (see the module docstring)."""
+
+    def __init__(self, module: nn.Module) -> None:
+        self.module = module
+        self._cache = None
+        self._mask: torch.Tensor | None = None
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+                ) -> torch.Tensor:
+        """Run the prompt ``[b, P]`` (no all-padding columns); returns next-token logits ``[b, vocab]``."""
+        out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=True, logits_to_keep=1)
+        self._cache, self._mask = out.past_key_values, attention_mask
+        return out.logits[:, -1]
+
+    def step(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (``[b]``) at ``position_ids`` (``[b]``); returns logits ``[b, vocab]``."""
+        assert self._mask is not None, "prefill() must run before step()"
+        self._mask = torch.cat([self._mask, torch.ones_like(self._mask[:, :1])], dim=1)
+        out = self.module(input_ids=tokens[:, None], attention_mask=self._mask, position_ids=position_ids[:, None],
+                          past_key_values=self._cache, use_cache=True)
+        self._cache = out.past_key_values
+        return out.logits[:, -1]
+
+    def expand(self, repeats: int) -> None:
+        """Repeat every row of the prefilled cache ``repeats`` times (``[a, b] -> [a, a, b, b]``), so
+        a prompt that the trainer repeated ``n`` times is prefilled once."""
+        assert self._cache is not None and self._mask is not None, "prefill() must run before expand()"
+        self._cache.batch_repeat_interleave(repeats)
+        self._mask = self._mask.repeat_interleave(repeats, dim=0)
+
+    def finish(self) -> None:
+        """Drop the cache of this call."""
+        self._cache = self._mask = None
+
+    def free(self) -> None:
+        """Nothing is kept between calls."""
+        self.finish()
+
+
+class StaticCacheDecoder:
+    """Decoding with a preallocated ``StaticCache`` and an optionally compiled step.
+
+    Args:
+        module: the causal LM (shared with the actor or owned by the engine).
+        max_cache_len: cache columns: longest prompt plus ``response_length``.
+        compile: ``torch.compile`` the one-token step (CUDA graphs on GPU).
+    """
+
+    def __init__(self, module: nn.Module, max_cache_len: int, compile: bool) -> None:
+        self.module = module
+        self.max_cache_len = int(max_cache_len)
+        self._caches: dict[int, StaticCache] = {}
+        self._cache: StaticCache | None = None
+        self._mask: torch.Tensor | None = None
+        self._compiled = compile
+        self._step_fn = self._forward_one
+        if compile:
+            mode = "reduce-overhead" if next(module.parameters()).is_cuda else "default"
+            self._step_fn = torch.compile(self._forward_one, mode=mode, dynamic=False)
+
+    def _forward_one(self, tokens: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                     cache: StaticCache) -> torch.Tensor:
+        out = self.module(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True)
+        return out.logits[:, -1].float()
+
+    def _cache_for(self, rows: int) -> StaticCache:
+        """The cache for ``rows`` sequences, created once and zeroed (in place) for every reuse."""
+        cache = self._caches.get(rows)
+        if cache is None:
+            cache = StaticCache(config=_text_config(self.module), max_cache_len=self.max_cache_len)
+            self._caches[rows] = cache
+        else:
+            cache.reset()
+        return cache
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+                ) -> torch.Tensor:
+        """Run the prompt ``[b, P]`` into cache columns ``0..P-1``; returns logits ``[b, vocab]``.
+
+        Raises:
+            ValueError: the prompt leaves fewer than one free column in the cache.
+        """
+        rows, width = input_ids.shape
+        if width >= self.max_cache_len:
+            raise ValueError(
+                f"a prompt batch {width} tokens wide does not fit the static KV cache of {self.max_cache_len} "
+                "columns (rollout.prompt_length + rollout.response_length); raise rollout.prompt_length to "
+                "the longest prompt (data.max_prompt_length)"
+            )
+        self._cache = self._cache_for(rows)
+        free = attention_mask.new_ones(rows, self.max_cache_len - width)
+        self._mask = torch.cat([attention_mask, free], dim=1)
+        out = self.module(input_ids=input_ids, attention_mask=self._mask, position_ids=position_ids,
+                          past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1]
+
+    def step(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row (``[b]``) at ``position_ids`` (``[b]``); returns logits ``[b, vocab]``.
+
+        With ``compile`` on CUDA the returned tensor lives in the CUDA graph's memory and is
+        overwritten by the next step: use it before calling ``step`` again.
+        """
+        assert self._cache is not None and self._mask is not None, "prefill() must run before step()"
+        if self._compiled:
+            torch.compiler.cudagraph_mark_step_begin()
+        return self._step_fn(tokens[:, None], position_ids[:, None], self._mask, self._cache)
+
+    def finish(self) -> None:
+        """End a call; the cache stays allocated for the next call with the same batch size."""
+        self._cache = self._mask = None
+
+    def free(self) -> None:
+        """Release every cache (``rollout.free_cache_engine``); the next call allocates again."""
+        self.finish()
+        self._caches.clear()

@@ -1,0 +1,105 @@
+"""Small helpers shared by the role workers: CPU threads, per-rank batch sizes, stage timing and
+the placement (device or CPU) of a module and its optimizer state between phases."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from rlvr.utils.errors import ConfigError
+from rlvr.workers.batching import all_reduce_max
+from rlvr.workers.fsdp import move_module, move_optimizer_state
+
+__all__ = ["set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement", "peak_memory_metrics"]
+
+
+def set_cpu_threads(num_threads: int | None, world_size: int) -> int:
+    """``torch.set_num_threads(num_threads or cores // world_size)`` (at least 1); returns it."""
+    cores = len(os.sched_getaffinity(0))
+    threads = int(num_threads) if num_threads else max(1, cores // world_size)
+    torch.set_num_threads(threads)
+    return threads
+
+
+def per_rank_batch_size(prompts: int, samples_per_prompt: int, world_size: int, key: str) -> int:
+    """Sequences per worker for a batch size counted in prompts (``prompts x n / world_size``).
+
+    Raises:
+        ConfigError: the sequences do not split evenly over the workers.
+    """
+    sequences = prompts * samples_per_prompt
+    if prompts <= 0 or sequences % world_size:
+        raise ConfigError(
+            key,
+            f"{prompts} prompts x {samples_per_prompt} samples = {sequences} sequences cannot be split evenly "
+            f"over {world_size} workers; choose a positive number of prompts whose product with the samples "
+            f"per prompt is a multiple of {world_size}",
+        )
+    return sequences // world_size
+
+
+class StageTimer:
+    """Wall time of the stages of one worker call; values are the slowest rank's (so that every
+    rank reports the same numbers and the collected ``meta_info["timing"]`` agrees)."""
+
+    def __init__(self, world_size: int, device: str) -> None:
+        self.world_size = world_size
+        self.device = device
+        self.timing: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
+
+    def result(self) -> dict[str, float]:
+        """Stage -> seconds, maximum over the ranks (collective)."""
+        names = sorted(self.timing)
+        values = torch.tensor([self.timing[n] for n in names], dtype=torch.float64, device=self.device)
+        values = all_reduce_max(values, self.world_size).cpu()
+        return {name: float(v) for name, v in zip(names, values)}
+
+
+class Placement:
+    """Where a module's parameters and its optimizer state live on a GPU worker.
+
+    On CPU workers every move is a no-op. The hybrid worker moves the actor's parameters and
+    optimizer state to CPU for generation and back for training (``fsdp_config.param_offload`` /
+    ``optimizer_offload`` keep them on CPU between phases too).
+    """
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer | None, device: str) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.device = device
+        self.params_on_device = True
+        self.optimizer_on_device = True
+
+    def place(self, params: bool, optimizer: bool) -> None:
+        """Put the parameters / optimizer state on the device (True) or on CPU (False)."""
+        if not self.device.startswith("cuda"):
+            return
+        if params != self.params_on_device:
+            move_module(self.module, self.device if params else "cpu")
+            self.params_on_device = params
+        if self.optimizer is not None and optimizer != self.optimizer_on_device:
+            move_optimizer_state(self.optimizer, self.device if optimizer else "cpu")
+            self.optimizer_on_device = optimizer
+        torch.cuda.empty_cache()
+
+
+def peak_memory_metrics(device: str, stage: str) -> dict[str, float]:
+    """``perf/<stage>/max_memory_allocated_gb`` since the last reset (GPU only; then reset)."""
+    if not device.startswith("cuda"):
+        return {}
+    peak = torch.cuda.max_memory_allocated(device) / 1024**3
+    torch.cuda.reset_peak_memory_stats(device)
+    return {f"perf/{stage}/max_memory_allocated_gb": peak}

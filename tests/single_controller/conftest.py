@@ -1,0 +1,64 @@
+"""Fixtures of the single-controller tests: one Ray cluster for the whole session, group factories."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+import ray
+import ray.cloudpickle
+import sc_workers
+
+from rlvr.single_controller import ClassWithInitArgs, WorkerGroup, get_resource_pool_cls, get_worker_group_cls, init_ray
+
+BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local"]
+RAY_WORKERS = 2
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A local Ray cluster with 2 CPUs, started once and shut down at the end of the session."""
+    ray.cloudpickle.register_pickle_by_value(sc_workers)  # the Ray workers cannot import tests/
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def world_size_of(backend: str) -> int:
+    return RAY_WORKERS if backend == "ray" else 1
+
+
+@pytest.fixture(scope="session", params=BACKENDS)
+def demo(request: pytest.FixtureRequest) -> Iterator[tuple[str, WorkerGroup]]:
+    """``(backend, group)``: one DemoWorker group per backend shared by the tests (start-up is slow)."""
+    backend = request.param
+    if backend == "ray":
+        request.getfixturevalue("ray_cluster")
+    pool = get_resource_pool_cls(backend)(process_on_nodes=[world_size_of(backend)], use_gpu=False)
+    group = get_worker_group_cls(backend)(
+        pool, ClassWithInitArgs(sc_workers.DemoWorker), name_prefix=f"demo_{backend}", call_timeout_s=60
+    )
+    yield backend, group
+    group.shutdown()
+    pool.remove()
+
+
+@pytest.fixture
+def make_group(request: pytest.FixtureRequest) -> Iterator[Callable[..., WorkerGroup]]:
+    """``make_group(backend, ClassWithInitArgs, **group_kwargs)``; groups and pools are removed afterwards."""
+    made = []
+
+    def make(backend: str, cls_with_init: ClassWithInitArgs, **kwargs) -> WorkerGroup:
+        if backend == "ray":
+            request.getfixturevalue("ray_cluster")
+        pool = get_resource_pool_cls(backend)(process_on_nodes=[world_size_of(backend)], use_gpu=False)
+        made.append((pool, None))
+        group = get_worker_group_cls(backend)(pool, cls_with_init, **kwargs)
+        made[-1] = (pool, group)
+        return group
+
+    yield make
+    for pool, group in made:
+        if group is not None:
+            group.shutdown()
+        pool.remove()

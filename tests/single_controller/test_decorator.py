@@ -1,0 +1,68 @@
+"""``@register`` records its settings and rejects malformed dispatch modes."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.single_controller import ClassWithInitArgs, Dispatch, Execute, Worker, register
+from rlvr.single_controller.base.decorator import RegisterSpec, registered_methods, resolve_dispatch
+
+
+class _Plain(Worker):
+    @register(dispatch_mode=Dispatch.DP_MP_COMPUTE, clear_cache=False)
+    def compute(self, data):
+        return data
+
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def report(self):
+        return self.rank
+
+    def helper(self):
+        return 1
+
+
+def test_register_records_settings_and_keeps_the_method_callable(monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")  # a rank-0 worker would pick one otherwise
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    methods = registered_methods(_Plain)
+    assert set(methods) == {"compute", "report", "init_process_group"}
+    assert methods["compute"] == RegisterSpec(Dispatch.DP_MP_COMPUTE, Execute.ALL, True, True, False)
+    assert methods["report"].execute_mode is Execute.RANK_ZERO  # RANK_ZERO dispatch runs on rank 0 only
+    assert methods["init_process_group"].dispatch_mode is Dispatch.ONE_TO_ALL
+    worker = _Plain()
+    assert worker.compute(7) == 7 and worker.report() == 0 and _Plain.compute.__name__ == "compute"
+
+
+def test_malformed_dispatch_modes_are_rejected():
+    with pytest.raises(TypeError, match="exactly the keys 'dispatch_fn' and 'collect_fn'"):
+        register(dispatch_mode={"dispatch_fn": print})
+    with pytest.raises(TypeError, match="dispatch_mode must be a Dispatch member"):
+        register(dispatch_mode="one_to_all")
+    with pytest.raises(TypeError, match="execute_mode must be an Execute member"):
+        register(execute_mode="all")
+    custom = resolve_dispatch({"dispatch_fn": print, "collect_fn": len})
+    assert custom.dispatch_fn is print and custom.pad_divisor is None
+
+
+def test_worker_reads_its_place_from_the_environment(monkeypatch):
+    for key, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1",
+                       "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    worker = Worker(worker_config={"lr": 1.0})
+    assert (worker.rank, worker.world_size, worker.local_rank) == (3, 4, 1)
+    assert (worker.master_addr, worker.master_port) == ("10.0.0.1", 29500)
+    assert worker.worker_config == {"lr": 1.0} and worker.device == "cpu"
+    info = worker.rank_info
+    assert (info.rank, info.world_size, info.dp_rank, info.dp_size, info.tp_rank, info.tp_size) == (3, 4, 3, 4, 0, 1)
+    assert info.is_collect
+
+
+class _Clashing(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def spawn(self):
+        return None
+
+
+def test_a_method_named_like_a_group_attribute_is_rejected(make_group):
+    with pytest.raises(TypeError, match="may not be called 'spawn'"):
+        make_group("local", ClassWithInitArgs(_Clashing))

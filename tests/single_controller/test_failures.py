@@ -1,0 +1,68 @@
+"""Fail loud: worker exceptions, hangs, killed workers and broken constructors raise in the driver."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import BACKENDS, world_size_of
+from sc_workers import BrokenWorker, DemoWorker
+
+from rlvr.single_controller import ClassWithInitArgs
+from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+
+
+def test_worker_exception_names_group_method_rank_with_traceback(demo):
+    backend, group = demo
+    bad_rank = world_size_of(backend) - 1
+    with pytest.raises(WorkerError) as info:
+        group.fail_on(bad_rank)
+    err = info.value
+    assert type(err) is WorkerError
+    assert (err.group, err.method, err.rank) == (f"demo_{backend}", "fail_on", bad_rank)
+    message = str(err)
+    assert f"worker group 'demo_{backend}', method 'fail_on', rank {bad_rank} failed" in message
+    assert "deliberate failure on rank" in message
+    assert 'sc_workers.py", line' in message  # the remote traceback
+    assert group.add_rank(1) == [1, 2][: world_size_of(backend)]  # an exception does not break the group
+
+
+@pytest.mark.ray
+def test_hanging_worker_times_out_and_the_group_refuses_further_calls(make_group):
+    group = make_group("ray", ClassWithInitArgs(DemoWorker), name_prefix="hanger", call_timeout_s=3)
+    assert group.sleep(0.1) == [0, 1]
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError) as info:
+        group.sleep(600)
+    assert time.monotonic() - start < 6
+    assert (info.value.group, info.value.method, info.value.rank) == ("hanger", "sleep", 0)
+    assert "no result from rank(s) [0, 1] within 3.0 s" in str(info.value)
+    with pytest.raises(WorkerTimeoutError, match="the group is unusable since method 'sleep' failed"):
+        group.add_rank(1)
+
+
+def test_local_timeout_is_checked_when_the_call_returns(make_group):
+    group = make_group("local", ClassWithInitArgs(DemoWorker), name_prefix="slow_local", call_timeout_s=60)
+    with pytest.raises(WorkerTimeoutError, match="cannot interrupt a call") as info:
+        group.sleep(0.3, _timeout_s=0.1)  # per-call override of the group's 60 s
+    assert (info.value.method, info.value.rank) == ("sleep", 0)
+    assert group.sleep(0.0) == [0]  # the local worker is intact
+
+
+@pytest.mark.ray
+def test_killed_worker_raises_worker_died(make_group):
+    group = make_group("ray", ClassWithInitArgs(DemoWorker), name_prefix="victim", call_timeout_s=60)
+    start = time.monotonic()
+    with pytest.raises(WorkerDiedError) as info:
+        group.exit_on(1)
+    assert time.monotonic() - start < 30
+    assert (info.value.group, info.value.method, info.value.rank) == ("victim", "exit_on", 1)
+    with pytest.raises(WorkerDiedError, match="unusable"):
+        group.add_rank(1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_constructor_failure_raises_at_group_creation(backend, make_group):
+    with pytest.raises(WorkerError, match="deliberate constructor failure") as info:
+        make_group(backend, ClassWithInitArgs(BrokenWorker), name_prefix=f"broken_{backend}", call_timeout_s=60)
+    assert (info.value.group, info.value.method, info.value.rank) == (f"broken_{backend}", "__init__", 0)

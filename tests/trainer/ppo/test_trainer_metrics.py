@@ -1,0 +1,94 @@
+"""Driver-side metrics of a training step and DAPO dynamic sampling, on hand-made batches."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rlvr.protocol import DataProto
+from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator, group_metric, informative_groups
+from rlvr.trainer.ppo.metrics import (
+    compute_data_metrics,
+    compute_throughput_metrics,
+    compute_timing_metrics,
+    per_source_metrics,
+    reduce_metrics,
+    sample_accuracy,
+)
+
+
+def _batch() -> DataProto:
+    """Two prompts of width 2 (one left-padded), responses of width 3."""
+    response_mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 1, 1]])
+    prompt_mask = torch.tensor([[1, 1], [1, 1], [0, 1], [0, 1]])
+    scores = torch.zeros(4, 3)
+    scores[0, 2], scores[1, 0], scores[2, 1], scores[3, 2] = 1.0, 0.0, 0.5, 1.0
+    advantages = torch.tensor([[1.0, 1.0, 1.0], [-1.0, 9.0, 9.0], [2.0, 2.0, 9.0], [0.0, 0.0, 0.0]])
+    return DataProto.from_dict(
+        tensors={"responses": torch.zeros(4, 3, dtype=torch.long), "response_mask": response_mask,
+                 "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
+                 "token_level_scores": scores, "token_level_rewards": scores - 0.1 * response_mask,
+                 "advantages": advantages, "returns": advantages, "values": torch.zeros(4, 3)},
+        non_tensors={"data_source": np.array(["a", "a", "b", "b"], dtype=object),
+                     "acc": np.array([1.0, 0.0, 0.0, 1.0], dtype=object),
+                     "uid": np.array(["u0", "u0", "u1", "u1"], dtype=object)})
+
+
+def test_data_metrics_by_hand():
+    m = compute_data_metrics(_batch(), use_critic=True)
+    assert m["critic/score/mean"] == pytest.approx(2.5 / 4) and m["critic/score/max"] == 1.0
+    assert m["critic/rewards/mean"] == pytest.approx((0.7 - 0.1 + 0.3 + 0.7) / 4)
+    # advantages over the 9 response tokens only: 1+1+1 -1 +2+2 +0+0+0 = 6
+    assert m["critic/advantages/mean"] == pytest.approx(6 / 9) and m["critic/advantages/max"] == 2.0
+    assert m["response_length/mean"] == pytest.approx(9 / 4) and m["response_length/min"] == 1.0
+    assert m["response_length/clip_ratio"] == 0.5
+    assert m["prompt_length/mean"] == pytest.approx(1.5) and m["prompt_length/clip_ratio"] == 0.5
+    assert m["train/a/score"] == 0.5 and m["train/b/score"] == 0.75
+    assert m["train/a/acc"] == 0.5 and m["train/b/acc"] == 0.5 and m["train/acc"] == 0.5
+    # values 0: explained variance 1 - var(returns) / (var(returns) + 1e-5)
+    returns = torch.tensor([1.0, 1.0, 1.0, -1.0, 2.0, 2.0, 0.0, 0.0, 0.0])
+    assert m["critic/vf_explained_var"] == pytest.approx(1 - returns.var().item() / (returns.var().item() + 1e-5), abs=1e-6)
+    assert "critic/values/mean" not in compute_data_metrics(_batch(), use_critic=False)
+
+
+def test_timing_and_throughput_metrics():
+    batch = _batch()  # 9 response tokens, 6 prompt tokens
+    timing = {"gen": 0.9, "update_actor": 1.5, "step": 3.0}
+    m = compute_timing_metrics(batch, timing)
+    assert m["timing/gen"] == 0.9 and m["timing/step"] == 3.0
+    assert m["timing_per_token/gen"] == pytest.approx(100.0)  # 900 ms / 9 response tokens
+    assert m["timing_per_token/update_actor"] == pytest.approx(100.0)  # 1500 ms / 15 tokens
+    t = compute_throughput_metrics(batch, timing, n_workers=2)
+    assert t["perf/throughput"] == pytest.approx(5.0) and t["perf/throughput_per_worker"] == pytest.approx(2.5)
+
+
+def test_sample_accuracy_and_per_source():
+    scores = torch.tensor([1.0, 0.5, 1.2])
+    assert sample_accuracy(scores, {}).tolist() == [1.0, 0.0, 1.0]
+    assert sample_accuracy(scores, {"acc": [False, True, 0]}).tolist() == [0.0, 1.0, 0.0]
+    m = per_source_metrics("val", ["x", "y", "x"], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0])
+    assert m == {"val/x/score": 0.5, "val/x/acc": 0.5, "val/y/score": 0.0, "val/y/acc": 0.0, "val/acc": 1 / 3}
+    assert reduce_metrics({"a": [1.0, 3.0], "b": 2}) == {"a": 2.0, "b": 2.0}
+
+
+def test_informative_groups():
+    uids = np.array(["a", "a", "b", "b", "c", "d", "d"], dtype=object)
+    values = np.array([1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.5])
+    assert informative_groups(uids, values) == ["a", "d"]  # b agrees, c is a group of one
+
+
+def test_group_accumulator_keeps_informative_groups_over_batches():
+    batch = _batch()  # u0 accs differ (1, 0); u1 accs differ (0, 1); scores: u0 (1, 0), u1 (0.5, 1)
+    assert group_metric(batch, "score").tolist() == [1.0, 0.0, 0.5, 1.0]
+    same = _batch()
+    same.non_tensor_batch["acc"] = np.array([1.0, 1.0, 0.0, 1.0], dtype=object)
+    same.non_tensor_batch["uid"] = np.array(["v0", "v0", "v1", "v1"], dtype=object)
+    acc = GroupAccumulator("acc")
+    acc.add(same)
+    assert (acc.num_groups, acc.num_seen_groups) == (1, 2)  # v0 dropped
+    acc.add(batch)
+    assert (acc.num_groups, acc.num_seen_groups) == (3, 4)
+    taken = acc.take(2, group_size=2)
+    assert taken.non_tensor_batch["uid"].tolist() == ["v1", "v1", "u0", "u0"]
+    assert GroupAccumulator("acc").take(2, 2) is None

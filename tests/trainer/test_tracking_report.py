@@ -1,0 +1,77 @@
+"""Metric sinks (console, JSONL with resume truncation, optional backends) and the end-of-run report."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import pytest
+
+from rlvr.trainer.progress import TrainingProgress
+from rlvr.trainer.report import generations_table, write_report
+from rlvr.trainer.tracking import ConsoleLogger, JsonlLogger, Tracking, read_metrics
+from rlvr.utils.errors import RlvrError
+
+
+def test_jsonl_logger_writes_rows_and_truncates_on_resume(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    logger = JsonlLogger(path)
+    for step in (1, 2, 3):
+        logger.log({"a": float(step), "bad": math.nan}, step)
+    logger.finish()
+    assert read_metrics(path) == [{"step": s, "a": float(s), "bad": None} for s in (1, 2, 3)]
+    resumed = JsonlLogger(path, resume_step=2)  # step 3 was logged after the step-2 checkpoint
+    resumed.log({"a": 30.0}, 3)
+    resumed.finish()
+    assert [row["a"] for row in read_metrics(path)] == [1.0, 2.0, 30.0]
+
+
+def test_console_logger_line():
+    lines = []
+    ConsoleLogger(lines.append).log({"critic/score/mean": 0.51234, "train/acc": 0.25, "timing/step": 3.0,
+                                     "val/x/acc": 0.5, "other": 1.0}, step=4)
+    assert lines == ["step 4 | score=0.5123 | acc=0.25 | s/step=3 | val/x/acc=0.5"]
+
+
+def test_tracking_fans_out_and_rejects_unknown(tmp_path):
+    lines = []
+    tracking = Tracking("p", "e", ["console", "jsonl"], tmp_path, console_write=lines.append)
+    tracking.log({"train/acc": 1.0}, step=1)
+    tracking.finish()
+    assert lines == ["step 1 | acc=1"]
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "train/acc": 1.0}]
+    with pytest.raises(RlvrError, match="unknown logger"):
+        Tracking("p", "e", ["mlflow"], tmp_path)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed")
+def test_tensorboard_missing_says_what_to_install(tmp_path):
+    with pytest.raises(RlvrError, match="pip install tensorboard"):
+        Tracking("p", "e", ["tensorboard"], tmp_path)
+
+
+def test_report_writes_plots_and_generation_table(tmp_path):
+    rows = [{"step": 0, "val/acc": 0.2, "val/src/acc": 0.2}]
+    rows += [{"step": s, "critic/score/mean": 0.1 * s, "train/acc": 0.1 * s, "actor/entropy": 1.0,
+              "response_length/mean": 5.0, "timing/step": 2.0} for s in (1, 2, 3)]
+    rows += [{"step": 3, "val/acc": 0.6, "val/src/acc": 0.6}]
+    gens = [{"step": 0, "prompt": "1+1=", "response": "2 | x\nok", "ground_truth": "2", "score": 1.0}]
+    path = write_report(tmp_path, rows, gens, {"val/acc before": 0.2, "steps": 3})
+    text = path.read_text()
+    for name in ("reward", "accuracy", "entropy", "response_length", "step_time"):
+        assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000
+        assert f"![{name}](plots/{name}.png)" in text
+    assert not (tmp_path / "plots" / "kl.png").exists()  # no KL metric was logged
+    assert "| val/acc before | 0.2 |" in text and "| steps | 3 |" in text
+    assert "| 0 | 1+1= | 2 &#124; x<br>ok | 2 | 1.000 |" in generations_table(gens)
+
+
+def test_progress_time_budget():
+    progress = TrainingProgress(total_steps=10, start_step=0, max_time_s=100.0, enabled=False)
+    assert not progress.out_of_time()
+    progress.start -= 60.0
+    progress.update(30.0, {})
+    assert not progress.out_of_time()  # 60 s elapsed + a 30 s step fits in 100 s
+    progress.update(60.0, {})
+    assert progress.out_of_time()  # 60 s + the 45 s mean step would overrun 100 s
+    progress.close()
