@@ -26,6 +26,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 train: setup
+	# two-number addition prompts from reasoning-gym: a training set and a fixed held-out set
+	test -f data/arith/test.jsonl || $(PY) -m rlvr.data_prep.reasoning_gym --out data/arith
 	$(PY) -m rlvr.trainer.main_ppo --preset main_job $(ARGS)
 
 test: setup
@@ -39,7 +41,7 @@ test-all: setup
 
 bench: setup
 	$(PIP) install -q -e ".[bench]"
-	$(PY) benchmarks/bench_grpo_vs_trl.py --size tiny
+	$(PY) -m benchmarks.bench_grpo_vs_trl --size tiny --steps 4 --warmup 1
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -102,6 +102,7 @@ class TrlSide:
             logging_steps=10_000,
             report_to="none",
             save_strategy="no",
+            shuffle_dataset=False,  # the prompts in the order rlvr gets them
             seed=seed,
             data_seed=seed,
             dataloader_num_workers=0,

@@ -1,13 +1,16 @@
 """Write a reasoning-gym task as RL data: a train set and a fixed held-out test set.
 
-Each row: ``data_source = "reasoning_gym/<task>"``, ``prompt = [{"role": "user", "content":
-question + instruction}]``, ``reward_model.ground_truth`` = the task's answer, and
-``extra_info`` with the question and the generator's metadata (the task's own checker scores the
-answer, see :mod:`rlvr.utils.reward_score.reasoning_gym`). Test items whose question also occurs
-in the train set are dropped, so the held-out set is really held out.
+Each row: ``data_source = "reasoning_gym/<task>"``, ``prompt`` = chat messages (an optional system
+message, optional worked examples as earlier user/assistant turns, then ``question + instruction``),
+``reward_model.ground_truth`` = the task's answer, and ``extra_info`` with the question and the
+generator's metadata (the task's own checker scores the answer, see
+:mod:`rlvr.utils.reward_score.reasoning_gym`: the last non-empty line of the response must be the
+answer). Test items whose question also occurs in the train set are dropped, so the held-out set is
+really held out. Worked examples come from a third seed and are the same for every row.
 
-Example: the main job's data (the defaults: ``basic_arithmetic`` with :data:`ADDITION`, two-number
-addition with operands 0-99, 2000 train and 100 held-out prompts)::
+The default recipe ``addition`` is the main job's data: two-number addition with operands 10-99
+(``basic_arithmetic``), one worked example ``"23 + 41 = 64\\n64"``-style, 2000 train and 100
+held-out prompts::
 
     python -m rlvr.data_prep.reasoning_gym --out data/arith
     python -m rlvr.data_prep.reasoning_gym --task chain_sum --config '{"max_digits": 3}' --out data/chain
@@ -18,15 +21,31 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rlvr.trainer.data import write_rows
 
-DEFAULT_INSTRUCTION = "Answer with just the number, no words."
-ADDITION = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2, "operators": ["+"],
+ADDITION = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2, "operators": ["+"],
             "allow_parentheses": False, "allow_negation": False}
-"""The main job's task config: two-number addition, operands of one or two digits (0-99)."""
+"""``basic_arithmetic`` config of the main job: two-number addition with two-digit operands (10-99),
+8100 distinct problems, so 2000 train and 100 held-out prompts come from one distribution."""
+
+
+@dataclass
+class PromptStyle:
+    """How a question becomes chat messages."""
+
+    instruction: str = field(default="", metadata={"help": "text appended to each question"})
+    system: str | None = field(default=None, metadata={"help": "system message (None = the chat template's default)"})
+    fewshot: int = field(default=0, metadata={"help": "worked examples given as earlier chat turns"})
+
+
+ADDITION_STYLE = PromptStyle(instruction="Write the calculation, then just the number on the last line.",
+                             system="You are a careful calculator.", fewshot=1)
+"""The main job's prompt: the 135M model adds far better when it writes ``a + b = c`` first, and
+the checker reads the last line, so the worked example shows ``a + b = c`` then ``c``."""
 
 
 def _plain(value: Any) -> Any:
@@ -34,61 +53,76 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value))
 
 
-def make_rows(task: str, size: int, seed: int, config: dict[str, Any], instruction: str, split: str) -> list[dict]:
-    """``size`` rows of ``task`` generated with ``seed`` and the task's ``config`` overrides."""
+def _entries(task: str, size: int, seed: int, config: dict[str, Any]) -> list[dict]:
     import reasoning_gym
 
-    dataset = reasoning_gym.create_dataset(task, size=size, seed=seed, **config)
-    rows = []
-    for index, entry in enumerate(dataset):
-        content = f"{entry['question']} {instruction}".strip()
-        rows.append({
-            "data_source": f"reasoning_gym/{task}",
-            "prompt": [{"role": "user", "content": content}],
-            "ability": "reasoning",
-            "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
-            "extra_info": {"split": split, "index": index, "question": entry["question"],
-                           "metadata": _plain(entry["metadata"])},
-        })
-    return rows
+    return list(reasoning_gym.create_dataset(task, size=size, seed=seed, **config))
+
+
+def worked_answer(entry: dict) -> str:
+    """``"<expression> = <answer>\\n<answer>"`` when the metadata has the expression, else the answer."""
+    expression = entry["metadata"].get("expression")
+    return f"{expression} = {entry['answer']}\n{entry['answer']}" if expression else str(entry["answer"])
+
+
+def _messages(question: str, style: PromptStyle, shots: list[dict]) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": style.system}] if style.system else []
+    for shot in shots:
+        messages += [{"role": "user", "content": f"{shot['question']} {style.instruction}".strip()},
+                     {"role": "assistant", "content": worked_answer(shot)}]
+    return messages + [{"role": "user", "content": f"{question} {style.instruction}".strip()}]
+
+
+def make_rows(task: str, entries: list[dict], style: PromptStyle, shots: list[dict], split: str) -> list[dict]:
+    """RL rows for reasoning-gym ``entries`` of ``task``."""
+    return [{
+        "data_source": f"reasoning_gym/{task}",
+        "prompt": _messages(entry["question"], style, shots),
+        "ability": "reasoning",
+        "reward_model": {"style": "rule", "ground_truth": str(entry["answer"])},
+        "extra_info": {"split": split, "index": index, "question": entry["question"],
+                       "metadata": _plain(entry["metadata"])},
+    } for index, entry in enumerate(entries)]
 
 
 def build(task: str, out_dir: str | Path, train_size: int, test_size: int, seed: int, config: dict[str, Any],
-          instruction: str = DEFAULT_INSTRUCTION, fmt: str = "jsonl") -> tuple[Path, Path]:
+          style: PromptStyle | None = None, fmt: str = "jsonl") -> tuple[Path, Path]:
     """Write ``<out_dir>/train.<fmt>`` and ``<out_dir>/test.<fmt>``; returns their paths."""
-    train = make_rows(task, train_size, seed, config, instruction, "train")
-    seen = {row["extra_info"]["question"] for row in train}
-    candidates = make_rows(task, 4 * test_size, seed + 1_000_003, config, instruction, "test")
-    test = [row for row in candidates if row["extra_info"]["question"] not in seen][:test_size]
-    if len(test) < test_size:
-        raise ValueError(f"only {len(test)} test questions of {task} differ from the train set; "
+    style = style or PromptStyle()
+    shots = _entries(task, style.fewshot, seed + 2_000_003, config) if style.fewshot else []
+    train_entries = _entries(task, train_size, seed, config)
+    seen = {entry["question"] for entry in train_entries} | {shot["question"] for shot in shots}
+    test_entries = [e for e in _entries(task, 4 * test_size, seed + 1_000_003, config) if e["question"] not in seen]
+    if len(test_entries) < test_size:
+        raise ValueError(f"only {len(test_entries)} test questions of {task} differ from the train set; "
                          "lower --test-size or --train-size, or widen the task config")
     out_dir = Path(out_dir)
     paths = out_dir / f"train.{fmt}", out_dir / f"test.{fmt}"
-    write_rows(train, paths[0])
-    write_rows(test, paths[1])
+    write_rows(make_rows(task, train_entries, style, shots, "train"), paths[0])
+    write_rows(make_rows(task, test_entries[:test_size], style, shots, "test"), paths[1])
     return paths
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--task", default="basic_arithmetic", help="reasoning-gym task name")
     parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--task", default=None,
+                        help="reasoning-gym task name (default: the 'addition' recipe of the main job)")
+    parser.add_argument("--config", default="{}", help="JSON dict of the task's config fields (with --task)")
+    parser.add_argument("--instruction", default="", help="text appended to each question (with --task)")
+    parser.add_argument("--system", default=None, help="system message (with --task)")
+    parser.add_argument("--fewshot", type=int, default=0, help="worked examples as chat turns (with --task)")
     parser.add_argument("--train-size", type=int, default=2000, help="training prompts")
     parser.add_argument("--test-size", type=int, default=100, help="held-out prompts")
-    parser.add_argument("--seed", type=int, default=0, help="generator seed (the test set uses another)")
-    parser.add_argument("--config", default=None,
-                        help="JSON dict of the task's config fields (default: two-number addition for "
-                             "basic_arithmetic, the task's defaults otherwise)")
-    parser.add_argument("--instruction", default=DEFAULT_INSTRUCTION, help="text appended to each question")
+    parser.add_argument("--seed", type=int, default=0, help="generator seed (test set and examples use others)")
     parser.add_argument("--format", default="jsonl", choices=("jsonl", "parquet"), help="output format")
     args = parser.parse_args(argv)
-    if args.config is not None:
-        config = json.loads(args.config)
+    if args.task is None:
+        task, config, style = "basic_arithmetic", ADDITION, ADDITION_STYLE
     else:
-        config = ADDITION if args.task == "basic_arithmetic" else {}
-    train, test = build(args.task, args.out, args.train_size, args.test_size, args.seed, config,
-                        args.instruction, args.format)
+        task, config = args.task, json.loads(args.config)
+        style = PromptStyle(instruction=args.instruction, system=args.system, fewshot=args.fewshot)
+    train, test = build(task, args.out, args.train_size, args.test_size, args.seed, config, style, args.format)
     print(f"wrote {train} and {test}")
 
 

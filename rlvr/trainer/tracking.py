@@ -18,7 +18,9 @@ from rlvr.utils.errors import RlvrError
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"),
     ("train/acc", "acc"),
+    ("train/unfiltered_acc", "acc_all"),
     ("actor/kl_loss", "kl"),
+    ("actor/reward_kl_penalty", "kl_reward"),
     ("actor/entropy", "entropy"),
     ("actor/grad_norm", "grad"),
     ("response_length/mean", "len"),

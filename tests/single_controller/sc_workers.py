@@ -147,8 +147,9 @@ class OtherRoleWorker(Worker):
 
 
 class BrokenWorker(Worker):
-    """A worker whose constructor raises."""
+    """A worker whose constructor raises on the group's last rank only."""
 
     def __init__(self) -> None:
         super().__init__()
-        raise RuntimeError("deliberate constructor failure")
+        if self.rank == self.world_size - 1:
+            raise RuntimeError(f"deliberate constructor failure on rank {self.rank}")

@@ -65,4 +65,6 @@ def test_killed_worker_raises_worker_died(make_group):
 def test_constructor_failure_raises_at_group_creation(backend, make_group):
     with pytest.raises(WorkerError, match="deliberate constructor failure") as info:
         make_group(backend, ClassWithInitArgs(BrokenWorker), name_prefix=f"broken_{backend}", call_timeout_s=60)
-    assert (info.value.group, info.value.method, info.value.rank) == (f"broken_{backend}", "__init__", 0)
+    last_rank = 1 if backend == "ray" else 0
+    assert (info.value.group, info.value.method, info.value.rank) == (f"broken_{backend}", "__init__", last_rank)
+    assert f"deliberate constructor failure on rank {last_rank}" in str(info.value)

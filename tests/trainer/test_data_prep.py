@@ -21,9 +21,16 @@ def test_reasoning_gym_addition_rows_are_held_out_and_scorable(tmp_path):
     assert row["data_source"] == "reasoning_gym/basic_arithmetic"
     question = row["extra_info"]["question"]
     a, b = question.removeprefix("Calculate ").rstrip(".").split(" + ")
-    assert 0 <= int(a) <= 99 and 0 <= int(b) <= 99
+    assert 10 <= int(a) <= 99 and 10 <= int(b) <= 99
     assert row["reward_model"]["ground_truth"] == str(int(a) + int(b))
-    assert row["prompt"] == [{"role": "user", "content": f"{question} Answer with just the number, no words."}]
+    instruction = "Write the calculation, then just the number on the last line."
+    system, shot_q, shot_a, user = row["prompt"]
+    assert system == {"role": "system", "content": "You are a careful calculator."}
+    assert shot_q["role"] == "user" and shot_q["content"].endswith(instruction)
+    x, y = shot_q["content"].removeprefix("Calculate ").split(".")[0].split(" + ")
+    assert shot_a == {"role": "assistant", "content": f"{x} + {y} = {int(x) + int(y)}\n{int(x) + int(y)}"}
+    assert user == {"role": "user", "content": f"{question} {instruction}"}
+    assert all(r["prompt"][:3] == row["prompt"][:3] for r in train)  # one fixed worked example
 
     def score(response: str) -> dict:
         return default_compute_score(row["data_source"], response, row["reward_model"]["ground_truth"],
@@ -31,14 +38,17 @@ def test_reasoning_gym_addition_rows_are_held_out_and_scorable(tmp_path):
 
     truth = row["reward_model"]["ground_truth"]
     assert score(truth)["acc"] == 1.0
+    assert score(f"{a} + {b} = {truth}\n{truth}")["acc"] == 1.0  # the worked-example format
     assert score(str(int(truth) + 1))["score"] == 0.0
     assert 0 < score(f"{a} + {b} = {truth}")["score"] < 1  # the checker's partial credit for extra text
 
 
 def test_reasoning_gym_other_task_and_parquet(tmp_path):
-    rg_prep.build("chain_sum", tmp_path, 8, 4, seed=3, config={"max_digits": 1}, fmt="parquet")
+    rg_prep.main(["--task", "chain_sum", "--config", '{"max_digits": 1}', "--out", str(tmp_path),
+                  "--train-size", "8", "--test-size", "4", "--seed", "3", "--format", "parquet"])
     rows = read_rows(tmp_path / "test.parquet")
     assert len(rows) == 4 and rows[0]["data_source"] == "reasoning_gym/chain_sum"
+    assert rows[0]["prompt"] == [{"role": "user", "content": rows[0]["extra_info"]["question"]}]
     truth = rows[0]["reward_model"]["ground_truth"]
     assert default_compute_score(rows[0]["data_source"], truth, truth, rows[0]["extra_info"])["acc"] == 1.0
 

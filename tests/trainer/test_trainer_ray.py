@@ -12,8 +12,7 @@ from rlvr.trainer.main_ppo import run_ppo
 
 pytestmark = pytest.mark.ray
 
-RAY = {"trainer.backend": "ray", "trainer.n_gpus_per_node": 2, "trainer.total_training_steps": 2,
-       "trainer.report": False, "trainer.num_threads": 1}
+RAY = {"trainer.backend": "ray", "trainer.n_gpus_per_node": 2, "trainer.report": False, "trainer.num_threads": 1}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -24,16 +23,18 @@ def ray_cluster():
 
 
 @pytest.mark.parametrize(("preset", "extra", "expected"), [
-    ("grpo", {"data.val_max_samples": 5}, ["actor/kl_loss", "timing/ref"]),  # 5 val prompts: padded over 2 ranks
+    # 5 validation prompts: padded to 6 over the 2 ranks and unpadded
+    ("grpo", {"data.val_max_samples": 5, "trainer.total_training_steps": 2}, ["actor/kl_loss", "timing/ref"]),
     ("ppo", {"actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-             "critic.ppo_micro_batch_size_per_gpu": 4}, ["critic/vf_loss", "timing/update_critic"]),
-    ("rloo", {"trainer.val_before_train": False}, ["actor/reward_kl_penalty"]),
+             "critic.ppo_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": 1},
+     ["critic/vf_loss", "timing/update_critic"]),
+    ("rloo", {"trainer.val_before_train": False, "trainer.total_training_steps": 1}, ["actor/reward_kl_penalty"]),
 ])
 def test_two_ray_workers(tiny_model_dir, tiny_data, tmp_path, preset, extra, expected):
     cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "run", preset=preset, **{**RAY, **extra})
     trainer = run_ppo(cfg)
     steps = [row for row in trainer.metrics_history if "timing/step" in row]
-    assert [row["step"] for row in steps] == [1, 2]
+    assert [row["step"] for row in steps] == list(range(1, cfg.trainer.total_training_steps + 1))
     for row in steps:
         missing = [k for k in ["train/tiny/acc", "actor/grad_norm", "perf/throughput", "timing/gen", *expected]
                    if k not in row]
@@ -41,4 +42,4 @@ def test_two_ray_workers(tiny_model_dir, tiny_data, tmp_path, preset, extra, exp
         assert row["perf/throughput_per_worker"] == pytest.approx(row["perf/throughput"] / 2)  # 2 workers
     val = [row for row in trainer.metrics_history if "val/acc" in row]
     assert len(val) == (1 if preset == "rloo" else 2)
-    assert (tmp_path / "run" / "checkpoints" / "global_step_2" / "actor").is_dir()
+    assert (tmp_path / "run" / "checkpoints" / f"global_step_{len(steps)}" / "actor").is_dir()

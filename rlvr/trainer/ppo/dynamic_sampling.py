@@ -52,10 +52,14 @@ class GroupAccumulator:
         self.parts: list[DataProto] = []
         self.num_groups = 0
         self.num_seen_groups = 0
+        self.seen_scores: list[float] = []
+        self.seen_acc: list[float] = []
 
     def add(self, batch: DataProto) -> None:
-        """Keep the informative groups of ``batch``."""
+        """Keep the informative groups of ``batch`` (and remember every sample's score and acc)."""
         uids = batch.non_tensor_batch["uid"]
+        self.seen_scores += group_metric(batch, "score").tolist()
+        self.seen_acc += group_metric(batch, "acc").tolist()
         keep = informative_groups(uids, group_metric(batch, self.metric))
         self.num_seen_groups += len(set(map(str, uids)))
         if keep:

@@ -274,7 +274,9 @@ class RayPPOTrainer:
         """Generate and score prompts. With ``filter_groups`` (DAPO) keep only informative groups
         and generate more until ``train_batch_size`` groups are kept; after ``max_num_gen_batches``
         train on the groups kept so far (``train/filter_groups_incomplete`` = 1), trimmed so that
-        their rows split evenly over the workers; None when no group was kept."""
+        their rows split evenly over the workers; None when no group was kept. The score and accuracy
+        of all generated samples, before filtering, are ``train/unfiltered_score_mean`` and
+        ``train/unfiltered_acc`` (``critic/score/*`` and ``train/acc`` describe the trained batch)."""
         fg = self.config.algorithm.filter_groups
         n, wanted = self.config.actor_rollout_ref.rollout.n, self.config.data.train_batch_size
         if not fg.enable:
@@ -287,6 +289,8 @@ class RayPPOTrainer:
         metrics["train/num_gen_batches"] = float(num_gen)
         metrics["train/kept_group_ratio"] = kept.num_groups / max(kept.num_seen_groups, 1)
         metrics["train/filter_groups_incomplete"] = float(kept.num_groups < wanted)
+        metrics["train/unfiltered_score_mean"] = float(np.mean(kept.seen_scores))
+        metrics["train/unfiltered_acc"] = float(np.mean(kept.seen_acc))
         usable = min(kept.num_groups, wanted)
         workers = world_size(self.config)
         while usable > 0 and (usable * n) % workers:
@@ -428,8 +432,7 @@ class RayPPOTrainer:
             mask = batch.batch["response_mask"][i].bool()
             self.val_generations.append({
                 "step": self.global_steps,
-                "prompt": self.tokenizer.decode(batch.batch["prompts"][i][batch.batch["attention_mask"][i][
-                    :batch.batch["prompts"].shape[-1]].bool()], skip_special_tokens=True),
+                "prompt": batch.non_tensor_batch["raw_prompt"][i][-1]["content"],  # the last (user) message
                 "response": self.tokenizer.decode(batch.batch["responses"][i][mask], skip_special_tokens=True),
                 "ground_truth": batch.non_tensor_batch["reward_model"][i].get("ground_truth"),
                 "score": seq_scores[i]})

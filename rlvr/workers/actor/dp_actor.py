@@ -9,6 +9,12 @@ Batch keys read (``[batch, ...]``): ``input_ids``, ``attention_mask``, ``positio
 ``responses`` (``[B, R]``); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
 ``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_log_probs`` (optional, for the loss's
 truncated importance sampling). ``meta_info["temperature"]`` divides the logits, as in sampling.
+
+On one rank (no FSDP sharding) with a bias-free LM head, log-probs come from the final hidden
+states through :func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: the LM head and the
+log-softmax run a chunk of tokens at a time, so no ``[batch, response_len, vocab]`` logits are
+ever held (forward or backward). An entropy bonus with a gradient (``entropy_coeff != 0``) and
+sharded modules use the full logits of a micro-batch instead.
 """
 
 from __future__ import annotations
@@ -16,15 +22,19 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
+from peft import PeftModel
 from torch import nn
+from transformers import PreTrainedModel
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.batching import all_reduce_sum, loss_share, micro_batch_indices
 from rlvr.workers.fsdp import clip_grad_norm
+from rlvr.workers.models import unwrap_hf_model
 
-__all__ = ["DataParallelPPOActor", "response_logits", "policy_loss_config"]
+__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "policy_loss_config"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
@@ -46,6 +56,17 @@ def policy_loss_config(actor_config) -> PolicyLossConfig:
     )
 
 
+def _response_window(batch: dict[str, torch.Tensor]) -> tuple[int, int, int]:
+    """``(start, stop, num_response)``: the columns that are not padding in every row (left padding
+    of the prompts, right padding after the longest response) and the response columns among them."""
+    attention_mask = batch["attention_mask"]
+    prompt_len = attention_mask.shape[1] - batch["responses"].shape[1]
+    used = attention_mask.any(dim=0).nonzero().flatten()
+    start = min(int(used[0]), prompt_len - 1)
+    stop = max(int(used[-1]) + 1, prompt_len + 1)
+    return start, stop, stop - prompt_len
+
+
 def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float) -> torch.Tensor:
     """Logits that predict the response tokens, divided by ``temperature``.
 
@@ -60,15 +81,10 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
         ``[b, r, vocab]`` in the model dtype, ``r <= R``: the logits of response tokens ``0..r-1``
         (tokens after ``r`` are padding in every row).
     """
-    attention_mask = batch["attention_mask"]
-    prompt_len = attention_mask.shape[1] - batch["responses"].shape[1]
-    used = attention_mask.any(dim=0).nonzero().flatten()
-    start = min(int(used[0]), prompt_len - 1)
-    stop = max(int(used[-1]) + 1, prompt_len + 1)
-    num_response = stop - prompt_len
+    start, stop, num_response = _response_window(batch)
     logits = module(
         input_ids=batch["input_ids"][:, start:stop],
-        attention_mask=attention_mask[:, start:stop],
+        attention_mask=batch["attention_mask"][:, start:stop],
         position_ids=batch["position_ids"][:, start:stop],
         use_cache=False,
         logits_to_keep=num_response + 1,
@@ -76,6 +92,33 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
     if temperature != 1.0:
         logits = logits / temperature
     return logits
+
+
+def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final hidden states that predict the response tokens, and the LM-head weight.
+
+    The same window as :func:`response_logits`, through the model's decoder only (no LM head).
+
+    Returns:
+        ``(hidden [b, r, H], weight [vocab, H])``.
+    """
+    start, stop, num_response = _response_window(batch)
+    model = unwrap_hf_model(module)
+    hidden = model.get_decoder()(
+        input_ids=batch["input_ids"][:, start:stop],
+        attention_mask=batch["attention_mask"][:, start:stop],
+        position_ids=batch["position_ids"][:, start:stop],
+        use_cache=False,
+    ).last_hidden_state
+    return hidden[:, -(num_response + 1) : -1], model.get_output_embeddings().weight
+
+
+def _has_plain_lm_head(module: nn.Module) -> bool:
+    """A transformers (or peft) causal LM whose LM head is a bias-free ``nn.Linear``."""
+    if not isinstance(module, (PreTrainedModel, PeftModel)):
+        return False
+    head = unwrap_hf_model(module).get_output_embeddings()
+    return isinstance(head, nn.Linear) and head.bias is None
 
 
 def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
@@ -108,6 +151,7 @@ class DataParallelPPOActor:
         self.device = torch.device(device)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.policy_loss_config = policy_loss_config(config)
+        self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int) -> list[list[int]]:
         return micro_batch_indices(
@@ -119,6 +163,12 @@ class DataParallelPPOActor:
                  entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
         response_len = batch["responses"].shape[1]
+        if self.chunked_head and not (calculate_entropy and entropy_grad):
+            hidden, weight = response_hidden(self.module, batch)
+            labels = batch["responses"][:, : hidden.shape[1]]
+            log_probs, entropy = linear_log_probs(hidden, weight, labels, temperature, with_entropy=calculate_entropy)
+            entropy = _pad_right(entropy, response_len) if calculate_entropy else None
+            return _pad_right(log_probs, response_len), entropy
         logits = response_logits(self.module, batch, temperature)
         labels = batch["responses"][:, : logits.shape[1]]
         log_probs = _pad_right(logprobs_from_logits(logits, labels), response_len)

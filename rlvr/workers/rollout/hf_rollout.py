@@ -172,6 +172,7 @@ class HFRollout:
         response_mask = torch.zeros(rows, response_len, dtype=attention_mask.dtype, device=self.device)
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         eos = torch.tensor(eos_ids, device=self.device)
+        can_stop = not self.config.ignore_eos or bool(self.stop)  # else no device read-back per step
         for step in range(response_len):
             tokens, token_log_probs = sample_tokens(logits, params, self.generator)
             active = ~done
@@ -182,7 +183,7 @@ class HFRollout:
                 done |= torch.isin(tokens, eos)
             if self.stop:
                 done |= self._stopped_by_string(responses, step, active & ~done)
-            if step == response_len - 1 or bool(done.all()):
+            if step == response_len - 1 or (can_stop and bool(done.all())):
                 break
             logits = self.decoder.step(tokens, next_pos + step)
         self.decoder.finish()

@@ -10,7 +10,9 @@ between calls, so every decode step has the same shapes and tensor addresses: on
 ``[b, 1]``, a constant attention mask ``[b, max_cache_len]`` (prompt padding 0, every later column
 1; the causal mask hides the columns not written yet). With ``compile`` the step is compiled with
 ``torch.compile`` (``mode="reduce-overhead"`` on CUDA: the whole step is replayed as one CUDA graph).
-The prompt (prefill) always runs eagerly: its width changes from batch to batch.
+The prompt (prefill) always runs eagerly: its width changes from batch to batch. While it decodes,
+a model on transformers' ``"sdpa"`` attention uses :mod:`~rlvr.workers.rollout.gqa_attention`
+instead (same attention, grouped-query heads without copying the KV cache every step).
 
 Both decoders offer ``prefill(input_ids, attention_mask, position_ids) -> logits [b, vocab]`` and
 ``step(tokens [b], position_ids [b]) -> logits [b, vocab]`` for the sampling loop of
@@ -22,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import StaticCache
+
+from rlvr.workers.rollout.gqa_attention import GROUPED_SDPA
 
 __all__ = ["DynamicCacheDecoder", "StaticCacheDecoder"]
 
@@ -89,6 +93,7 @@ class StaticCacheDecoder:
         self._cache: StaticCache | None = None
         self._mask: torch.Tensor | None = None
         self._compiled = compile
+        self._restore_attention: str | None = None
         self._step_fn = self._forward_one
         if compile:
             mode = "reduce-overhead" if next(module.parameters()).is_cuda else "default"
@@ -99,6 +104,13 @@ class StaticCacheDecoder:
         out = self.module(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
                           past_key_values=cache, use_cache=True)
         return out.logits[:, -1].float()
+
+    def _use_grouped_attention(self) -> None:
+        """Switch an ``"sdpa"`` model to the grouped one-token attention until :meth:`finish`."""
+        config = self.module.config
+        if config._attn_implementation == "sdpa":
+            config._attn_implementation = GROUPED_SDPA
+            self._restore_attention = "sdpa"
 
     def _cache_for(self, rows: int) -> StaticCache:
         """The cache for ``rows`` sequences, created once and zeroed (in place) for every reuse."""
@@ -125,6 +137,7 @@ class StaticCacheDecoder:
                 "the longest prompt (data.max_prompt_length)"
             )
         self._cache = self._cache_for(rows)
+        self._use_grouped_attention()
         free = attention_mask.new_ones(rows, self.max_cache_len - width)
         self._mask = torch.cat([attention_mask, free], dim=1)
         out = self.module(input_ids=input_ids, attention_mask=self._mask, position_ids=position_ids,
@@ -143,8 +156,12 @@ class StaticCacheDecoder:
         return self._step_fn(tokens[:, None], position_ids[:, None], self._mask, self._cache)
 
     def finish(self) -> None:
-        """End a call; the cache stays allocated for the next call with the same batch size."""
+        """End a call (the model's attention setting is restored); the cache stays allocated for the
+        next call with the same batch size."""
         self._cache = self._mask = None
+        if self._restore_attention is not None:
+            self.module.config._attn_implementation = self._restore_attention
+            self._restore_attention = None
 
     def free(self) -> None:
         """Release every cache (``rollout.free_cache_engine``); the next call allocates again."""

@@ -89,6 +89,8 @@ def test_group_accumulator_keeps_informative_groups_over_batches():
     assert (acc.num_groups, acc.num_seen_groups) == (1, 2)  # v0 dropped
     acc.add(batch)
     assert (acc.num_groups, acc.num_seen_groups) == (3, 4)
+    assert acc.seen_acc == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+    assert acc.seen_scores == [1.0, 0.0, 0.5, 1.0, 1.0, 0.0, 0.5, 1.0]
     taken = acc.take(2, group_size=2)
     assert taken.non_tensor_batch["uid"].tolist() == ["v1", "v1", "u0", "u0"]
     assert GroupAccumulator("acc").take(2, 2) is None

@@ -11,6 +11,7 @@ from rlvr.trainer.config.schema import RolloutConfig
 from rlvr.utils.testing import tiny_causal_lm
 from rlvr.utils.torch_functional import compute_position_ids
 from rlvr.workers.rollout import HFRollout
+from rlvr.workers.rollout.gqa_attention import GROUPED_SDPA, grouped_sdpa_attention
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
 
 
@@ -99,3 +100,27 @@ def test_compiled_static_step_matches_eager(model_and_tokenizer):
     got = greedy_logits(StaticCacheDecoder(model, max_cache_len=width + 7, compile=True), batch, steps=6)
     for want, have in zip(expected, got, strict=True):
         torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5)
+
+
+def test_grouped_one_token_attention_equals_repeated_kv_heads():
+    gen = torch.Generator().manual_seed(0)
+    query = torch.randn(3, 6, 1, 8, generator=gen)  # 6 query heads
+    key, value = torch.randn(3, 2, 5, 8, generator=gen), torch.randn(3, 2, 5, 8, generator=gen)  # 2 kv heads
+    mask = torch.ones(3, 1, 1, 5, dtype=torch.bool)
+    mask[0, ..., :2] = False  # left padding of row 0
+    out, weights = grouped_sdpa_attention(None, query, key, value, mask, scaling=0.5)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, dim=1), value.repeat_interleave(3, dim=1), attn_mask=mask, scale=0.5)
+    assert weights is None and out.shape == (3, 1, 6, 8)
+    torch.testing.assert_close(out, ref.transpose(1, 2))
+
+
+def test_static_decoder_uses_grouped_attention_only_while_decoding(model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    assert model.config._attn_implementation == "sdpa"
+    batch = left_padded(tokenizer, TEXTS)
+    static = StaticCacheDecoder(model, max_cache_len=batch["input_ids"].shape[1] + 3, compile=False)
+    static.prefill(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+    assert model.config._attn_implementation == GROUPED_SDPA
+    static.finish()
+    assert model.config._attn_implementation == "sdpa"
