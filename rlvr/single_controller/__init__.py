@@ -17,7 +17,18 @@ from rlvr.single_controller.base import (
     register,
 )
 from rlvr.single_controller.local import LocalResourcePool, LocalWorkerGroup
-from rlvr.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
+
+_RAY_NAMES = ("RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "init_ray")
+
+
+def __getattr__(name: str):
+    """The Ray backend's names, imported on first use so that the local backend runs without Ray."""
+    if name in _RAY_NAMES:
+        from rlvr.single_controller import ray as ray_backend
+
+        return getattr(ray_backend, name)
+    raise AttributeError(f"module 'rlvr.single_controller' has no attribute {name!r}")
+
 
 __all__ = [
     "ClassWithInitArgs",

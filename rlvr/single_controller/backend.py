@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from rlvr.single_controller.base.worker_group import ResourcePool, WorkerGroup
 from rlvr.single_controller.local import LocalResourcePool, LocalWorkerGroup
-from rlvr.single_controller.ray.base import RayResourcePool, RayWorkerGroup
 from rlvr.utils.errors import ConfigError
 
-_BACKENDS: dict[str, tuple[type[WorkerGroup], type[ResourcePool]]] = {
-    "ray": (RayWorkerGroup, RayResourcePool),
-    "local": (LocalWorkerGroup, LocalResourcePool),
-}
+BACKENDS = ("local", "ray")
 
 
 def _lookup(backend: str) -> tuple[type[WorkerGroup], type[ResourcePool]]:
-    if backend not in _BACKENDS:
-        raise ConfigError(
-            "trainer.backend", f"unknown backend {backend!r}; choose one of {', '.join(sorted(_BACKENDS))}"
-        )
-    return _BACKENDS[backend]
+    if backend == "local":
+        return LocalWorkerGroup, LocalResourcePool
+    if backend == "ray":
+        # imported here so that the local backend runs where Ray is not installed
+        from rlvr.single_controller.ray.base import RayResourcePool, RayWorkerGroup
+
+        return RayWorkerGroup, RayResourcePool
+    raise ConfigError("trainer.backend", f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
 
 
 def get_worker_group_cls(backend: str) -> type[WorkerGroup]:

@@ -19,6 +19,7 @@ class TrainingProgress:
 
     def __init__(self, total_steps: int, start_step: int, max_time_s: float | None, enabled: bool) -> None:
         self.total_steps = total_steps
+        self.start_step = start_step
         self.max_time_s = max_time_s
         self.start = time.monotonic()
         self.step_times: list[float] = []
@@ -36,7 +37,17 @@ class TrainingProgress:
             if key in metrics:
                 postfix[short] = f"{metrics[key]:.3f}"
         self.bar.set_postfix(postfix, refresh=False)
+        self.bar.total = self.expected_last_step()
         self.bar.update(1)
+
+    def expected_last_step(self) -> int:
+        """The step the run will end at: the configured last step, or earlier when the time budget
+        (at the mean step time so far) runs out first; the bar's total, so its ETA is honest."""
+        if self.max_time_s is None or not self.step_times:
+            return self.total_steps
+        mean_step = sum(self.step_times) / len(self.step_times)
+        steps_left = int(max(self.max_time_s - self.elapsed_s(), 0.0) // mean_step)
+        return min(self.total_steps, self.start_step + len(self.step_times) + steps_left)
 
     def out_of_time(self) -> bool:
         """True when another step (as long as the average so far) would overrun ``max_time_s``."""

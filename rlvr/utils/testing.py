@@ -1,16 +1,21 @@
 """Helpers for tests: a tiny deterministic tokenizer and a tiny random Llama model, built
-without any network access."""
+without any network access, and a local stub of an OpenAI-compatible judge server."""
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-__all__ = ["TINY_CHAT_TEMPLATE", "tiny_tokenizer", "tiny_causal_lm", "save_tiny_model"]
+__all__ = ["TINY_CHAT_TEMPLATE", "tiny_tokenizer", "tiny_causal_lm", "save_tiny_model", "judge_stub_server"]
 
 PAD, BOS, IM_START, IM_END = "<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, BOS, IM_START, IM_END]
@@ -97,3 +102,39 @@ def save_tiny_model(path: str | os.PathLike, **kwargs) -> Path:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@contextmanager
+def judge_stub_server(reply: Callable[[str], str]) -> Iterator[tuple[str, list[tuple[str, str | None, dict]]]]:
+    """Serve an OpenAI-compatible chat-completions stub on a free local port while the block runs.
+
+    Every POST answers ``{"choices": [{"message": {"role": "assistant", "content": reply(prompt)}}]}``
+    where ``prompt`` is the content of the request's first message.
+
+    Yields:
+        ``(api_base, requests)``: ``http://127.0.0.1:<port>/v1`` and the list of received
+        requests as ``(path, Authorization header or None, JSON body)``, in arrival order.
+    """
+    requests: list[tuple[str, str | None, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            requests.append((self.path, self.headers.get("Authorization"), body))
+            content = reply(body["messages"][0]["content"])
+            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", requests
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -15,10 +15,21 @@ exactly the gradient of one big batch.
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+
 import torch
 import torch.distributed as dist
 
-__all__ = ["micro_batch_indices", "token_budget_partitions", "loss_share", "all_reduce_sum", "all_reduce_max"]
+__all__ = [
+    "micro_batch_indices",
+    "token_budget_partitions",
+    "loss_share",
+    "all_reduce_sum",
+    "all_reduce_max",
+    "select_batch_keys",
+    "run_mini_batch_epochs",
+]
 
 
 def all_reduce_sum(value: torch.Tensor, world_size: int) -> torch.Tensor:
@@ -118,3 +129,35 @@ def loss_share(response_mask: torch.Tensor, global_tokens: float, global_seqs: f
     if loss_agg_mode == "token-mean":
         return float(response_mask.sum()) / max(global_tokens, 1.0) * world_size
     return float((response_mask.sum(-1) > 0).sum()) / max(global_seqs, 1.0) * world_size
+
+
+def select_batch_keys(batch: Mapping[str, torch.Tensor], keys: Sequence[str], method: str) -> dict[str, torch.Tensor]:
+    """The tensors ``keys`` of ``batch`` (e.g. ``DataProto.batch``); a clear ``KeyError`` naming
+    ``method`` and the missing keys when some are absent."""
+    missing = [key for key in keys if key not in batch.keys()]
+    if missing:
+        raise KeyError(f"{method} needs the batch keys {missing}; got {sorted(batch.keys())}")
+    return {key: batch[key] for key in keys}
+
+
+def run_mini_batch_epochs(
+    batch: dict[str, torch.Tensor],
+    train_mini_batch: Callable[[dict[str, torch.Tensor]], dict[str, float]],
+    *,
+    epochs: int,
+    mini_batch_size: int,
+    shuffle: bool,
+) -> dict[str, list[float]]:
+    """``epochs`` passes over ``batch`` (tensors ``[rows, ...]``) in mini-batches of
+    ``mini_batch_size`` rows (in a fresh random order each epoch when ``shuffle``), calling
+    ``train_mini_batch`` on each; returns metric name -> one value per mini-batch."""
+    rows = next(iter(batch.values())).shape[0]
+    metrics: dict[str, list[float]] = defaultdict(list)
+    for _ in range(epochs):
+        order = torch.randperm(rows) if shuffle else torch.arange(rows)
+        for start in range(0, rows, mini_batch_size):
+            index = order[start : start + mini_batch_size]
+            mini = {key: value[index] for key, value in batch.items()}
+            for name, value in train_mini_batch(mini).items():
+                metrics[name].append(value)
+    return dict(metrics)

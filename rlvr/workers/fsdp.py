@@ -10,7 +10,7 @@ reduce-scattered (averaged over ranks).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -27,11 +27,14 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
+from rlvr.workers.batching import all_reduce_sum, loss_share
+
 __all__ = [
     "shard_module",
     "build_optimizer",
     "build_lr_scheduler",
     "clip_grad_norm",
+    "accumulate_and_step",
     "full_parameters",
     "full_state_dict",
     "load_full_state_dict",
@@ -135,6 +138,55 @@ def clip_grad_norm(module: nn.Module, max_norm: float) -> float:
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)
+
+
+def accumulate_and_step(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    mini: dict[str, torch.Tensor],
+    micro_batches: list[list[int]],
+    micro_loss: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]],
+    num_metrics: int,
+    *,
+    loss_agg_mode: str,
+    grad_clip: float,
+    world_size: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, float, bool]:
+    """One optimizer step over a mini-batch: gradient accumulation over its micro-batches, a
+    clipped step, and the step skipped when the gradient norm is not finite.
+
+    Each micro-batch loss is weighted by :func:`~rlvr.workers.batching.loss_share` so that the
+    accumulated gradient equals that of the mini-batch loss aggregated over all ranks.
+
+    Args:
+        mini: the mini-batch, tensors ``[b, ...]`` with ``response_mask [b, R]`` (on any device).
+        micro_batches: row indices of ``mini`` per micro-batch.
+        micro_loss: ``micro -> (loss, metrics [num_metrics])``; ``micro`` is on ``device``.
+        num_metrics: length of the metric vector ``micro_loss`` returns.
+
+    Returns:
+        ``(metric sums [num_metrics] (float64, CPU, share-weighted and summed over ranks),
+        grad norm before clipping, whether the step was taken)``.
+    """
+    mask = mini["response_mask"]
+    counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
+    global_tokens, global_seqs = all_reduce_sum(counts.to(device), world_size).tolist()
+    sums = torch.zeros(num_metrics, dtype=torch.float64)
+    optimizer.zero_grad(set_to_none=True)
+    for idx in micro_batches:
+        index = torch.tensor(idx)
+        micro = {key: value[index].to(device) for key, value in mini.items()}
+        share = loss_share(micro["response_mask"], global_tokens, global_seqs, loss_agg_mode, world_size)
+        loss, values = micro_loss(micro)
+        (loss * share).backward()
+        sums += values.double() * (share / world_size)
+    grad_norm = clip_grad_norm(module, grad_clip)
+    finite = bool(torch.isfinite(torch.tensor(grad_norm)))
+    if finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return all_reduce_sum(sums.to(device), world_size).cpu(), grad_norm, finite
 
 
 def full_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -75,3 +75,18 @@ def test_progress_time_budget():
     progress.update(60.0, {})
     assert progress.out_of_time()  # 60 s + the 45 s mean step would overrun 100 s
     progress.close()
+
+
+def test_progress_total_follows_the_time_budget():
+    progress = TrainingProgress(total_steps=1000, start_step=4, max_time_s=100.0, enabled=False)
+    assert progress.expected_last_step() == 1000  # no step timed yet
+    progress.start -= 30.0
+    progress.update(20.0, {})
+    # 30 s elapsed, 70 s left at 20 s per step: 3 more steps after the 5th
+    assert progress.expected_last_step() == 8
+    assert progress.bar.total == 8
+    unlimited = TrainingProgress(total_steps=12, start_step=0, max_time_s=None, enabled=False)
+    unlimited.update(5.0, {})
+    assert unlimited.expected_last_step() == 12
+    progress.close()
+    unlimited.close()

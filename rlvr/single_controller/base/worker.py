@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-import ray
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -49,8 +50,13 @@ def free_port() -> int:
 
 
 def node_ip() -> str:
-    """IP address of this node as Ray sees it, or loopback outside Ray."""
-    return ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    """IP address of this node as Ray sees it, or loopback outside Ray.
+
+    Ray is looked up among the loaded modules rather than imported: the local backend must run
+    where Ray is not installed (e.g. a GPU machine that cannot carry Ray's wheel).
+    """
+    ray = sys.modules.get("ray")
+    return ray.util.get_node_ip_address() if ray is not None and ray.is_initialized() else "127.0.0.1"
 
 
 class Worker:

@@ -19,8 +19,6 @@ sharded modules use the full logits of a micro-batch instead.
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 from peft import PeftModel
 from torch import nn
@@ -30,8 +28,8 @@ from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
-from rlvr.workers.batching import all_reduce_sum, loss_share, micro_batch_indices
-from rlvr.workers.fsdp import clip_grad_norm
+from rlvr.workers.batching import micro_batch_indices, run_mini_batch_epochs, select_batch_keys
+from rlvr.workers.fsdp import accumulate_and_step
 from rlvr.workers.models import unwrap_hf_model
 
 __all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "policy_loss_config"]
@@ -226,21 +224,12 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         if "rollout_log_probs" in data.batch.keys():
             keys.append("rollout_log_probs")
-        missing = [key for key in keys if key not in data.batch.keys()]
-        if missing:
-            raise KeyError(f"update_actor needs the batch keys {missing}; got {sorted(data.batch.keys())}")
-        batch = {key: data.batch[key] for key in keys}
-        rows = batch["responses"].shape[0]
-        metrics: dict[str, list[float]] = defaultdict(list)
+        batch = select_batch_keys(data.batch, keys, "update_actor")
         self.module.train()
-        for _ in range(self.config.ppo_epochs):
-            order = torch.randperm(rows) if self.config.shuffle else torch.arange(rows)
-            for start in range(0, rows, self.mini_batch_size):
-                index = order[start : start + self.mini_batch_size]
-                mini = {key: value[index] for key, value in batch.items()}
-                for name, value in self._train_mini_batch(mini, temperature).items():
-                    metrics[name].append(value)
-        return dict(metrics)
+        return run_mini_batch_epochs(
+            batch, lambda mini: self._train_mini_batch(mini, temperature), epochs=self.config.ppo_epochs,
+            mini_batch_size=self.mini_batch_size, shuffle=self.config.shuffle,
+        )
 
     def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float
                     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -265,25 +254,12 @@ class DataParallelPPOActor:
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step."""
-        mask = mini["response_mask"]
-        counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
-        global_tokens, global_seqs = all_reduce_sum(counts.to(self.device), self.world_size).tolist()
-        sums = torch.zeros(len(_METRICS), dtype=torch.float64)
-        self.optimizer.zero_grad(set_to_none=True)
-        for idx in self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu):
-            index = torch.tensor(idx)
-            micro = {key: value[index].to(self.device) for key, value in mini.items()}
-            share = loss_share(micro["response_mask"], global_tokens, global_seqs, self.config.loss_agg_mode,
-                               self.world_size)
-            loss, values = self._micro_loss(micro, temperature)
-            (loss * share).backward()
-            sums += values.double() * (share / self.world_size)
-        grad_norm = clip_grad_norm(self.module, self.config.grad_clip)
-        finite = bool(torch.isfinite(torch.tensor(grad_norm)))
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = all_reduce_sum(sums.to(self.device), self.world_size).cpu()
+        sums, grad_norm, finite = accumulate_and_step(
+            self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
+            lambda micro: self._micro_loss(micro, temperature), len(_METRICS),
+            loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
+            world_size=self.world_size, device=self.device,
+        )
         out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, sums)}
         out["actor/grad_norm"] = grad_norm
         out["actor/skipped_steps"] = 0.0 if finite else 1.0

@@ -8,14 +8,12 @@ clipping follows PPO (Schulman et al. 2017, arXiv:1707.06347) through
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import torch
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import compute_value_loss
-from rlvr.workers.batching import all_reduce_sum, loss_share, micro_batch_indices
-from rlvr.workers.fsdp import clip_grad_norm
+from rlvr.workers.batching import micro_batch_indices, run_mini_batch_epochs, select_batch_keys
+from rlvr.workers.fsdp import accumulate_and_step
 from rlvr.workers.models import CriticModel
 
 __all__ = ["DataParallelPPOCritic"]
@@ -71,46 +69,27 @@ class DataParallelPPOCritic:
         """``ppo_epochs`` passes in mini-batches over ``data`` (needs ``values``, ``returns``,
         ``response_mask``); returns ``critic/vf_loss``, ``critic/vf_clipfrac``,
         ``critic/grad_norm``, ``critic/skipped_steps``, one value per mini-batch."""
-        keys = [*_FORWARD_KEYS, "response_mask", "values", "returns"]
-        missing = [key for key in keys if key not in data.batch.keys()]
-        if missing:
-            raise KeyError(f"update_critic needs the batch keys {missing}; got {sorted(data.batch.keys())}")
-        batch = {key: data.batch[key] for key in keys}
-        rows = batch["responses"].shape[0]
-        metrics: dict[str, list[float]] = defaultdict(list)
+        batch = select_batch_keys(data.batch, [*_FORWARD_KEYS, "response_mask", "values", "returns"], "update_critic")
         self.module.train()
-        for _ in range(self.config.ppo_epochs):
-            for start in range(0, rows, self.mini_batch_size):
-                mini = {key: value[start : start + self.mini_batch_size] for key, value in batch.items()}
-                for name, value in self._train_mini_batch(mini).items():
-                    metrics[name].append(value)
-        return dict(metrics)
+        return run_mini_batch_epochs(
+            batch, self._train_mini_batch, epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size,
+            shuffle=False,
+        )
+
+    def _micro_loss(self, micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Value loss of one micro-batch and its metrics ``[vf_loss, vf_clipfrac]`` (float64)."""
+        vf_loss, vf_clipfrac = compute_value_loss(
+            self._forward(micro), micro["returns"], micro["values"], micro["response_mask"],
+            self.config.cliprange_value, self.config.loss_agg_mode,
+        )
+        return vf_loss, torch.tensor([vf_loss.item(), vf_clipfrac.item()], dtype=torch.float64)
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
-        mask = mini["response_mask"]
-        counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
-        global_tokens, global_seqs = all_reduce_sum(counts.to(self.device), self.world_size).tolist()
-        sums = torch.zeros(2, dtype=torch.float64)
-        self.optimizer.zero_grad(set_to_none=True)
-        for idx in self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu):
-            index = torch.tensor(idx)
-            micro = {key: value[index].to(self.device) for key, value in mini.items()}
-            share = loss_share(micro["response_mask"], global_tokens, global_seqs, self.config.loss_agg_mode,
-                               self.world_size)
-            vpreds = self._forward(micro)
-            vf_loss, vf_clipfrac = compute_value_loss(
-                vpreds, micro["returns"], micro["values"], micro["response_mask"],
-                self.config.cliprange_value, self.config.loss_agg_mode,
-            )
-            (vf_loss * share).backward()
-            vf_loss = vf_loss.detach()
-            sums += torch.tensor([vf_loss.item(), vf_clipfrac.item()], dtype=torch.float64) * (share / self.world_size)
-        grad_norm = clip_grad_norm(self.module, self.config.grad_clip)
-        finite = bool(torch.isfinite(torch.tensor(grad_norm)))
-        if finite:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = all_reduce_sum(sums.to(self.device), self.world_size).cpu()
+        sums, grad_norm, finite = accumulate_and_step(
+            self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
+            self._micro_loss, 2, loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
+            world_size=self.world_size, device=self.device,
+        )
         return {
             "critic/vf_loss": float(sums[0]),
             "critic/vf_clipfrac": float(sums[1]),

@@ -247,6 +247,48 @@ def score_serially(compute_score: Any, decoded: DecodedBatch, book: RewardBook) 
         book.record(i, value)
 
 
+class RewardManagerBase:
+    """The shared skeleton of the reward managers: decode, score, apply the error policy, place
+    the rewards on the last valid token and collect the metrics.
+
+    Subclasses set their attributes with :meth:`_init_common` and override :meth:`_score` (how
+    the samples are scored; returns extra metrics) and :meth:`config_kwargs` (constructor
+    arguments read from the run config).
+    """
+
+    def _init_common(
+        self, tokenizer: Any, num_examine: int, compute_score: Any, reward_fn_key: str, on_error: str, fallback_score: float
+    ) -> None:
+        """Store the arguments every manager takes (``compute_score`` already defaulted)."""
+        self.tokenizer, self.num_examine = tokenizer, num_examine
+        self.compute_score = compute_score
+        self.reward_fn_key = reward_fn_key
+        self.on_error, self.fallback_score = check_on_error(on_error), fallback_score
+
+    @classmethod
+    def config_kwargs(cls, config: Any) -> dict[str, Any]:
+        """Manager-specific constructor arguments read from the run config (none by default)."""
+        return {}
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: Any, num_examine: int, compute_score: Any, **reward_kwargs: Any):
+        kwargs = {**cls.config_kwargs(config), **error_policy_kwargs(config), **reward_kwargs}
+        return cls(tokenizer, num_examine, compute_score, **kwargs)
+
+    def _score(self, decoded: DecodedBatch, book: RewardBook) -> dict[str, float]:
+        """Score every sample into ``book``; returns extra metrics. Default: one by one, in this process."""
+        score_serially(self.compute_score, decoded, book)
+        return {}
+
+    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
+        """``token_level_scores [batch, response_len]``, or the dict with extra info and metrics."""
+        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
+        book = RewardBook(decoded.data_sources, self.on_error, self.fallback_score)
+        metrics = self._score(decoded, book)
+        print_examples(decoded, book.rewards, self.num_examine)
+        return book.output(decoded, return_dict, metrics)
+
+
 def print_examples(decoded: DecodedBatch, rewards: list[float], num_examine: int) -> None:
     """Print the first ``num_examine`` samples of every data source."""
     shown: dict[str, int] = defaultdict(int)

@@ -6,18 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
-from rlvr.protocol import DataProto
 from rlvr.utils.errors import RewardError
 from rlvr.utils.reward_score import ScorerTimeoutError, UnknownDataSourceError, default_compute_score
-from rlvr.workers.reward_manager.base import (
-    RewardBook,
-    check_on_error,
-    decode_batch,
-    error_policy_kwargs,
-    print_examples,
-)
+from rlvr.workers.reward_manager.base import DecodedBatch, RewardBook, RewardManagerBase
 from rlvr.workers.reward_manager.registry import register
 
 
@@ -32,7 +23,7 @@ def default_batch_compute_score(
 
 
 @register("batch")
-class BatchRewardManager:
+class BatchRewardManager(RewardManagerBase):
     """Score a whole batch with ``compute_score(data_sources=, solution_strs=, ground_truths=,
     extra_infos=, **reward_kwargs) -> list[float | dict | None]`` (one entry per sample).
 
@@ -55,19 +46,14 @@ class BatchRewardManager:
         fallback_score: float = 0.0,
         **reward_kwargs: Any,
     ) -> None:
-        self.tokenizer, self.num_examine = tokenizer, num_examine
-        self.compute_score = compute_score or default_batch_compute_score
-        self.reward_fn_key, self.reward_kwargs = reward_fn_key, reward_kwargs
-        self.on_error, self.fallback_score = check_on_error(on_error), fallback_score
+        self._init_common(
+            tokenizer, num_examine, compute_score or default_batch_compute_score, reward_fn_key, on_error, fallback_score
+        )
+        self.reward_kwargs = reward_kwargs
 
-    @classmethod
-    def from_config(cls, config: Any, tokenizer: Any, num_examine: int, compute_score: Any, **reward_kwargs: Any):
-        return cls(tokenizer, num_examine, compute_score, **{**error_policy_kwargs(config), **reward_kwargs})
-
-    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
-        """``token_level_scores [batch, response_len]``, or the dict with extra info and metrics."""
-        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
-        book = RewardBook(decoded.data_sources, self.on_error, self.fallback_score)
+    def _score(self, decoded: DecodedBatch, book: RewardBook) -> dict[str, float]:
+        """One ``compute_score`` call for the whole batch; a failure fails every sample."""
+        size = len(decoded.responses)
         try:
             values = self.compute_score(
                 data_sources=decoded.data_sources,
@@ -82,15 +68,14 @@ class BatchRewardManager:
             kind = "timeout" if isinstance(exc, ScorerTimeoutError) else "error"
             if self.on_error == "raise":
                 raise RewardError(
-                    f"batch scorer failed on a batch of {len(data)} samples (data sources "
+                    f"batch scorer failed on a batch of {size} samples (data sources "
                     f"{sorted(set(decoded.data_sources))}): {type(exc).__name__}: {exc}"
                 ) from exc
-            for i in range(len(data)):
+            for i in range(size):
                 book.fail(i, kind, exc)
         else:
-            if len(values) != len(data):
-                raise RewardError(f"batch scorer returned {len(values)} scores for a batch of {len(data)} samples")
+            if len(values) != size:
+                raise RewardError(f"batch scorer returned {len(values)} scores for a batch of {size} samples")
             for i, value in enumerate(values):
                 book.record(i, value)
-        print_examples(decoded, book.rewards, self.num_examine)
-        return book.output(decoded, return_dict)
+        return {}

@@ -19,18 +19,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import OverlongBufferConfig
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.reward_score import default_compute_score
-from rlvr.workers.reward_manager.base import (
-    RewardBook,
-    check_on_error,
-    decode_batch,
-    error_policy_kwargs,
-    print_examples,
-    score_serially,
-)
+from rlvr.workers.reward_manager.base import DecodedBatch, RewardBook, RewardManagerBase, score_serially
 from rlvr.workers.reward_manager.registry import register
 
 
@@ -52,7 +44,7 @@ def overlong_penalty(response_length: torch.Tensor, max_resp_len: int, buffer_le
 
 
 @register("dapo")
-class DAPORewardManager:
+class DAPORewardManager(RewardManagerBase):
     """Like :class:`NaiveRewardManager`, plus the overlong penalty on scored samples.
 
     Args:
@@ -72,11 +64,11 @@ class DAPORewardManager:
         on_error: str = "raise",
         fallback_score: float = 0.0,
     ) -> None:
-        self.tokenizer, self.num_examine = tokenizer, num_examine
-        self.compute_score = compute_score or default_compute_score
-        self.reward_fn_key, self.max_resp_len = reward_fn_key, max_resp_len
+        self._init_common(
+            tokenizer, num_examine, compute_score or default_compute_score, reward_fn_key, on_error, fallback_score
+        )
+        self.max_resp_len = max_resp_len
         self.overlong = overlong_config(overlong_buffer_cfg)
-        self.on_error, self.fallback_score = check_on_error(on_error), fallback_score
         if self.overlong.enable:
             if max_resp_len is None:
                 raise ConfigError("reward_model.overlong_buffer", "the overlong buffer needs max_resp_len (data.max_response_length)")
@@ -87,19 +79,14 @@ class DAPORewardManager:
                 )
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: Any, num_examine: int, compute_score: Any, **reward_kwargs: Any):
-        kwargs = {
+    def config_kwargs(cls, config: Any) -> dict[str, Any]:
+        return {
             "max_resp_len": config.data.max_response_length,
             "overlong_buffer_cfg": config.reward_model.overlong_buffer,
-            **error_policy_kwargs(config),
-            **reward_kwargs,
         }
-        return cls(tokenizer, num_examine, compute_score, **kwargs)
 
-    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
-        """``token_level_scores [batch, response_len]`` (score + penalty on the last valid token)."""
-        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
-        book = RewardBook(decoded.data_sources, self.on_error, self.fallback_score)
+    def _score(self, decoded: DecodedBatch, book: RewardBook) -> dict[str, float]:
+        """The rule score of each sample plus the overlong penalty (score + penalty on the last valid token)."""
         score_serially(self.compute_score, decoded, book)
         metrics: dict[str, float] = {}
         if self.overlong.enable:
@@ -113,5 +100,4 @@ class DAPORewardManager:
             if scored:
                 metrics["reward/overlong/mean_penalty"] = float(penalty[scored].mean())
                 metrics["reward/overlong/frac"] = float((penalty[scored] < 0).float().mean())
-        print_examples(decoded, book.rewards, self.num_examine)
-        return book.output(decoded, return_dict, metrics)
+        return metrics

@@ -13,26 +13,16 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-import torch
-
-from rlvr.protocol import DataProto
 from rlvr.utils.errors import RewardError
 from rlvr.utils.reward_score import default_compute_score
 from rlvr.utils.reward_score.process_pool import TimeoutProcessPool
 from rlvr.utils.reward_score.registry import call_scorer_tagged
-from rlvr.workers.reward_manager.base import (
-    DecodedBatch,
-    RewardBook,
-    check_on_error,
-    decode_batch,
-    error_policy_kwargs,
-    print_examples,
-)
+from rlvr.workers.reward_manager.base import DecodedBatch, RewardBook, RewardManagerBase
 from rlvr.workers.reward_manager.registry import register
 
 
 @register("parallel")
-class ParallelRewardManager:
+class ParallelRewardManager(RewardManagerBase):
     """Score samples in ``num_workers`` processes with a per-sample limit of ``timeout_s`` seconds.
 
     Args:
@@ -52,10 +42,9 @@ class ParallelRewardManager:
         on_error: str = "raise",
         fallback_score: float = 0.0,
     ) -> None:
-        self.tokenizer, self.num_examine = tokenizer, num_examine
-        self.compute_score = compute_score or default_compute_score
-        self.reward_fn_key = reward_fn_key
-        self.on_error, self.fallback_score = check_on_error(on_error), fallback_score
+        self._init_common(
+            tokenizer, num_examine, compute_score or default_compute_score, reward_fn_key, on_error, fallback_score
+        )
         try:
             pickle.dumps(self.compute_score)
         except Exception as exc:  # noqa: BLE001 - any pickling failure means the same fix
@@ -66,16 +55,11 @@ class ParallelRewardManager:
         self.pool = TimeoutProcessPool(num_workers=num_workers, timeout_s=timeout_s)
 
     @classmethod
-    def from_config(cls, config: Any, tokenizer: Any, num_examine: int, compute_score: Any, **reward_kwargs: Any):
-        kwargs = {
-            "num_workers": config.reward_model.num_workers,
-            "timeout_s": config.reward_model.timeout_s,
-            **error_policy_kwargs(config),
-            **reward_kwargs,
-        }
-        return cls(tokenizer, num_examine, compute_score, **kwargs)
+    def config_kwargs(cls, config: Any) -> dict[str, Any]:
+        return {"num_workers": config.reward_model.num_workers, "timeout_s": config.reward_model.timeout_s}
 
-    def _score(self, decoded: DecodedBatch, book: RewardBook) -> None:
+    def _score(self, decoded: DecodedBatch, book: RewardBook) -> dict[str, float]:
+        """Each sample in a worker process under ``timeout_s``; a crash or timeout follows ``on_error``."""
         tasks = [
             (
                 self.compute_score,
@@ -99,14 +83,7 @@ class ParallelRewardManager:
                 book.fail(i, "timeout", value)
             else:
                 book.record(i, value)
-
-    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
-        """``token_level_scores [batch, response_len]``, or the dict with extra info and metrics."""
-        decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
-        book = RewardBook(decoded.data_sources, self.on_error, self.fallback_score)
-        self._score(decoded, book)
-        print_examples(decoded, book.rewards, self.num_examine)
-        return book.output(decoded, return_dict)
+        return {}
 
     def close(self) -> None:
         """Stop the scoring processes (a later call starts new ones)."""

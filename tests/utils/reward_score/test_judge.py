@@ -1,14 +1,10 @@
 """LLM judge: score parser, prompt template, HTTP back-end against a local stub, local tiny model."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from rlvr.utils.errors import RewardError
 from rlvr.utils.reward_score.judge import HttpJudge, LocalJudge, format_judge_prompt, parse_judge_score
-from rlvr.utils.testing import tiny_causal_lm
+from rlvr.utils.testing import judge_stub_server, tiny_causal_lm
 
 
 @pytest.mark.parametrize(
@@ -48,36 +44,13 @@ def test_format_judge_prompt():
         format_judge_prompt("{answer}", "q", "r", "a")
 
 
-class _StubHandler(BaseHTTPRequestHandler):
-    requests: list = []
-
-    def do_POST(self):  # noqa: N802
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _StubHandler.requests.append((self.path, self.headers.get("Authorization"), body))
-        prompt = body["messages"][0]["content"]
-        content = "Score: 9/10" if "GOOD" in prompt else "Score: 2/10"
-        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        return
-
-
 def test_http_judge_against_a_local_stub(monkeypatch):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _StubHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("JUDGE_KEY", "secret")
-    try:
-        judge = HttpJudge(f"http://127.0.0.1:{server.server_address[1]}/v1", "judge-model", api_key_env="JUDGE_KEY", timeout_s=5)
+    with judge_stub_server(lambda prompt: "Score: 9/10" if "GOOD" in prompt else "Score: 2/10") as (url, requests):
+        judge = HttpJudge(url, "judge-model", api_key_env="JUDGE_KEY", timeout_s=5)
         replies = judge.generate(["a GOOD answer", "a bad answer"])
-    finally:
-        server.shutdown()
-        server.server_close()
     assert [parse_judge_score(r) for r in replies] == [pytest.approx(0.9), pytest.approx(0.2)]
-    path, auth, body = _StubHandler.requests[0]
+    path, auth, body = requests[0]
     assert path == "/v1/chat/completions" and auth == "Bearer secret" and body["model"] == "judge-model"
 
 

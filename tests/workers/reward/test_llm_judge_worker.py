@@ -1,44 +1,26 @@
 """LLMJudgeRewardWorker with a local tiny random model and with an OpenAI-compatible stub server."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import numpy as np
 import pytest
 from reward_worker_batch import build_batch
 
 from rlvr.utils.errors import RewardError
-from rlvr.utils.testing import save_tiny_model
+from rlvr.utils.testing import judge_stub_server, save_tiny_model
 from rlvr.workers.reward import LLMJudgeRewardConfig, LLMJudgeRewardWorker
 from rlvr.workers.reward_manager.contract import check_worker_output
 
 
-class _Judge(BaseHTTPRequestHandler):
-    """Stub judge: [[9]] when the candidate answer is the reference, 'no idea' for 'unsure', else verdict no."""
-
-    def do_POST(self):  # noqa: N802
-        prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"][0]["content"]
-        candidate = prompt.split("Candidate answer:\n", 1)[1].split("\n\n", 1)[0]
-        reference = prompt.split("Reference answer:\n", 1)[1].split("\n\n", 1)[0]
-        reply = "[[9]]" if candidate.strip() == reference.strip() else ("hmm" if "unsure" in candidate else "Verdict: no")
-        data = json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        return
+def _judge_reply(prompt: str) -> str:
+    """Stub judge: [[9]] when the candidate answer is the reference, 'hmm' for 'unsure', else verdict no."""
+    candidate = prompt.split("Candidate answer:\n", 1)[1].split("\n\n", 1)[0]
+    reference = prompt.split("Reference answer:\n", 1)[1].split("\n\n", 1)[0]
+    return "[[9]]" if candidate.strip() == reference.strip() else ("hmm" if "unsure" in candidate else "Verdict: no")
 
 
 @pytest.fixture
 def judge_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with judge_stub_server(_judge_reply) as (url, _):
+        yield url
 
 
 def test_http_judge_scores_and_fallback(tokenizer_path, judge_url):

@@ -5,10 +5,6 @@ roles) and ``spawn`` gives one group per worker. The Ray cluster is module-scope
 A batch of 5 is padded to 6 for the 2 data-parallel ranks and unpadded on the way back.
 """
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 import ray
 from reward_worker_batch import build_batch
@@ -21,6 +17,7 @@ from rlvr.single_controller import (
     get_worker_group_cls,
     init_ray,
 )
+from rlvr.utils.testing import judge_stub_server
 from rlvr.workers import reward as rw
 
 IFEVAL = {"instruction_id_list": ["punctuation:no_comma"], "kwargs": [{}]}
@@ -50,27 +47,10 @@ CASES = {
 }
 
 
-class _Judge(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802
-        prompt = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["messages"][0]["content"]
-        reply = "Score: 9/10" if "Candidate answer:\n4\n" in prompt else "incorrect"
-        data = json.dumps({"choices": [{"message": {"content": reply}}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        return
-
-
 @pytest.fixture(scope="module")
 def judge_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with judge_stub_server(lambda prompt: "Score: 9/10" if "Candidate answer:\n4\n" in prompt else "incorrect") as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")
