@@ -45,16 +45,18 @@ class TrainingProgress:
         (at the mean step time so far) runs out first; the bar's total, so its ETA is honest."""
         if self.max_time_s is None or not self.step_times:
             return self.total_steps
-        mean_step = sum(self.step_times) / len(self.step_times)
-        steps_left = int(max(self.max_time_s - self.elapsed_s(), 0.0) // mean_step)
+        steps_left = int(max(self.max_time_s - self.elapsed_s(), 0.0) // self.mean_step_s())
         return min(self.total_steps, self.start_step + len(self.step_times) + steps_left)
 
     def out_of_time(self) -> bool:
         """True when another step (as long as the average so far) would overrun ``max_time_s``."""
         if self.max_time_s is None:
             return False
-        mean_step = sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
-        return self.elapsed_s() + mean_step > self.max_time_s
+        return self.elapsed_s() + self.mean_step_s() > self.max_time_s
+
+    def mean_step_s(self) -> float:
+        """Mean wall time of the steps so far (0 before the first)."""
+        return sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
 
     def write(self, line: str) -> None:
         """Print a line above the bar."""

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
-
-import sys
 
 import torch
 import torch.distributed as dist
