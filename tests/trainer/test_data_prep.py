@@ -43,6 +43,23 @@ def test_reasoning_gym_addition_rows_are_held_out_and_scorable(tmp_path):
     assert 0 < score(f"{a} + {b} = {truth}")["score"] < 1  # the checker's partial credit for extra text
 
 
+def test_held_out_set_is_a_plain_sample_whatever_the_train_size(tmp_path):
+    # the held-out set must not depend on the training set: with operands of one or two digits and
+    # 2000 training items, nearly every one-digit sum is in the train set, and dropping those from the
+    # test set (instead of from the train set) would leave it harder than the task
+    task = {**rg_prep.ADDITION, "min_digits": 1}
+    small = rg_prep.build("basic_arithmetic", tmp_path / "small", 50, 100, 0, task, rg_prep.ADDITION_STYLE)
+    large = rg_prep.build("basic_arithmetic", tmp_path / "large", 2000, 100, 0, task, rg_prep.ADDITION_STYLE)
+    small_test, large_test = read_rows(small[1]), read_rows(large[1])
+    assert [r["extra_info"]["question"] for r in small_test] == [r["extra_info"]["question"] for r in large_test]
+    train_questions = {r["extra_info"]["question"] for r in read_rows(large[0])}
+    assert len(read_rows(large[0])) == 2000
+    assert not train_questions & {r["extra_info"]["question"] for r in large_test}
+    operands = [r["extra_info"]["question"].removeprefix("Calculate ").rstrip(".").split(" + ") for r in large_test]
+    one_digit = sum(min(int(a), int(b)) < 10 for a, b in operands) / len(operands)
+    assert one_digit >= 0.5  # 47 and 20 of the 100 held-out sums have two and one one-digit operands
+
+
 def test_reasoning_gym_other_task_and_parquet(tmp_path):
     rg_prep.main(["--task", "chain_sum", "--config", '{"max_digits": 1}', "--out", str(tmp_path),
                   "--train-size", "8", "--test-size", "4", "--seed", "3", "--format", "parquet"])

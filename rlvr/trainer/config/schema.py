@@ -112,6 +112,7 @@ class ActorConfig:
     policy_loss: PolicyLossSection = _sub(PolicyLossSection, "policy-loss registry settings")
     optim: OptimConfig = _sub(OptimConfig, "optimizer and schedule")
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
+    share_prompt_forward: bool = _f(True, "on one rank, run each distinct prompt of a micro-batch once and its responses on its KV cache (exact; about n times less prompt compute)")
     use_rollout_log_probs: bool = _f(True, "reuse the rollout's exact sampling log-probs as old_log_probs when they match the actor (skips a forward pass)")
 
 

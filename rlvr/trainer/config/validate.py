@@ -47,6 +47,15 @@ def _check_one_of(cfg_value: Any, key: str, choices: tuple[str, ...]) -> None:
     _require(cfg_value in choices, key, f"{cfg_value!r} is not valid; use one of {', '.join(choices)}")
 
 
+def _check_token_kl(cfg_value: Any, key: str) -> None:
+    """A KL estimator that works on per-token log-probs (the workers send no full-vocabulary ones)."""
+    from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
+
+    _require(cfg_value != "full", key, "'full' needs full-vocabulary log-probs, which the workers do not send "
+             "(they send the sampled tokens' log-probs); use low_var_kl (k3) or kl (k1)")
+    _check_one_of(cfg_value, key, TOKEN_KL_PENALTY_NAMES)
+
+
 def _check_registered(key: str, name: str, lookup: Callable[[str], Any]) -> None:
     try:
         lookup(name)
@@ -142,7 +151,6 @@ def _check_batch_sizes(section: DictConfig, prefix: str, cfg: DictConfig, dynami
 
 def _check_actor(cfg: DictConfig) -> None:
     from rlvr.trainer.ppo.core_algos import get_policy_loss_fn
-    from rlvr.trainer.ppo.kl import KL_PENALTY_NAMES
 
     actor = cfg.actor_rollout_ref.actor
     _check_batch_sizes(actor, "actor_rollout_ref.actor", cfg, actor.use_dynamic_bsz)
@@ -153,7 +161,7 @@ def _check_actor(cfg: DictConfig) -> None:
     _require(actor.optim.lr > 0, "actor_rollout_ref.actor.optim.lr", "must be > 0")
     _check_one_of(actor.optim.lr_scheduler_type, "actor_rollout_ref.actor.optim.lr_scheduler_type", ("constant", "cosine"))
     _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
-    _check_one_of(actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type", KL_PENALTY_NAMES)
+    _check_token_kl(actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type")
     _check_registered("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, get_policy_loss_fn)
     _check_one_of(cfg.actor_rollout_ref.model.dtype, "actor_rollout_ref.model.dtype", ("float32", "bfloat16"))
     _require(cfg.actor_rollout_ref.model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", "must be >= 0 (0 = no LoRA)")
@@ -173,7 +181,6 @@ def _check_rollout(cfg: DictConfig) -> None:
 
 def _check_algorithm(cfg: DictConfig) -> None:
     from rlvr.trainer.ppo.core_algos import get_adv_estimator_fn
-    from rlvr.trainer.ppo.kl import KL_PENALTY_NAMES
 
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
     _check_registered("algorithm.adv_estimator", algo.adv_estimator, get_adv_estimator_fn)
@@ -183,7 +190,7 @@ def _check_algorithm(cfg: DictConfig) -> None:
     _require(algo.adv_estimator != "gae" or cfg.critic.enable, "critic.enable",
              "algorithm.adv_estimator=gae needs a critic; set critic.enable=True or pick a critic-free "
              "estimator such as grpo or rloo")
-    _check_one_of(algo.kl_penalty, "algorithm.kl_penalty", KL_PENALTY_NAMES)
+    _check_token_kl(algo.kl_penalty, "algorithm.kl_penalty")
     _check_one_of(algo.kl_ctrl.type, "algorithm.kl_ctrl.type", ("fixed", "adaptive"))
     if algo.kl_ctrl.type == "adaptive":
         _require(algo.kl_ctrl.target_kl > 0 and algo.kl_ctrl.horizon > 0, "algorithm.kl_ctrl",

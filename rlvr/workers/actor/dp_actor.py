@@ -14,7 +14,10 @@ On one rank (no FSDP sharding) with a bias-free LM head, log-probs come from the
 states through :func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: the LM head and the
 log-softmax run a chunk of tokens at a time, so no ``[batch, response_len, vocab]`` logits are
 ever held (forward or backward). An entropy bonus with a gradient (``entropy_coeff != 0``) and
-sharded modules use the full logits of a micro-batch instead.
+sharded modules use the full logits of a micro-batch instead. On that same one-rank path, each
+distinct prompt of a micro-batch runs through the model once (``actor.share_prompt_forward``, see
+:mod:`~rlvr.workers.actor.shared_prompt`), and count-sized micro-batches are cut from the rows
+grouped by prompt.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
+from rlvr.workers.actor.shared_prompt import prompt_grouped_order, shared_prompt_hidden
 from rlvr.workers.batching import micro_batch_indices, run_mini_batch_epochs, select_batch_keys
 from rlvr.workers.fsdp import accumulate_and_step
 from rlvr.workers.models import unwrap_hf_model
@@ -92,23 +96,29 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
     return logits
 
 
-def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor], share_prompts: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Final hidden states that predict the response tokens, and the LM-head weight.
 
     The same window as :func:`response_logits`, through the model's decoder only (no LM head).
+    With ``share_prompts``, each distinct prompt of the batch runs once and its KV cache serves all
+    its responses (:func:`~rlvr.workers.actor.shared_prompt.shared_prompt_hidden`; same values and
+    gradients).
 
     Returns:
         ``(hidden [b, r, H], weight [vocab, H])``.
     """
     start, stop, num_response = _response_window(batch)
     model = unwrap_hf_model(module)
-    hidden = model.get_decoder()(
-        input_ids=batch["input_ids"][:, start:stop],
-        attention_mask=batch["attention_mask"][:, start:stop],
-        position_ids=batch["position_ids"][:, start:stop],
-        use_cache=False,
-    ).last_hidden_state
-    return hidden[:, -(num_response + 1) : -1], model.get_output_embeddings().weight
+    weight = model.get_output_embeddings().weight
+    window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
+    if share_prompts:
+        prompt_len = stop - start - num_response
+        hidden = shared_prompt_hidden(module, **window, prompt_len=prompt_len, num_response=num_response)
+        if hidden is not None:
+            return hidden, weight
+    hidden = model.get_decoder()(**window, use_cache=False).last_hidden_state
+    return hidden[:, -(num_response + 1) : -1], weight
 
 
 def _has_plain_lm_head(module: nn.Module) -> bool:
@@ -150,19 +160,27 @@ class DataParallelPPOActor:
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.policy_loss_config = policy_loss_config(config)
         self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
+        self.share_prompts = self.chunked_head and config.share_prompt_forward
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int) -> list[list[int]]:
-        return micro_batch_indices(
+        """Row indices of each micro-batch. Micro-batches by count take the rows grouped by prompt
+        when prompts are shared, so each micro-batch holds as few distinct prompts as possible."""
+        parts = micro_batch_indices(
             batch["attention_mask"].sum(-1), size, self.config.use_dynamic_bsz,
             self.config.ppo_max_token_len_per_gpu, self.world_size,
         )
+        if not self.share_prompts or self.config.use_dynamic_bsz:
+            return parts
+        prompt_len = batch["input_ids"].shape[1] - batch["responses"].shape[1]
+        order = prompt_grouped_order(batch["input_ids"][:, :prompt_len], batch["attention_mask"][:, :prompt_len])
+        return [[order[i] for i in part] for part in parts]
 
     def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                  entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
         response_len = batch["responses"].shape[1]
         if self.chunked_head and not (calculate_entropy and entropy_grad):
-            hidden, weight = response_hidden(self.module, batch)
+            hidden, weight = response_hidden(self.module, batch, self.share_prompts)
             labels = batch["responses"][:, : hidden.shape[1]]
             log_probs, entropy = linear_log_probs(hidden, weight, labels, temperature, with_entropy=calculate_entropy)
             entropy = _pad_right(entropy, response_len) if calculate_entropy else None

@@ -89,9 +89,11 @@ def _inverse_cdf_sample(weights: torch.Tensor, generator: torch.Generator | None
     """One token per row of ``weights`` ``[batch, vocab]`` (non-negative, not necessarily normalised).
 
     Token ``i`` is chosen when ``u * total`` falls in ``[cdf[i-1], cdf[i])`` for ``u ~ U[0, 1)``;
-    tokens of weight 0 cover an empty interval and are never chosen.
+    tokens of weight 0 cover an empty interval and are never chosen. The running sum is taken in
+    float64: in float32 the rounding of a 49K-entry sum (about 1e-3 of the total at the end of the
+    vocabulary) would move the tail tokens' interval boundaries by more than their probabilities.
     """
-    cdf = weights.cumsum(dim=-1)
+    cdf = weights.double().cumsum(dim=-1)
     total = cdf[:, -1:]
     target = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=cdf.dtype).mul_(total)
     # keep u * total strictly below total after rounding, so the last positive token is the largest pick
