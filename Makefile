@@ -25,9 +25,12 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-train: setup
-	# two-number addition prompts from reasoning-gym: a training set and a fixed held-out set
-	test -f data/arith/test.jsonl || $(PY) -m rlvr.data_prep.reasoning_gym --out data/arith
+# two-number addition prompts from reasoning-gym: a training set and a fixed held-out set
+# (made again whenever the recipe changes)
+data/arith/test.jsonl: rlvr/data_prep/reasoning_gym.py | $(STAMP)
+	$(PY) -m rlvr.data_prep.reasoning_gym --out data/arith
+
+train: setup data/arith/test.jsonl
 	$(PY) -m rlvr.trainer.main_ppo --preset main_job $(ARGS)
 
 test: setup

@@ -11,6 +11,10 @@ A micro-batch is a list of row indices into the worker's local batch. Two ways t
 The loss of a micro-batch is weighted by its share of the *global* mini-batch (all ranks), see
 :func:`loss_share`, so that gradient accumulation over micro-batches and averaging over ranks give
 exactly the gradient of one big batch.
+
+Rows that share a prompt (``rollout.n`` responses per prompt) are found by :func:`distinct_prompts`,
+so that the prompt is run once (prefill in the rollout, shared forward in the actor) and micro-batches
+keep a prompt's rows together (:func:`prompt_grouped_order`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = [
+    "distinct_prompts",
+    "prompt_grouped_order",
     "micro_batch_indices",
     "token_budget_partitions",
     "loss_share",
@@ -161,3 +167,35 @@ def run_mini_batch_epochs(
             for name, value in train_mini_batch(mini).items():
                 metrics[name].append(value)
     return dict(metrics)
+
+
+def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct (left-padded) prompts of a batch.
+
+    Args:
+        prompt_ids: ``[b, p]`` prompt token ids.
+        prompt_mask: ``[b, p]`` 1 on real tokens, 0 on padding (padding ids are ignored).
+
+    Returns:
+        ``(first [u], inverse [b])``: ``first[j]`` is the first row holding distinct prompt ``j``
+        (in row order), ``inverse[i]`` the distinct prompt of row ``i``; ``first[inverse]`` maps every
+        row to a row with the same prompt.
+    """
+    rows = prompt_ids.shape[0]
+    key = torch.where(prompt_mask.bool(), prompt_ids, torch.full_like(prompt_ids, -1))
+    _, inverse = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long, device=inverse.device)
+    first = first.scatter_reduce(0, inverse, torch.arange(rows, device=inverse.device), reduce="amin")
+    order = torch.argsort(first)  # number the distinct prompts by first appearance
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    return first[order], rank[inverse]
+
+
+def prompt_grouped_order(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[int]:
+    """Row order that puts the rows of each distinct prompt next to each other (prompts in order of
+    first appearance, rows of one prompt in their original order), so that micro-batches cut from
+    it contain as few distinct prompts as possible. Reordering rows inside a mini-batch does not
+    change its gradient."""
+    _, inverse = distinct_prompts(prompt_ids, prompt_mask)
+    return torch.argsort(inverse, stable=True).tolist()

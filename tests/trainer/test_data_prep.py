@@ -21,7 +21,7 @@ def test_reasoning_gym_addition_rows_are_held_out_and_scorable(tmp_path):
     assert row["data_source"] == "reasoning_gym/basic_arithmetic"
     question = row["extra_info"]["question"]
     a, b = question.removeprefix("Calculate ").rstrip(".").split(" + ")
-    assert 10 <= int(a) <= 99 and 10 <= int(b) <= 99
+    assert 1 <= int(a) <= 20 and 1 <= int(b) <= 20  # the main job's operand range
     assert row["reward_model"]["ground_truth"] == str(int(a) + int(b))
     instruction = "Write the calculation, then just the number on the last line."
     system, shot_q, shot_a, user = row["prompt"]
@@ -58,6 +58,28 @@ def test_held_out_set_is_a_plain_sample_whatever_the_train_size(tmp_path):
     operands = [r["extra_info"]["question"].removeprefix("Calculate ").rstrip(".").split(" + ") for r in large_test]
     one_digit = sum(min(int(a), int(b)) < 10 for a, b in operands) / len(operands)
     assert one_digit >= 0.5  # 47 and 20 of the 100 held-out sums have two and one one-digit operands
+
+
+def test_operand_range_keeps_only_questions_inside_it_with_a_distinct_held_out_set(tmp_path):
+    train_path, test_path = rg_prep.build("basic_arithmetic", tmp_path, 300, 100, 0, rg_prep.ADDITION,
+                                          rg_prep.ADDITION_STYLE, operands=(1, 20))
+    train, test = read_rows(train_path), read_rows(test_path)
+    numbers = [rg_prep.numbers_in(r["extra_info"]) for r in train + test]
+    assert all(len(pair) == 2 and all(1 <= n <= 20 for n in pair) for pair in numbers)
+    test_questions = [r["extra_info"]["question"] for r in test]
+    assert len(set(test_questions)) == len(test_questions) == 100  # 400 possible sums: no repeats kept
+    assert not set(test_questions) & {r["extra_info"]["question"] for r in train}
+    # the filter draws from the whole operand range, not just its low end
+    assert max(max(pair) for pair in numbers) == 20 and min(min(pair) for pair in numbers) == 1
+
+
+def test_operand_range_that_no_question_fits_says_what_to_change(tmp_path):
+    with pytest.raises(ValueError, match=r"have all numbers in \[200, 300\].*widen --operands"):
+        rg_prep.build("basic_arithmetic", tmp_path, 4, 2, 0, rg_prep.ADDITION, operands=(200, 300))
+    # too few distinct questions in the range for the held-out set (one-digit operands 0-10 drawn)
+    one_digit = {**rg_prep.ADDITION, "min_digits": 1, "max_digits": 1}
+    with pytest.raises(ValueError, match="gave 9 held-out"):
+        rg_prep.build("basic_arithmetic", tmp_path, 4, 10, 0, one_digit, operands=(1, 3))
 
 
 def test_reasoning_gym_other_task_and_parquet(tmp_path):

@@ -18,7 +18,7 @@ STEPS = 10
 
 def test_grpo_raises_the_reward_on_the_real_model(tmp_path):
     train, _ = rg_prep.build("basic_arithmetic", tmp_path / "data", train_size=STEPS * 8, test_size=8, seed=0,
-                             config=rg_prep.ADDITION, style=rg_prep.ADDITION_STYLE)
+                             config=rg_prep.ADDITION, style=rg_prep.ADDITION_STYLE, operands=rg_prep.ADDITION_OPERANDS)
     cfg = load_config("main_job", [
         f"data.train_files={train}", "data.val_files=null",
         "actor_rollout_ref.actor.optim.lr=2e-5", f"trainer.total_training_steps={STEPS}", "trainer.max_time_s=null",

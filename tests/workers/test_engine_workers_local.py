@@ -11,7 +11,7 @@ from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup
 from rlvr.utils.testing import save_tiny_model
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker, TrainingWorker
-from rlvr.workers.rollout.hf_rollout import _repeat_factor
+from rlvr.workers.rollout.static_decode import DynamicCacheDecoder
 
 
 @pytest.fixture(scope="module")
@@ -312,14 +312,22 @@ def test_bfloat16_actor_does_not_reuse_inexact_rollout_log_probs(model_dir):
     assert metrics.meta_info["metrics"]["actor/skipped_steps"] == [0.0]
 
 
-def test_repeated_prompts_are_prefilled_once_with_the_same_result(model_dir):
-    batch = prompt_batch(validate=True)
-    ids, mask = batch.batch["input_ids"], batch.batch["attention_mask"]
-    assert _repeat_factor(ids, mask) == 1
-    assert _repeat_factor(ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0)) == 3
-    assert _repeat_factor(ids[[0, 0, 1, 1, 1, 2]], mask[[0, 0, 1, 1, 1, 2]]) == 1
+def test_repeated_prompts_are_prefilled_once_with_the_same_result(model_dir, monkeypatch):
     group = hybrid(model_dir)
-    single = group.generate_sequences(batch).batch
-    repeated = group.generate_sequences(prompt_batch(validate=True).repeat(3, interleave=True)).batch
-    assert torch.equal(repeated["responses"], single["responses"].repeat_interleave(3, 0))
-    assert torch.allclose(repeated["rollout_log_probs"], single["rollout_log_probs"].repeat_interleave(3, 0), atol=1e-5)
+    single = group.generate_sequences(prompt_batch(validate=True)).batch
+    prefilled_rows = []
+    prefill = DynamicCacheDecoder.prefill
+
+    def counting_prefill(self, input_ids, *args):
+        prefilled_rows.append(input_ids.shape[0])
+        return prefill(self, input_ids, *args)
+
+    monkeypatch.setattr(DynamicCacheDecoder, "prefill", counting_prefill)
+    # runs of n as the trainer sends them, and an irregular batch (prompts repeated 2, 3 and 1 times)
+    for rows in ([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3], [0, 0, 1, 1, 1, 2], [2, 0, 2, 1]):
+        prefilled_rows.clear()
+        batch = prompt_batch(validate=True)[rows]
+        out = group.generate_sequences(batch).batch
+        assert prefilled_rows == [len(set(rows))]
+        assert torch.equal(out["responses"], single["responses"][rows])
+        assert torch.allclose(out["rollout_log_probs"], single["rollout_log_probs"][rows], atol=1e-5)

@@ -31,8 +31,8 @@ from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
-from rlvr.workers.actor.shared_prompt import prompt_grouped_order, shared_prompt_hidden
-from rlvr.workers.batching import micro_batch_indices, run_mini_batch_epochs, select_batch_keys
+from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
+from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, run_mini_batch_epochs, select_batch_keys
 from rlvr.workers.fsdp import accumulate_and_step
 from rlvr.workers.models import unwrap_hf_model
 

@@ -19,41 +19,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.models import unwrap_hf_model
 
-__all__ = ["distinct_prompts", "prompt_grouped_order", "shared_prompt_hidden"]
-
-
-def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The distinct (left-padded) prompts of a batch.
-
-    Args:
-        prompt_ids: ``[b, p]`` prompt token ids.
-        prompt_mask: ``[b, p]`` 1 on real tokens, 0 on padding (padding ids are ignored).
-
-    Returns:
-        ``(first [u], inverse [b])``: ``first[j]`` is the first row holding distinct prompt ``j``
-        (in row order), ``inverse[i]`` the distinct prompt of row ``i``; ``first[inverse]`` maps every
-        row to a row with the same prompt.
-    """
-    rows = prompt_ids.shape[0]
-    key = torch.where(prompt_mask.bool(), prompt_ids, torch.full_like(prompt_ids, -1))
-    _, inverse = torch.unique(key, dim=0, return_inverse=True)
-    first = torch.full((int(inverse.max()) + 1,), rows, dtype=torch.long, device=inverse.device)
-    first = first.scatter_reduce(0, inverse, torch.arange(rows, device=inverse.device), reduce="amin")
-    order = torch.argsort(first)  # number the distinct prompts by first appearance
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=order.device)
-    return first[order], rank[inverse]
-
-
-def prompt_grouped_order(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[int]:
-    """Row order that puts the rows of each distinct prompt next to each other (prompts in order of
-    first appearance, rows of one prompt in their original order), so that micro-batches cut from
-    it contain as few distinct prompts as possible. Reordering rows inside a mini-batch does not
-    change its gradient."""
-    _, inverse = distinct_prompts(prompt_ids, prompt_mask)
-    return torch.argsort(inverse, stable=True).tolist()
+__all__ = ["shared_prompt_hidden"]
 
 
 def _uses_gradient_checkpointing(module: nn.Module) -> bool:

@@ -4,9 +4,11 @@ Each step runs the model on the last token with the KV cache, through a decoder 
 :mod:`~rlvr.workers.rollout.static_decode` (a growing transformers cache by default; a
 preallocated static cache with ``rollout.static_cache``, its step compiled with ``rollout.compile``:
 the GPU fast path), samples the next token with :func:`~rlvr.workers.rollout.sampling.sample_tokens`
-from a seeded ``torch.Generator`` and records its exact log-prob. Prompts repeated ``n`` times in a
-row (as the trainer sends them) are prefilled once and their cache repeated. A row stops at an EOS id (unless ``ignore_eos``) or when its text
-ends a stop string; the loop ends when all rows have stopped or after ``response_length`` tokens.
+from a seeded ``torch.Generator`` and records its exact log-prob. With the growing cache, a prompt
+that occurs several times in a batch (``n`` times, as the trainer sends it) is prefilled once and its
+cache rows indexed out to every occurrence. A row stops at an EOS id (unless ``ignore_eos``) or when
+its text ends a stop string; the loop ends when all rows have stopped or after ``response_length``
+tokens.
 Finished rows keep running through the model (static batch) but their tokens become padding.
 """
 
@@ -17,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
+from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.rollout.base import Weights, as_named_tensors, register_rollout_engine, tokenizer_ids
 from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling, sample_tokens
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
@@ -24,21 +27,6 @@ from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheD
 __all__ = ["HFRollout"]
 
 _PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
-
-
-def _repeat_factor(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> int:
-    """``k`` when the rows come in runs of ``k`` identical prompts (``batch.repeat(k, interleave=True)``,
-    as the trainer sends them), else 1. Such prompts are prefilled once and the cache repeated."""
-    rows = input_ids.shape[0]
-    same = (input_ids[1:] == input_ids[:-1]).all(-1) & (attention_mask[1:] == attention_mask[:-1]).all(-1)
-    k = 1
-    while k < rows and bool(same[k - 1]):
-        k += 1
-    if k == 1 or rows % k:
-        return 1
-    runs_equal = (input_ids.view(rows // k, k, -1) == input_ids[::k, None]).all()
-    masks_equal = (attention_mask.view(rows // k, k, -1) == attention_mask[::k, None]).all()
-    return k if bool(runs_equal) and bool(masks_equal) else 1
 
 
 @register_rollout_engine("hf")
@@ -160,13 +148,17 @@ class HFRollout:
         rows, response_len = input_ids.shape[0], int(self.config.response_length)
         start = int(attention_mask.any(dim=0).nonzero()[0])
         next_pos = position_ids[:, -1].to(self.device) + 1
-        repeats = _repeat_factor(input_ids, attention_mask) if isinstance(self.decoder, DynamicCacheDecoder) else 1
-        logits = self.decoder.prefill(input_ids[::repeats, start:].to(self.device),
-                                      attention_mask[::repeats, start:].to(self.device),
-                                      position_ids[::repeats, start:].to(self.device))
-        if repeats > 1:
-            self.decoder.expand(repeats)
-            logits = logits.repeat_interleave(repeats, dim=0)
+        first, inverse = distinct_prompts(input_ids, attention_mask)
+        if first.numel() == rows or not isinstance(self.decoder, DynamicCacheDecoder):
+            first = inverse = None  # no repeats, or a static cache of fixed rows: prefill every row
+        prefill_rows = slice(None) if first is None else first
+        logits = self.decoder.prefill(input_ids[prefill_rows, start:].to(self.device),
+                                      attention_mask[prefill_rows, start:].to(self.device),
+                                      position_ids[prefill_rows, start:].to(self.device))
+        if inverse is not None:
+            inverse = inverse.to(self.device)
+            self.decoder.select_rows(inverse)
+            logits = logits[inverse]
         responses = torch.full((rows, response_len), pad_id, dtype=input_ids.dtype, device=self.device)
         log_probs = torch.zeros(rows, response_len, device=self.device)
         response_mask = torch.zeros(rows, response_len, dtype=attention_mask.dtype, device=self.device)

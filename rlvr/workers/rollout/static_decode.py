@@ -61,12 +61,12 @@ class DynamicCacheDecoder:
         self._cache = out.past_key_values
         return out.logits[:, -1]
 
-    def expand(self, repeats: int) -> None:
-        """Repeat every row of the prefilled cache ``repeats`` times (``[a, b] -> [a, a, b, b]``), so
-        a prompt that the trainer repeated ``n`` times is prefilled once."""
-        assert self._cache is not None and self._mask is not None, "prefill() must run before expand()"
-        self._cache.batch_repeat_interleave(repeats)
-        self._mask = self._mask.repeat_interleave(repeats, dim=0)
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Make row ``i`` of the prefilled cache a copy of its row ``rows[i]`` (``rows`` ``[b']`` long),
+        so a prompt that occurs several times in the batch is prefilled once."""
+        assert self._cache is not None and self._mask is not None, "prefill() must run before select_rows()"
+        self._cache.batch_select_indices(rows)
+        self._mask = self._mask[rows]
 
     def finish(self) -> None:
         """Drop the cache of this call."""

@@ -11,7 +11,8 @@ from rlvr.protocol import DataProto
 from rlvr.trainer.config.loader import load_config
 from rlvr.utils.testing import tiny_causal_lm
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor, response_hidden
-from rlvr.workers.actor.shared_prompt import distinct_prompts, prompt_grouped_order, shared_prompt_hidden
+from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
+from rlvr.workers.batching import distinct_prompts, prompt_grouped_order
 
 PAD = 0
 
