@@ -44,8 +44,9 @@ ADDITION = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2, "o
 ADDITION_OPERANDS = (1, 20)
 """Operand range of the main job: the reference task of the main-job issue (a plain PyTorch GRPO loop
 went from 40% to 95% on it). 400 distinct problems, uniform; the untrained model gets about half of
-them right greedily with the worked example. (With operands 0-100 it starts near 30% and gained 23-36 points in
-four 15-minute runs, mostly in the first 20 steps: too hard for a 135M model to learn in that time.)"""
+them right greedily with the worked example. (With operands 0-100 it starts near 30% and gained
+23-36 points in four 15-minute runs, mostly in the first 20 steps: too hard for a 135M model to
+learn in that time.)"""
 
 
 @dataclass

@@ -148,17 +148,18 @@ class HFRollout:
         rows, response_len = input_ids.shape[0], int(self.config.response_length)
         start = int(attention_mask.any(dim=0).nonzero()[0])
         next_pos = position_ids[:, -1].to(self.device) + 1
-        first, inverse = distinct_prompts(input_ids, attention_mask)
-        if first.numel() == rows or not isinstance(self.decoder, DynamicCacheDecoder):
-            first = inverse = None  # no repeats, or a static cache of fixed rows: prefill every row
-        prefill_rows = slice(None) if first is None else first
+        # with the growing cache each distinct prompt is prefilled once (a static cache has fixed rows)
+        prefill_rows, row_of_prompt = slice(None), None
+        if isinstance(self.decoder, DynamicCacheDecoder):
+            first, inverse = distinct_prompts(input_ids, attention_mask)
+            if first.numel() < rows:
+                prefill_rows, row_of_prompt = first, inverse.to(self.device)
         logits = self.decoder.prefill(input_ids[prefill_rows, start:].to(self.device),
                                       attention_mask[prefill_rows, start:].to(self.device),
                                       position_ids[prefill_rows, start:].to(self.device))
-        if inverse is not None:
-            inverse = inverse.to(self.device)
-            self.decoder.select_rows(inverse)
-            logits = logits[inverse]
+        if row_of_prompt is not None:
+            self.decoder.select_rows(row_of_prompt)
+            logits = logits[row_of_prompt]
         responses = torch.full((rows, response_len), pad_id, dtype=input_ids.dtype, device=self.device)
         log_probs = torch.zeros(rows, response_len, device=self.device)
         response_mask = torch.zeros(rows, response_len, dtype=attention_mask.dtype, device=self.device)
