@@ -161,3 +161,37 @@ def test_count_micro_batches_are_cut_from_rows_grouped_by_prompt():
     assert actor._micro_batches(batch, 3) == [[0, 2, 4], [1, 3, 5]]
     plain, _ = _actor(False, micro=3)
     assert plain._micro_batches(batch, 3) == [[0, 1, 2], [3, 4, 5]]
+
+
+
+def test_gradients_are_bit_identical_from_run_to_run_with_two_threads():
+    """With the cache rows selected by advanced indexing (``keys[rows]``), the backward was an
+    ``index_put_`` with accumulate, whose two threads add into one prompt's cache row in a varying
+    order: gradients differed in the last bits between runs (5 of 5 repeats here) and a seeded
+    training run drifted from its second step. The caches (16 rows x 4 heads x 90 positions x 16)
+    are large enough for PyTorch to split that backward over two threads."""
+    model, _ = tiny_causal_lm(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+                              intermediate_size=128, seed=11)
+    model.train()
+    gen = torch.Generator().manual_seed(4)
+    prompts = torch.randint(4, 200, (2, 90), generator=gen)
+    input_ids = torch.cat([prompts.repeat_interleave(torch.tensor([5, 11]), dim=0),
+                           torch.randint(4, 200, (16, 6), generator=gen)], dim=1)
+    attention_mask = torch.ones_like(input_ids)
+    position_ids = torch.arange(96).expand(16, 96)
+    grad_out = torch.randn(16, 6, 64, generator=gen)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = []
+        for _ in range(6):
+            model.zero_grad()
+            hidden = shared_prompt_hidden(model, input_ids, attention_mask, position_ids, prompt_len=90,
+                                          num_response=6)
+            (hidden * grad_out).sum().backward()
+            runs.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    finally:
+        torch.set_num_threads(threads)
+    assert hidden.shape == (16, 6, 64) and len(runs[0]) >= 8
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(run, runs[0]))
