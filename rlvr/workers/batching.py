@@ -14,7 +14,8 @@ exactly the gradient of one big batch.
 
 Rows that share a prompt (``rollout.n`` responses per prompt) are found by :func:`distinct_prompts`,
 so that the prompt is run once (prefill in the rollout, shared forward in the actor) and micro-batches
-keep a prompt's rows together (:func:`prompt_grouped_order`).
+keep a prompt's rows together (:func:`prompt_grouped_order`); the prompt's KV cache rows are then
+copied out to its rows by :func:`select_cache_rows`.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+from transformers.cache_utils import Cache, DynamicLayer
 
 __all__ = [
     "distinct_prompts",
     "prompt_grouped_order",
+    "select_cache_rows",
     "micro_batch_indices",
     "token_budget_partitions",
     "loss_share",
@@ -199,3 +202,23 @@ def prompt_grouped_order(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) ->
     change its gradient."""
     _, inverse = distinct_prompts(prompt_ids, prompt_mask)
     return torch.argsort(inverse, stable=True).tolist()
+
+
+def select_cache_rows(cache: Cache, rows: torch.Tensor) -> None:
+    """Keep, in place, cache rows ``rows`` (``[b]`` indices into the cache's batch dimension; repeats
+    allowed) with a deterministic backward.
+
+    Every layer that selects rows as transformers' ``DynamicLayer`` does (sliding-window layers
+    included; keys and values ``[u, heads, seq, head_dim]`` -> ``[b, heads, seq, head_dim]``) is
+    selected with ``index_select``; a layer with its own selection (quantized, indexed, ...) keeps
+    its ``batch_select_indices``, which is
+    correct but, for gradients on CPU, not bit-reproducible: its advanced indexing has an
+    ``index_put_(accumulate=True)`` backward whose threads add into a shared row in a varying order.
+    """
+    for layer in cache.layers:
+        plain = type(layer).batch_select_indices is DynamicLayer.batch_select_indices
+        if plain and getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
+            layer.keys = layer.keys.index_select(0, rows)
+            layer.values = layer.values.index_select(0, rows)
+        else:
+            layer.batch_select_indices(rows)

@@ -8,10 +8,11 @@ one row per sequence and the responses run on top of it. Indexing is differentia
 adds the ``n`` rows' gradients back into the one prompt row), so log-probs and gradients equal the
 plain forward's up to float rounding: nothing is approximated or detached.
 
-Rows are copied out with ``index_select``, never with advanced indexing (``t[rows]``): on CPU the
-backward of advanced indexing is ``index_put_(accumulate=True)``, which with more than one thread
-adds with atomics in whatever order the threads reach a row, so two runs of one seed drift apart by
-float rounding. ``index_select``'s backward (``index_add_``) adds the rows in index order.
+Rows are copied out with ``index_select`` (:func:`~rlvr.workers.batching.select_cache_rows` for the
+cache), never with advanced indexing (``t[rows]``): on CPU the backward of advanced indexing is
+``index_put_(accumulate=True)``, which with more than one thread adds with atomics in whatever order
+the threads reach a row, so two runs of one seed drift apart by float rounding. ``index_select``'s
+backward (``index_add_``) adds the rows in index order.
 
 The caller must use the result only where the model's forward is a standard transformers decoder
 that accepts ``past_key_values`` (every causal LM of transformers does); with gradient
@@ -23,12 +24,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.cache_utils import Cache, DynamicLayer
 
-from rlvr.workers.batching import distinct_prompts
+from rlvr.workers.batching import distinct_prompts, select_cache_rows
 from rlvr.workers.models import unwrap_hf_model
 
-__all__ = ["shared_prompt_hidden", "select_cache_rows"]
+__all__ = ["shared_prompt_hidden"]
 
 
 def _uses_gradient_checkpointing(module: nn.Module) -> bool:
@@ -38,24 +38,6 @@ def _uses_gradient_checkpointing(module: nn.Module) -> bool:
     name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") \
         else "is_gradient_checkpointing"
     return module.training and bool(getattr(model, name, False))
-
-
-def select_cache_rows(cache: Cache, rows: torch.Tensor) -> None:
-    """Keep, in place, cache rows ``rows`` (``[b]`` indices into the cache's batch dimension; repeats
-    allowed) with a deterministic backward.
-
-    Every plain dynamic layer (keys and values ``[u, heads, seq, head_dim]`` -> ``[b, heads, seq,
-    head_dim]``) is selected with ``index_select``; a layer of another kind (sliding window with its
-    own bookkeeping, quantized, ...) keeps transformers' own ``batch_select_indices``, which is
-    correct but, for gradients on CPU, not bit-reproducible (see the module docstring).
-    """
-    for layer in cache.layers:
-        plain = type(layer).batch_select_indices is DynamicLayer.batch_select_indices
-        if plain and getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
-            layer.keys = layer.keys.index_select(0, rows)
-            layer.values = layer.values.index_select(0, rows)
-        else:
-            layer.batch_select_indices(rows)
 
 
 def shared_prompt_hidden(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from transformers import StaticCache
 
+from rlvr.workers.batching import select_cache_rows
 from rlvr.workers.rollout.gqa_attention import GROUPED_SDPA
 
 __all__ = ["DynamicCacheDecoder", "StaticCacheDecoder"]
@@ -65,7 +66,7 @@ class DynamicCacheDecoder:
         """Make row ``i`` of the prefilled cache a copy of its row ``rows[i]`` (``rows`` ``[b']`` long),
         so a prompt that occurs several times in the batch is prefilled once."""
         assert self._cache is not None and self._mask is not None, "prefill() must run before select_rows()"
-        self._cache.batch_select_indices(rows)
+        select_cache_rows(self._cache, rows)
         self._mask = self._mask[rows]
 
     def finish(self) -> None:
