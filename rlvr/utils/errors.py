@@ -42,3 +42,7 @@ class WorkerDiedError(WorkerError):
 
 class RewardError(RlvrError):
     """A reward scorer or reward worker broke its contract (raised, timed out, bad output)."""
+
+
+class StaleRolloutError(RlvrError):
+    """The rollout engine generated with other weights than the actor's current ones."""

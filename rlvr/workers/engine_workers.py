@@ -127,8 +127,8 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.rollout = self.ref = None
         self._weights_version = 0
-        self._synced_version = 0
         self._rollout_replica = None
+        self._rollout_shares_actor = False
         self._ref_shares_actor = False
 
     # ------------------------------------------------------------------ construction
@@ -147,7 +147,7 @@ class ActorRolloutRefWorker(_RoleWorker):
 
     def _init_actor(self, cfg) -> None:
         module = build_causal_lm(cfg.model, trainable=True).to(self.device)
-        if self._is_rollout and self.world_size > 1:
+        if self._is_rollout and self.world_size > 1 and get_rollout_engine(cfg.rollout.name).runs_torch_module:
             self._rollout_replica = copy.deepcopy(module).requires_grad_(False)
         module = shard_module(module, self.world_size, self._device_type(), cfg.actor.fsdp_config.reshard_after_forward)
         optimizer = build_optimizer(module, cfg.actor.optim)
@@ -164,14 +164,18 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._rest_actor()
 
     def _init_rollout(self, cfg) -> None:
+        factory = get_rollout_engine(cfg.rollout.name)
         if self._is_actor:
-            shared = self._rollout_replica is None
-            module = self.actor_module if shared else self._rollout_replica
+            shared = factory.runs_torch_module and self._rollout_replica is None
+            module = self._rollout_replica if factory.runs_torch_module and not shared else self.actor_module
         else:
             shared, module = False, build_causal_lm(cfg.model, trainable=False).to(self.device)
         seed = int(self.config.trainer.seed) + 1_000_003 * (self.rank + 1)
-        factory = get_rollout_engine(cfg.rollout.name)
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
+        self._rollout_shares_actor = shared
+        if not factory.runs_torch_module:  # the engine starts without the policy's weights
+            self.rollout.update_weights(full_parameters(module) if self._is_actor else module.named_parameters(),
+                                        self._weights_version)
 
     def _init_ref(self, cfg) -> None:
         if self._is_actor and cfg.model.lora_rank > 0:
@@ -201,12 +205,14 @@ class ActorRolloutRefWorker(_RoleWorker):
 
     # ------------------------------------------------------------------ rollout
     def _sync_rollout_weights(self, force: bool = False) -> None:
-        """Bring the rollout's replica up to the actor's weights (no-op when it shares the module)."""
-        if self._rollout_replica is not None and (force or self._synced_version != self._weights_version):
+        """Bring the rollout engine up to the actor's weights (version ``_weights_version``). An engine
+        sharing the actor's module has nothing to copy, but still learns the version."""
+        if not force and self.rollout.weights_version == self._weights_version:
+            return
+        if not self._rollout_shares_actor:
             self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
             self.rollout.wake_up()
-            self.rollout.update_weights(full_parameters(self.actor_module))
-        self._synced_version = self._weights_version
+        self.rollout.update_weights(full_parameters(self.actor_module), self._weights_version)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -216,7 +222,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         with timer.stage("gen"):
             if self._is_actor:
                 self._sync_rollout_weights()
-                self.actor_placement.place(params=self._rollout_replica is None, optimizer=False)
+                self.actor_placement.place(params=self._rollout_shares_actor, optimizer=False)
             self.rollout.wake_up()
             output = self.rollout.generate_sequences(prompts)
             if self.config.actor_rollout_ref.rollout.free_cache_engine:
@@ -224,21 +230,23 @@ class ActorRolloutRefWorker(_RoleWorker):
         metrics = peak_memory_metrics(self.device, "gen")
         output.meta_info.update(metrics=metrics, timing=timer.result())
         if self._is_actor:
-            output.meta_info["rollout_weights_version"] = self._weights_version
+            output.meta_info["actor_weights_version"] = self._weights_version
         return output
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update_weights(self, weights=None) -> None:
-        """Load weights into the rollout: ``(name, tensor)`` pairs or a state dict (names of the
-        rollout's model), or None to copy the actor's current weights in-process. When the rollout
-        shares the actor's module (hybrid, one rank), given weights change the actor too."""
+    def update_weights(self, weights=None, version: int | None = None) -> None:
+        """Load weights into the rollout engine in place: ``(name, tensor)`` pairs or a state dict
+        (names of the policy's parameters) as weights ``version`` (None = the engine's version + 1),
+        or ``weights=None`` to sync the actor's current weights in-process (the trainer's
+        ``update_weights`` stage after every actor update). When the rollout shares the actor's
+        module (hybrid, one rank), given weights change the actor too."""
         self._require(self._is_rollout, "update_weights", "rollout")
         if weights is None:
             self._require(self._is_actor, "update_weights(None)", "actor")
             self._sync_rollout_weights(force=True)
             return
         self.rollout.wake_up()
-        self.rollout.update_weights(weights)
+        self.rollout.update_weights(weights, self.rollout.weights_version + 1 if version is None else version)
 
     # ------------------------------------------------------------------ actor
     def _reuse_rollout_log_probs(self, data: DataProto, temperature: float, calculate_entropy: bool) -> bool:

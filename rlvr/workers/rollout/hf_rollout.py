@@ -20,7 +20,13 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
 from rlvr.workers.batching import distinct_prompts
-from rlvr.workers.rollout.base import Weights, as_named_tensors, register_rollout_engine, tokenizer_ids
+from rlvr.workers.rollout.base import (
+    Weights,
+    as_named_tensors,
+    call_eos_pad,
+    register_rollout_engine,
+    response_tensors,
+)
 from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling, sample_tokens
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
 
@@ -44,6 +50,8 @@ class HFRollout:
             :meth:`sleep`); False when it shares the actor's module.
     """
 
+    runs_torch_module = True
+
     def __init__(self, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
                  seed: int, owns_module: bool) -> None:
         self.config = config
@@ -51,6 +59,7 @@ class HFRollout:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.owns_module = owns_module
+        self.weights_version = 0
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         self.stop = [str(s) for s in config.stop]
@@ -65,8 +74,9 @@ class HFRollout:
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()
-    def update_weights(self, weights: Weights) -> None:
-        """Copy new weights into the engine's module in place, by parameter name.
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """Copy new weights into the engine's module in place, by parameter name; the engine then
+        holds weights ``version``.
 
         Names the module does not have raise ``KeyError``; parameters not named keep their
         values (a partial update, e.g. adapters only). Tied weights may come under any of their
@@ -80,6 +90,7 @@ class HFRollout:
             target = params[name]
             if target.data_ptr() != tensor.data_ptr():
                 target.data.copy_(tensor.to(dtype=target.dtype))
+        self.weights_version = version
 
     def wake_up(self) -> None:
         """Move an owned copy of the weights to the device."""
@@ -114,11 +125,7 @@ class HFRollout:
         repeat = int(meta.get("n", 1))
         if repeat > 1:
             prompts = prompts.repeat(repeat, interleave=True)
-        eos_ids, pad_id = tokenizer_ids(self.tokenizer)
-        if "eos_token_id" in meta:
-            eos = meta["eos_token_id"]
-            eos_ids = [eos] if isinstance(eos, int) else list(eos)
-        pad_id = int(meta.get("pad_token_id", pad_id))
+        eos_ids, pad_id = call_eos_pad(self.tokenizer, meta)
         self.module.eval()
         outputs = []
         size = int(self.config.micro_batch_size)
@@ -129,6 +136,7 @@ class HFRollout:
         out_meta = {
             "rollout_log_prob_temperature": params.log_prob_temperature,
             "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32,
+            "rollout_weights_version": self.weights_version,
         }
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=out_meta)
 
@@ -180,14 +188,5 @@ class HFRollout:
                 break
             logits = self.decoder.step(tokens, next_pos + step)
         self.decoder.finish()
-        response_pos = next_pos[:, None].cpu() + torch.arange(response_len)
-        responses, log_probs, response_mask = responses.cpu(), log_probs.cpu(), response_mask.cpu()
-        return {
-            "prompts": input_ids,
-            "responses": responses,
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": torch.cat([attention_mask, response_mask], dim=1),
-            "position_ids": torch.cat([position_ids, response_pos.to(position_ids.dtype)], dim=1),
-            "response_mask": response_mask,
-            "rollout_log_probs": log_probs,
-        }
+        return response_tensors(input_ids, attention_mask, position_ids, responses.cpu(), response_mask.cpu(),
+                                log_probs.cpu())
