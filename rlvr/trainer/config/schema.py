@@ -157,7 +157,7 @@ class RolloutConfig:
     enable_sleep_mode: bool = _f(True, "vllm: free weights and KV cache between phases on GPU (sleep/wake_up); no-op on CPU")
     max_num_batched_tokens: Optional[int] = _f(None, "vllm: token budget of one engine step (None = vLLM's default)")
     max_num_seqs: int = _f(256, "vllm: most sequences decoded together")
-    load_format: str = _f("auto", "vllm: how the engine loads its first weights (auto = from model.path; dummy = random, the actor's weights are synced before the first generation)")
+    load_format: str = _f("dummy", "vllm: the engine's first weights: dummy (random; the actor's are loaded in place before the first generation) | auto (read from the model folder)")
     kv_cache_memory_bytes: Optional[int] = _f(None, "vllm: KV-cache size in bytes (None = gpu_memory_utilization on GPU, 1 GiB on CPU)")
     block_size: Optional[int] = _f(None, "vllm: KV-cache block in tokens (None = 32 on CPU, where the default 128 outgrows short prompts; vLLM's default on GPU)")
 
