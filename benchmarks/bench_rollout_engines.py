@@ -54,16 +54,6 @@ def main_job_prompts(tokenizer, path: str, count: int, samples: int) -> DataProt
     return batch.repeat(samples, interleave=True)
 
 
-@torch.no_grad()
-def actor_log_probs(model, out: DataProto, temperature: float) -> torch.Tensor:
-    """fp32 transformers log-probs of the sampled tokens under ``softmax(logits / temperature)``."""
-    logits = model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
-                   position_ids=out.batch["position_ids"]).logits.float()
-    response_len = out.batch["responses"].shape[1]
-    logits = logits[:, -response_len - 1 : -1] / temperature
-    return logits.log_softmax(-1).gather(-1, out.batch["responses"][..., None]).squeeze(-1)
-
-
 def time_rollouts(engine, batch: DataProto, repeats: int) -> tuple[list[float], DataProto]:
     engine.generate_sequences(batch)  # warm-up
     seconds, out = [], None
@@ -81,7 +71,7 @@ def measure_vllm(model, tokenizer, batch: DataProto, cfg, dtype: str, repeats: i
     engine.update_weights(model.named_parameters(), 0)
     sync_s = time.perf_counter() - start
     seconds, out = time_rollouts(engine, batch, repeats)
-    metrics = compute_rollout_mismatch_metrics(actor_log_probs(model, out, 1.0), out.batch["rollout_log_probs"],
+    metrics = compute_rollout_mismatch_metrics(forward_log_probs(model, out.batch, 1.0), out.batch["rollout_log_probs"],
                                                out.batch["response_mask"], threshold=0.1)
     del engine
     gc.collect()

@@ -30,6 +30,7 @@ Contract of ``generate_sequences(prompts)``:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -39,10 +40,12 @@ from transformers import PreTrainedTokenizerBase
 from rlvr.protocol import DataProto
 from rlvr.utils.errors import StaleRolloutError
 from rlvr.utils.registry import Registry
+from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling
 
 __all__ = [
     "RolloutEngine", "RolloutFactory", "ROLLOUT_ENGINES", "Weights", "register_rollout_engine", "get_rollout_engine",
-    "as_named_tensors", "module_device", "tokenizer_ids", "call_eos_pad", "response_tensors", "check_weights_version",
+    "as_named_tensors", "module_device", "tokenizer_ids", "CallSettings", "call_settings", "response_tensors",
+    "check_weights_version",
 ]
 
 Weights = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
@@ -118,16 +121,47 @@ def module_device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
-def call_eos_pad(tokenizer: PreTrainedTokenizerBase, meta_info: Mapping) -> tuple[list[int], int]:
-    """``(eos ids, pad id)`` of one ``generate_sequences`` call: the tokenizer's, overridden by
-    ``meta_info["eos_token_id"]`` (an id or a list) and ``meta_info["pad_token_id"]``."""
+@dataclass(frozen=True)
+class CallSettings:
+    """How one ``generate_sequences`` call generates.
+
+    Attributes:
+        sampling: the sampling settings (``rollout`` or ``rollout.val_kwargs``, overridden by the call).
+        eos_ids: ids that end a row (the tokenizer's, or ``meta_info["eos_token_id"]``).
+        pad_id: id that pads the responses (the tokenizer's, or ``meta_info["pad_token_id"]``).
+        response_length: ``R``, the response width (``meta_info["response_length"]`` or the config's).
+        stop: stop strings (``meta_info["stop"]`` or ``rollout.stop``).
+    """
+
+    sampling: SamplingParams
+    eos_ids: list[int]
+    pad_id: int
+    response_length: int
+    stop: list[str]
+
+
+def call_settings(config, tokenizer: PreTrainedTokenizerBase, prompts: DataProto) -> tuple[DataProto, CallSettings]:
+    """The prompts of one call (each row repeated ``meta_info["n"]`` times) and its settings.
+
+    Raises:
+        ValueError: ``meta_info["response_length"]`` outside ``[1, rollout.response_length]``.
+    """
+    meta = prompts.meta_info
+    repeat = int(meta.get("n", 1))
+    if repeat > 1:
+        prompts = prompts.repeat(repeat, interleave=True)
     eos_ids, pad_id = tokenizer_ids(tokenizer)
-    if meta_info.get("eos_token_id") is not None:
-        eos = meta_info["eos_token_id"]
+    if meta.get("eos_token_id") is not None:
+        eos = meta["eos_token_id"]
         eos_ids = [eos] if isinstance(eos, int) else list(eos)
-    if meta_info.get("pad_token_id") is not None:
-        pad_id = int(meta_info["pad_token_id"])
-    return eos_ids, pad_id
+    if meta.get("pad_token_id") is not None:
+        pad_id = int(meta["pad_token_id"])
+    response_length = int(meta.get("response_length", config.response_length))
+    if not 1 <= response_length <= int(config.response_length):
+        raise ValueError(f"meta_info['response_length']={response_length} must be in [1, rollout.response_length="
+                         f"{config.response_length}]")
+    stop = [str(s) for s in meta.get("stop", config.stop)]
+    return prompts, CallSettings(resolve_sampling(config, meta), eos_ids, pad_id, response_length, stop)
 
 
 def response_tensors(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,

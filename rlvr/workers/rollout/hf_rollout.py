@@ -20,14 +20,8 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
 from rlvr.workers.batching import distinct_prompts
-from rlvr.workers.rollout.base import (
-    Weights,
-    as_named_tensors,
-    call_eos_pad,
-    register_rollout_engine,
-    response_tensors,
-)
-from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling, sample_tokens
+from rlvr.workers.rollout.base import Weights, as_named_tensors, call_settings, register_rollout_engine, response_tensors
+from rlvr.workers.rollout.sampling import SamplingParams, sample_tokens
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
 
 __all__ = ["HFRollout"]
@@ -120,12 +114,8 @@ class HFRollout:
 
         See :mod:`rlvr.workers.rollout.base` for the input and output keys.
         """
-        meta = prompts.meta_info
-        params = resolve_sampling(self.config, meta)
-        repeat = int(meta.get("n", 1))
-        if repeat > 1:
-            prompts = prompts.repeat(repeat, interleave=True)
-        eos_ids, pad_id = call_eos_pad(self.tokenizer, meta)
+        prompts, settings = call_settings(self.config, self.tokenizer, prompts)
+        params, eos_ids, pad_id = settings.sampling, settings.eos_ids, settings.pad_id
         self.module.eval()
         outputs = []
         size = int(self.config.micro_batch_size)

@@ -35,8 +35,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
 from rlvr.workers.batching import distinct_prompts
-from rlvr.workers.rollout.base import Weights, call_eos_pad, register_rollout_engine, response_tensors
-from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling
+from rlvr.workers.rollout.base import CallSettings, Weights, call_settings, register_rollout_engine, response_tensors
 from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
 
 __all__ = ["VLLMRollout"]
@@ -150,16 +149,18 @@ class VLLMRollout:
         self.generator.set_state(state["generator"])
 
     # ------------------------------------------------------------------ generation
-    def _sampling_params(self, params: SamplingParams, count: int, max_tokens: int, stop: list[str],
-                         eos_ids: list[int]):
-        from vllm import SamplingParams as VLLMSamplingParams
+    def _sampling_params(self, call: CallSettings, count: int):
+        """vLLM's sampling parameters for ``count`` samples of one prompt, with a seed drawn from the
+        engine's generator."""
+        from vllm import SamplingParams
 
+        params = call.sampling
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
-        return VLLMSamplingParams(
+        return SamplingParams(
             n=count, temperature=0.0 if params.greedy else params.temperature, top_p=params.top_p,
-            top_k=params.top_k if params.top_k > 0 else 0, seed=seed, max_tokens=max_tokens, logprobs=0,
-            stop=stop or None, include_stop_str_in_output=True, skip_special_tokens=False, ignore_eos=True,
-            stop_token_ids=None if self.config.ignore_eos else eos_ids, detokenize=bool(stop),
+            top_k=params.top_k if params.top_k > 0 else 0, seed=seed, max_tokens=call.response_length, logprobs=0,
+            stop=call.stop or None, include_stop_str_in_output=True, skip_special_tokens=False, ignore_eos=True,
+            stop_token_ids=None if self.config.ignore_eos else call.eos_ids, detokenize=bool(call.stop),
         )
 
     @torch.no_grad()
@@ -168,17 +169,8 @@ class VLLMRollout:
 
         See :mod:`rlvr.workers.rollout.base` for the input and output keys.
         """
-        meta = prompts.meta_info
-        params = resolve_sampling(self.config, meta)
-        repeat = int(meta.get("n", 1))
-        if repeat > 1:
-            prompts = prompts.repeat(repeat, interleave=True)
-        eos_ids, pad_id = call_eos_pad(self.tokenizer, meta)
-        response_len = int(meta.get("response_length", self.config.response_length))
-        if not 1 <= response_len <= int(self.config.response_length):
-            raise ValueError(f"meta_info['response_length']={response_len} must be in [1, rollout.response_length="
-                             f"{self.config.response_length}]")
-        stop = [str(s) for s in meta.get("stop", self.config.stop)]
+        prompts, call = call_settings(self.config, self.tokenizer, prompts)
+        params = call.sampling
         input_ids, attention_mask, position_ids = (prompts.batch[key] for key in _PROMPT_KEYS)
         if params.greedy:  # vLLM decodes greedily only with n=1: one request per row (prefix caching shares prompts)
             first = inverse = torch.arange(input_ids.shape[0])
@@ -187,10 +179,10 @@ class VLLMRollout:
         requests, sampling = [], []
         for j, row in enumerate(first.tolist()):
             requests.append({"prompt_token_ids": input_ids[row][attention_mask[row].bool()].tolist()})
-            sampling.append(self._sampling_params(params, int((inverse == j).sum()), response_len, stop, eos_ids))
+            sampling.append(self._sampling_params(call, int((inverse == j).sum())))
         self.wake_up()
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
-        responses, response_mask, log_probs = self._pack(outputs, inverse, response_len, pad_id)
+        responses, response_mask, log_probs = self._pack(outputs, inverse, call.response_length, call.pad_id)
         tensors = response_tensors(input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
         out_meta = {"rollout_log_prob_temperature": params.log_prob_temperature, "rollout_log_probs_exact": False,
                     "rollout_weights_version": self.weights_version}

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RolloutConfig
-from rlvr.utils.testing import tiny_causal_lm
+from rlvr.utils.testing import forward_log_probs, tiny_causal_lm
 from rlvr.utils.torch_functional import compute_position_ids
 from rlvr.workers.rollout import HFRollout, VLLMRollout
 
@@ -106,16 +106,6 @@ def test_response_length_of_one_call(tiny, engines):
         engines[1].generate_sequences(prompts(tokenizer, response_length=RESPONSE_LENGTH + 1))
 
 
-@torch.no_grad()
-def actor_log_probs(model, out: DataProto, temperature: float) -> torch.Tensor:
-    """log-prob of every response token under ``softmax(logits / temperature)``, by a plain forward."""
-    logits = model(input_ids=out.batch["input_ids"], attention_mask=out.batch["attention_mask"],
-                   position_ids=out.batch["position_ids"]).logits.float()
-    response_len = out.batch["responses"].shape[1]
-    logits = logits[:, -response_len - 1 : -1] / temperature
-    return logits.log_softmax(-1).gather(-1, out.batch["responses"][..., None]).squeeze(-1)
-
-
 def test_sampling_n_and_log_probs_match_a_forward_pass(tiny, engines):
     model, tokenizer = tiny
     out = engines[1].generate_sequences(prompts(tokenizer, n=3, temperature=0.8))
@@ -124,7 +114,7 @@ def test_sampling_n_and_log_probs_match_a_forward_pass(tiny, engines):
     first_rows = out.batch["responses"][0:3]
     assert not (torch.equal(first_rows[0], first_rows[1]) and torch.equal(first_rows[1], first_rows[2]))
     mask = out.batch["response_mask"].bool()
-    diff = (actor_log_probs(model, out, 0.8) - out.batch["rollout_log_probs"])[mask].abs().max()
+    diff = (forward_log_probs(model, out.batch, 0.8) - out.batch["rollout_log_probs"])[mask].abs().max()
     assert diff < 1e-4, diff
 
 
