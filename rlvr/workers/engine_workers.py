@@ -6,10 +6,13 @@ as a Ray actor or inside the driver (local backend); methods are called through 
 Hybrid worker (``role="actor_rollout_ref"``, seed 001): one process holds the actor, the rollout
 and the reference.
 
-- Weights actor -> rollout, in-process. With one rank the rollout engine *shares* the actor's
-  module: nothing is copied, generation always sees the current weights. With several ranks the
-  actor is FSDP2-sharded and the rollout keeps an unsharded replica, refreshed (all-gather, one
-  parameter at a time) before the first generation after an actor update.
+- Weights actor -> rollout, in-process, versioned. With one rank the HF engine *shares* the actor's
+  module: nothing is copied. With several ranks the actor is FSDP2-sharded and the HF engine keeps
+  an unsharded replica; an engine with weights of its own (vLLM) holds its own copy. Either is
+  refreshed in place (all-gather, one parameter at a time) by :meth:`update_weights` after every
+  actor update (the trainer's ``update_weights`` stage), at the latest before the next generation.
+  The engine reports the version of the weights it generated with (``rollout_weights_version``),
+  the worker adds the actor's (``actor_weights_version``), and the trainer refuses a mismatch.
 - On GPU the actor's optimizer state (and its parameters, when the rollout has its own replica)
   move to CPU during generation and back for training; the rollout's KV cache is freed after
   generation (``rollout.free_cache_engine``).
