@@ -90,8 +90,7 @@ class VLLMRollout:
         folder = Path(self._model_dir.name)
         self.names.hf_config.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
-        if self.config.load_format == "auto":
-            folder = Path(self.names.hf_config.name_or_path)
+        model = self.names.hf_config.name_or_path if self.config.load_format == "auto" else str(folder)
         dtype = self.config.dtype or str(next(module.parameters()).dtype).removeprefix("torch.")
         cfg = self.config
         options = {
@@ -104,29 +103,23 @@ class VLLMRollout:
         }
         if cfg.max_num_batched_tokens is not None:
             options["max_num_batched_tokens"] = int(cfg.max_num_batched_tokens)
-        kv_bytes = cfg.kv_cache_memory_bytes if cfg.kv_cache_memory_bytes is not None or self.on_gpu \
-            else CPU_KV_CACHE_BYTES
-        if kv_bytes is not None:
-            options["kv_cache_memory_bytes"] = int(kv_bytes)
-        block = cfg.block_size if cfg.block_size is not None or self.on_gpu else CPU_BLOCK_SIZE
-        if block is not None:
-            options["block_size"] = int(block)
-        return LLM(model=str(folder), tokenizer=str(folder), **options)
+        if cfg.kv_cache_memory_bytes is not None or not self.on_gpu:
+            options["kv_cache_memory_bytes"] = int(cfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES)
+        if cfg.block_size is not None or not self.on_gpu:
+            options["block_size"] = int(cfg.block_size or CPU_BLOCK_SIZE)
+        return LLM(model=model, tokenizer=str(folder), **options)
 
     # ------------------------------------------------------------------ weights and memory
-    def _load(self, named: Weights) -> None:
-        """Reload weights in place (vLLM repacks them into its kernels' layout), then drop the
-        prefix cache, whose prompt KV was computed with the old weights."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named, "is_checkpoint_format": True})
-        self.llm.reset_prefix_cache()
-
     @torch.no_grad()
     def update_weights(self, weights: Weights, version: int) -> None:
-        """Load the actor's weights in place, in the actor's own parameter names (LoRA adapters are
-        merged into the base weights, tied weights are sent under every name vLLM expects); the
-        engine then holds weights ``version``."""
+        """Load the actor's weights in place, given in the actor's own parameter names (LoRA adapters
+        are merged into the base weights, tied weights sent under every name vLLM expects), and drop
+        the prefix cache, whose prompt KV was computed with the old weights; the engine then holds
+        weights ``version``. vLLM repacks the checkpoint-format tensors into its kernels' layout."""
         self.wake_up()
-        self._load(self.names.policy_weights(weights))
+        self.llm.collective_rpc("reload_weights", kwargs={
+            "weights_iterator": self.names.policy_weights(weights), "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()
         self.weights_version = version
 
     def wake_up(self) -> None:
