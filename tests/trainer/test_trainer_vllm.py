@@ -23,10 +23,14 @@ def model_dir(tmp_path_factory):
                            num_key_value_heads=1, intermediate_size=256)
 
 
-def test_grpo_with_the_vllm_engine(model_dir, tiny_data, tmp_path):
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_grpo_with_the_vllm_engine(model_dir, tiny_data, tmp_path, lora_rank):
+    """Full weights, and LoRA (the engine gets the adapters merged into the base weights: the actor's
+    recomputed log-probs agree with the engine's only if it generated with the merged policy)."""
     cfg = tiny_config(model_dir, tiny_data, tmp_path / "run", **{
         "actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.kv_cache_memory_bytes": 64 << 20,
-        "trainer.total_training_steps": 2, "algorithm.rollout_correction.rollout_is": "token"})
+        "trainer.total_training_steps": 2, "algorithm.rollout_correction.rollout_is": "token",
+        "actor_rollout_ref.model.lora_rank": lora_rank, "actor_rollout_ref.actor.optim.lr": 0.05})
     trainer = run_ppo(cfg)
     assert trainer.global_steps == 2
     steps = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing/step" in row]
