@@ -22,13 +22,13 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
 from omegaconf import OmegaConf
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RolloutConfig
 from rlvr.trainer.ppo.rollout_correction import compute_rollout_mismatch_metrics
 from rlvr.utils.model import load_causal_lm, load_tokenizer
+from rlvr.utils.testing import forward_log_probs
 from rlvr.utils.torch_functional import compute_position_ids
 from rlvr.workers.rollout import HFRollout, VLLMRollout
 
