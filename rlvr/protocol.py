@@ -462,9 +462,9 @@ class DataProto:
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
 
-    def save_to_disk(self, path: str | os.PathLike) -> None:
-        """Write to ``path`` atomically (a temp file in the same folder, then a rename)."""
-        path = os.fspath(path)
+    def save_to_disk(self, filepath: str | os.PathLike) -> None:
+        """Write to ``filepath`` atomically (a temp file in the same folder, then a rename)."""
+        path = os.fspath(filepath)
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dataproto-", suffix=".tmp")
@@ -478,12 +478,12 @@ class DataProto:
             raise
 
     @staticmethod
-    def load_from_disk(path: str | os.PathLike) -> DataProto:
+    def load_from_disk(filepath: str | os.PathLike) -> DataProto:
         """Read a DataProto written by :meth:`save_to_disk` (only load files you trust: pickle)."""
-        with open(path, "rb") as f:
+        with open(filepath, "rb") as f:
             data = pickle.load(f)
         if not isinstance(data, DataProto):
-            raise ProtocolTypeError(f"{path} holds a {type(data).__name__}, not a DataProto")
+            raise ProtocolTypeError(f"{filepath} holds a {type(data).__name__}, not a DataProto")
         return data
 
     # ------------------------------------------------------------------ display

@@ -188,14 +188,14 @@ def list_of_dict_to_dict_of_list(list_of_dict: Sequence[dict]) -> dict[str, list
     return {key: [d[key] for d in list_of_dict] for key in keys}
 
 
-def collate_fn(items: Sequence[DataProtoItem]) -> DataProto:
-    """Stack single rows (``DataProtoItem``) back into a DataProto (the collate function of
+def collate_fn(x: Sequence[DataProtoItem]) -> DataProto:
+    """Stack single rows ``x`` (``DataProtoItem``s) back into a DataProto (the collate function of
     :meth:`DataProto.make_iterator`); non-tensor values become 1-D object arrays."""
     from rlvr.protocol import DataProto
 
-    tensors = [item.batch for item in items]
+    tensors = [item.batch for item in x]
     batch = torch.stack(tensors).contiguous() if tensors and tensors[0] is not None else None
-    columns = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in items])
+    columns = list_of_dict_to_dict_of_list([item.non_tensor_batch for item in x])
     return DataProto(batch=batch, non_tensor_batch={k: to_object_array(v) for k, v in columns.items()})
 
 

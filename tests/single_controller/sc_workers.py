@@ -53,7 +53,7 @@ class DemoWorker(Worker):
     def whoami(self, tag: str) -> tuple[str, int]:
         return tag, self.rank
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def only_rank_zero(self, x: int) -> tuple[int, int]:
         return x, self.rank
 
