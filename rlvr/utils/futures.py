@@ -70,6 +70,9 @@ class WorkerFuture(list):
             self._value, self._done = self.finish(self.wait(timeout_s)), True
         return self._value
 
+    def __deepcopy__(self, memo: dict) -> WorkerFuture:
+        return self  # a handle: copies (the local backend copies call arguments) share the one pending call
+
     def __reduce__(self) -> tuple:
         raise ProtocolTypeError(
             f"the future of '{self.method}' on worker group '{self.group.name}' cannot be sent to another "

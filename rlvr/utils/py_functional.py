@@ -24,7 +24,7 @@ class _DynamicEnumMeta(type):
     def __getitem__(cls, name: str) -> Any:
         member = cls.from_name(name)
         if member is None:
-            raise ProtocolKeyError(f"{cls.__name__} has no member {name!r}; members: {cls.names()}")
+            raise ProtocolKeyError(f"{cls.__name__} has no member {name.upper()!r}; members: {cls.names()}")
         return member
 
     def __len__(cls) -> int:

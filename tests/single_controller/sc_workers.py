@@ -153,3 +153,11 @@ class BrokenWorker(Worker):
         super().__init__()
         if self.rank == self.world_size - 1:
             raise RuntimeError(f"deliberate constructor failure on rank {self.rank}")
+
+
+def late_part(delay_s: float, fail: bool) -> DataProto:
+    """A DataProto part computed by a Ray task (for DataProtoFuture timeouts and failures)."""
+    time.sleep(delay_s)
+    if fail:
+        raise ValueError("deliberate failure of a part")
+    return DataProto.from_dict(tensors={"x": torch.zeros(1)})

@@ -112,3 +112,13 @@ class CriticLikeWorker(Worker):
     def sub(self, data: DataProto) -> DataProto:
         data.batch["a"] -= self.config["b"]
         return data
+
+
+def plus_one(x):
+    """For ``execute_func_rank_zero``."""
+    return x + 1
+
+
+def doubled_a(worker, data: DataProto) -> DataProto:
+    """For ``execute_with_func_generator``: ``a * 2`` and the worker's rank."""
+    return DataProto.from_dict(tensors={"a": data.batch["a"] * 2, "rank": torch.full((len(data),), worker.rank)})
