@@ -182,7 +182,9 @@ class DataProto:
         """
         if self.batch is not None:
             if not isinstance(self.batch, TensorDict):
-                raise ProtocolTypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
+                raise ProtocolTypeError(
+                    f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}"
+                )
             if self.batch.batch_dims != 1:
                 raise ProtocolError(
                     f"DataProto.batch must have exactly one batch dim, got batch_size={list(self.batch.batch_size)}"

@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-import ray
-import ray.cloudpickle
 import verl_workers
 
-from rlvr.single_controller import init_ray
+from rlvr.utils.testing import local_ray_cluster
 
 RAY_WORKERS = 2
 
@@ -17,10 +15,8 @@ RAY_WORKERS = 2
 @pytest.fixture(scope="session")
 def verl_ray_cluster() -> Iterator[None]:
     """A local Ray cluster with 2 CPUs (shared with the other test folders when they run in the same session)."""
-    ray.cloudpickle.register_pickle_by_value(verl_workers)  # the Ray workers cannot import tests/
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+    with local_ray_cluster(2, pickle_by_value=(verl_workers,)):  # the Ray workers cannot import tests/
+        yield
 
 
 @pytest.fixture
