@@ -6,12 +6,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import sc_workers
+from sc_workers import BACKENDS, world_size_of
 
 from rlvr.single_controller import ClassWithInitArgs, WorkerGroup, get_resource_pool_cls, get_worker_group_cls
 from rlvr.utils.testing import local_ray_cluster
 
-BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local"]
-RAY_WORKERS = 2
 
 
 @pytest.fixture(scope="session")
@@ -19,10 +18,6 @@ def ray_cluster() -> Iterator[None]:
     """A local Ray cluster with 2 CPUs, started once and shut down at the end of the session."""
     with local_ray_cluster(2, pickle_by_value=(sc_workers,)):  # the Ray workers cannot import tests/
         yield
-
-
-def world_size_of(backend: str) -> int:
-    return RAY_WORKERS if backend == "ray" else 1
 
 
 @pytest.fixture(scope="session", params=BACKENDS)

@@ -5,11 +5,20 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from rlvr.protocol import DataProto
 from rlvr.single_controller import Dispatch, Execute, RankInfo, Worker, register
+
+BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local"]
+RAY_WORKERS = 2
+
+
+def world_size_of(backend: str) -> int:
+    """Workers of a test group: 2 Ray actors, or the one local worker."""
+    return RAY_WORKERS if backend == "ray" else 1
 
 
 def _spread(group, x: list):

@@ -6,8 +6,7 @@ import time
 
 import pytest
 import torch
-from conftest import BACKENDS, world_size_of
-from sc_workers import BrokenWorker, DemoWorker
+from sc_workers import BACKENDS, BrokenWorker, DemoWorker, late_part, world_size_of
 
 from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs
@@ -75,7 +74,6 @@ def test_constructor_failure_raises_at_group_creation(backend, make_group):
 @pytest.mark.ray
 def test_data_proto_future_of_refs_times_out_and_reports_failures(ray_cluster):
     import ray
-    from sc_workers import late_part
 
     from rlvr.protocol import DataProtoFuture
 
