@@ -114,6 +114,21 @@ CASES = [
     ({"reward_model.overlong_buffer.enable": True, "reward_model.overlong_buffer.len": 9},
      "reward_model.overlong_buffer.len", r"use a length in \(0, data.max_response_length=8\], got 9"),
     ({"custom_reward_function.path": "/nonexistent.py"}, "custom_reward_function.path", "does not exist"),
+    # loss and estimator knobs
+    ({"algorithm.singleton_advantage": "raw"}, "algorithm.singleton_advantage", "'raw' is not valid"),
+    ({"algorithm.gpg_alpha_count": "all"}, "algorithm.gpg_alpha_count", "use one of nonzero_score, informative"),
+    ({"algorithm.egpo_alpha": 1.5}, "algorithm.egpo_alpha", r"must be in \[0, 1\]"),
+    ({"algorithm.egpo_uncertainty_norm": "token"}, "algorithm.egpo_uncertainty_norm", "use one of group, batch"),
+    ({"actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.0}, "actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
+     "must be > 0"),
+    ({"actor_rollout_ref.actor.policy_loss.clip_cov_lb": 6.0}, "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
+     "must be below clip_cov_ub=5.0"),
+    # keys a verl config sets: validated
+    ({"actor_rollout_ref.hybrid_engine": False}, "actor_rollout_ref.hybrid_engine", "set hybrid_engine=true"),
+    ({"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy",
+     "'megatron' is not supported; rlvr trains with PyTorch FSDP2: use fsdp or fsdp2"),
+    ({"actor_rollout_ref.actor.global_batch_info.dp_size": 2}, "actor_rollout_ref.actor.global_batch_info",
+     "filled in by the actor worker"),
 ]
 
 
@@ -186,20 +201,12 @@ def test_user_estimator_that_needs_groups_is_handled_like_grpo(overrides, user_e
             validate_config(cfg)
 
 
-ALGORITHM_CASES = [
-    ({"algorithm.singleton_advantage": "raw"}, "algorithm.singleton_advantage", "'raw' is not valid"),
-    ({"algorithm.gpg_alpha_count": "all"}, "algorithm.gpg_alpha_count", "use one of nonzero_score, informative"),
-    ({"algorithm.egpo_alpha": 1.5}, "algorithm.egpo_alpha", r"must be in \[0, 1\]"),
-    ({"algorithm.egpo_uncertainty_norm": "token"}, "algorithm.egpo_uncertainty_norm", "use one of group, batch"),
-    ({"actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.0}, "actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
-     "must be > 0"),
-    ({"actor_rollout_ref.actor.policy_loss.clip_cov_lb": 6.0}, "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
-     "must be below clip_cov_ub=5.0"),
-]
-
-
-@pytest.mark.parametrize(("extra", "key", "message"), ALGORITHM_CASES, ids=[c[1] for c in ALGORITHM_CASES])
-def test_loss_and_estimator_knobs_are_validated(overrides, extra, key, message):
-    with pytest.raises(ConfigError, match=message) as info:
-        validate_config(load_config("grpo", overrides(**extra)))
-    assert info.value.key == key
+def test_verl_strategies_are_accepted_and_critic_strategy_checked(overrides):
+    for strategy in ("fsdp", "fsdp2"):
+        validate_config(load_config("grpo", overrides(**{"actor_rollout_ref.actor.strategy": strategy})))
+    ppo = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+           "critic.ppo_micro_batch_size_per_gpu": 4}
+    validate_config(load_config("ppo", overrides(**ppo, **{"critic.strategy": "fsdp"})))
+    with pytest.raises(ConfigError, match="'deepspeed' is not supported") as info:
+        validate_config(load_config("ppo", overrides(**ppo, **{"critic.strategy": "deepspeed"})))
+    assert info.value.key == "critic.strategy"
