@@ -128,13 +128,15 @@ def loss_share(response_mask: torch.Tensor, global_tokens: float, global_seqs: f
     ``agg_loss`` averages over the micro-batch (tokens for ``token-mean``, non-empty sequences for
     the ``seq-mean-*`` modes). Multiplying by ``micro count / global count`` turns the sum over
     micro-batches and ranks into the average over the whole mini-batch; the factor ``world_size``
-    undoes FSDP's averaging of gradients over ranks.
+    undoes FSDP's averaging of gradients over ranks (``token-sum`` needs only that factor).
 
     Args:
         response_mask: ``[micro_rows, response_len]`` of the micro-batch.
         global_tokens: valid tokens in the mini-batch over all ranks.
         global_seqs: sequences with at least one valid token in the mini-batch over all ranks.
     """
+    if loss_agg_mode == "token-sum":
+        return float(world_size)
     if loss_agg_mode == "token-mean":
         return float(response_mask.sum()) / max(global_tokens, 1.0) * world_size
     return float((response_mask.sum(-1) > 0).sum()) / max(global_seqs, 1.0) * world_size

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from rlvr.trainer.ppo.core_algos import AGG_LOSS_MODES, agg_loss
 from rlvr.workers.batching import loss_share, micro_batch_indices, token_budget_partitions
 
 
@@ -39,3 +40,16 @@ def test_loss_share_token_mean_and_seq_mean():
     assert loss_share(mask, 12.0, 8.0, "seq-mean-token-mean", 1) == pytest.approx(0.25)
     empty_row = torch.tensor([[1, 1, 0], [0, 0, 0]])
     assert loss_share(empty_row, 12.0, 4.0, "seq-mean-token-sum", 1) == pytest.approx(0.25)
+    assert loss_share(mask, 12.0, 8.0, "token-sum", 2) == 2.0  # only FSDP's averaging over ranks to undo
+
+
+@pytest.mark.parametrize("mode", AGG_LOSS_MODES)
+def test_micro_batch_losses_weighted_by_their_share_give_the_mini_batch_loss(mode):
+    gen = torch.Generator().manual_seed(0)
+    loss = torch.randn(6, 5, generator=gen)
+    mask = (torch.rand(6, 5, generator=gen) > 0.3).long()
+    mask[4] = 0  # a padding row
+    tokens, sequences = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+    total = sum(agg_loss(loss[rows], mask[rows], mode) * loss_share(mask[rows], tokens, sequences, mode, 1)
+                for rows in ([0, 1], [2, 3, 4], [5]))
+    torch.testing.assert_close(total, agg_loss(loss, mask, mode))

@@ -14,16 +14,14 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
+from rlvr.trainer.config.schema import STRATEGIES
 from rlvr.utils.errors import ConfigError
 
 BACKENDS = ("ray", "local")
 DEVICES = ("auto", "cpu", "cuda")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOGGERS = {"console": None, "jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 RESUME_MODES = ("auto", "disable", "resume_path")
 FILTER_METRICS = ("acc", "score")
-GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "gpg", "egpo", "reinforce_plus_plus_baseline")
-"""Estimators whose baseline is the other samples of the same prompt: they need ``rollout.n > 1``."""
 
 
 def world_size(cfg: DictConfig) -> int:
@@ -149,10 +147,21 @@ def _check_batch_sizes(section: DictConfig, prefix: str, cfg: DictConfig, dynami
                  f"use a micro-batch size that divides {sequences // workers}")
 
 
-def _check_actor(cfg: DictConfig) -> None:
-    from rlvr.trainer.ppo.core_algos import get_policy_loss_fn
+def _check_strategy(value: str, key: str) -> None:
+    _require(value in STRATEGIES, key, f"{value!r} is not supported; rlvr trains with PyTorch FSDP2: use "
+             f"{' or '.join(STRATEGIES)} (both mean FSDP2; megatron is not available)")
 
+
+def _check_actor(cfg: DictConfig) -> None:
+    from rlvr.trainer.ppo.core_algos import AGG_LOSS_MODES, get_policy_loss_fn
+
+    _require(cfg.actor_rollout_ref.hybrid_engine, "actor_rollout_ref.hybrid_engine",
+             "rlvr always runs actor, rollout and reference in one worker group that shares the weights; "
+             "set hybrid_engine=true (separate rollout workers are not available)")
     actor = cfg.actor_rollout_ref.actor
+    _check_strategy(actor.strategy, "actor_rollout_ref.actor.strategy")
+    _require(not actor.global_batch_info, "actor_rollout_ref.actor.global_batch_info",
+             "is filled in by the actor worker; remove it from the config")
     _check_batch_sizes(actor, "actor_rollout_ref.actor", cfg, actor.use_dynamic_bsz)
     _require(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs", "must be >= 1")
     _require(actor.clip_ratio > 0, "actor_rollout_ref.actor.clip_ratio", "must be > 0 (typically 0.2)")
@@ -160,9 +169,15 @@ def _check_actor(cfg: DictConfig) -> None:
     _require(actor.grad_clip > 0, "actor_rollout_ref.actor.grad_clip", "must be > 0")
     _require(actor.optim.lr > 0, "actor_rollout_ref.actor.optim.lr", "must be > 0")
     _check_one_of(actor.optim.lr_scheduler_type, "actor_rollout_ref.actor.optim.lr_scheduler_type", ("constant", "cosine"))
-    _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
+    _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", AGG_LOSS_MODES)
     _check_token_kl(actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type")
-    _check_registered("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, get_policy_loss_fn)
+    loss = actor.policy_loss
+    _check_registered("actor_rollout_ref.actor.policy_loss.loss_mode", loss.loss_mode, get_policy_loss_fn)
+    for key, value in (("clip_cov_ratio", loss.clip_cov_ratio), ("kl_cov_ratio", loss.kl_cov_ratio)):
+        _require(value > 0, f"actor_rollout_ref.actor.policy_loss.{key}",
+                 f"must be > 0 (a fraction of the valid tokens, e.g. 0.0002), got {value}")
+    _require(loss.clip_cov_lb < loss.clip_cov_ub, "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
+             f"clip_cov_lb={loss.clip_cov_lb} must be below clip_cov_ub={loss.clip_cov_ub}")
     _check_one_of(cfg.actor_rollout_ref.model.dtype, "actor_rollout_ref.model.dtype", ("float32", "bfloat16"))
     _require(cfg.actor_rollout_ref.model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", "must be >= 0 (0 = no LoRA)")
 
@@ -205,16 +220,23 @@ def _check_vllm(rollout: DictConfig, workers: int) -> None:
 
 
 def _check_algorithm(cfg: DictConfig) -> None:
-    from rlvr.trainer.ppo.core_algos import get_adv_estimator_fn
+    from rlvr.trainer.ppo.advantage import GPG_ALPHA_COUNTS, SINGLETON_CHOICES, get_adv_estimator_needs
 
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
-    _check_registered("algorithm.adv_estimator", algo.adv_estimator, get_adv_estimator_fn)
-    _require(algo.adv_estimator not in GROUP_ESTIMATORS or n > 1, "actor_rollout_ref.rollout.n",
+    _check_registered("algorithm.adv_estimator", algo.adv_estimator, get_adv_estimator_needs)
+    needs = get_adv_estimator_needs(algo.adv_estimator)
+    _require(not needs.needs_groups or n > 1, "actor_rollout_ref.rollout.n",
              f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of one prompt, so it needs "
              f"rollout.n > 1 (got {n}); set actor_rollout_ref.rollout.n=8 for example")
-    _require(algo.adv_estimator != "gae" or cfg.critic.enable, "critic.enable",
-             "algorithm.adv_estimator=gae needs a critic; set critic.enable=True or pick a critic-free "
-             "estimator such as grpo or rloo")
+    _require(not needs.needs_critic or cfg.critic.enable, "critic.enable",
+             f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=True or pick a "
+             "critic-free estimator such as grpo or rloo")
+    _require(algo.singleton_advantage is None or algo.singleton_advantage in SINGLETON_CHOICES,
+             "algorithm.singleton_advantage", f"{algo.singleton_advantage!r} is not valid; use score, zero or null")
+    _check_one_of(algo.gpg_alpha_count, "algorithm.gpg_alpha_count", GPG_ALPHA_COUNTS)
+    _check_one_of(algo.egpo_uncertainty_norm, "algorithm.egpo_uncertainty_norm", ("group", "batch"))
+    _require(0 <= algo.egpo_alpha <= 1, "algorithm.egpo_alpha", f"must be in [0, 1], got {algo.egpo_alpha}")
+    _require(algo.egpo_beta >= 0, "algorithm.egpo_beta", f"must be >= 0, got {algo.egpo_beta}")
     _check_token_kl(algo.kl_penalty, "algorithm.kl_penalty")
     _check_one_of(algo.kl_ctrl.type, "algorithm.kl_ctrl.type", ("fixed", "adaptive"))
     if algo.kl_ctrl.type == "adaptive":
@@ -246,12 +268,15 @@ def _check_rollout_correction(rc: DictConfig) -> None:
 
 
 def _check_critic(cfg: DictConfig) -> None:
+    from rlvr.trainer.ppo.core_algos import AGG_LOSS_MODES
+
     if not cfg.critic.enable:
         return
+    _check_strategy(cfg.critic.strategy, "critic.strategy")
     _check_batch_sizes(cfg.critic, "critic", cfg, dynamic_bsz=False)
     _require(cfg.critic.optim.lr > 0, "critic.optim.lr", "must be > 0")
     _require(cfg.critic.cliprange_value > 0, "critic.cliprange_value", "must be > 0")
-    _check_one_of(cfg.critic.loss_agg_mode, "critic.loss_agg_mode", LOSS_AGG_MODES)
+    _check_one_of(cfg.critic.loss_agg_mode, "critic.loss_agg_mode", AGG_LOSS_MODES)
 
 
 def _check_reward(cfg: DictConfig) -> None:
@@ -277,8 +302,9 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     a dataset object); files that are named must still exist.
 
     Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
-    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators),
-    group estimators with ``n == 1``, GAE without a critic, resume settings, dynamic sampling.
+    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators), what the
+    estimator's registry entry needs (groups: ``n > 1``; a critic: ``critic.enable``), loss and
+    estimator knobs, strategy and hybrid engine, resume settings, dynamic sampling.
     """
     _check_trainer(cfg)
     _check_data(cfg, require_data_files)

@@ -38,7 +38,13 @@ from rlvr.trainer.checkpoint import CheckpointManager
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
-from rlvr.trainer.ppo.core_algos import AdvantageConfig, agg_loss, get_adv_estimator_fn, get_kl_controller, kl_penalty
+from rlvr.trainer.ppo.core_algos import (
+    agg_loss,
+    get_adv_estimator_fn,
+    get_adv_estimator_needs,
+    get_kl_controller,
+    kl_penalty,
+)
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
 from rlvr.trainer.ppo.metrics import (
     compute_data_metrics,
@@ -120,7 +126,6 @@ class RayPPOTrainer:
         self._check_roles()
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
-        self.adv_config = _advantage_config(self.config.algorithm)
         self._create_dataloader(train_dataset, val_dataset, collate_fn or default_collate_fn, train_sampler)
         self.run_dir = Path(self.config.trainer.default_local_dir)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
@@ -304,20 +309,22 @@ class RayPPOTrainer:
 
     def _generate_and_score(self, timing: dict[str, float], metrics: dict[str, float], tag: str) -> DataProto:
         """Draw a batch of prompts (uid ``<step>-<tag>-<i>``), generate ``rollout.n`` responses each
-        (plus a greedy baseline for ReMax) and score them; worker and reward metrics go to ``metrics``."""
+        (plus a greedy response per prompt, scored, when the estimator's registry entry needs a greedy
+        baseline, e.g. ReMax) and score them; worker and reward metrics go to ``metrics``."""
         batch = DataProto.from_single_dict(next(self.train_iter))
         batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}-{tag}-{i}" for i in range(len(batch))],
                                                  dtype=object)
         n = self.config.actor_rollout_ref.rollout.n
         repeated = batch.repeat(n, interleave=True)
+        greedy_baseline = get_adv_estimator_needs(self.config.algorithm.adv_estimator).needs_greedy_baseline
         with _timer("gen", timing):
-            if self.config.algorithm.adv_estimator == "remax":
+            if greedy_baseline:
                 baseline = self._generate(batch, validate=False, do_sample=False)
             batch = self._generate(repeated, validate=False)
         metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))
         with _timer("reward", timing):
             metrics.update(self._score(batch, self.reward_fn))
-            if self.config.algorithm.adv_estimator == "remax":
+            if greedy_baseline:
                 self._score(baseline, self.reward_fn)
                 baseline_scores = baseline.batch["token_level_scores"].sum(-1)
                 batch.batch["reward_baselines"] = baseline_scores.repeat_interleave(n)
@@ -390,8 +397,7 @@ class RayPPOTrainer:
                 token_level_rewards=tensors["token_level_rewards"], response_mask=tensors["response_mask"],
                 index=batch.non_tensor_batch["uid"], values=optional["values"],
                 reward_baselines=optional["reward_baselines"], old_log_prob=optional["old_log_probs"],
-                rollout_log_prob=optional["rollout_log_probs"], gamma=self.config.algorithm.gamma,
-                lam=self.config.algorithm.lam, config=self.adv_config)
+                rollout_log_prob=optional["rollout_log_probs"], config=self.config.algorithm)
             tensors["advantages"], tensors["returns"] = advantages, returns
 
     def _apply_kl_penalty(self, batch: DataProto) -> dict[str, float]:
@@ -511,11 +517,3 @@ def _resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-
-
-def _advantage_config(algorithm: Any) -> AdvantageConfig:
-    return AdvantageConfig(gamma=algorithm.gamma, lam=algorithm.lam,
-                           norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
-                           egpo_alpha=algorithm.egpo_alpha, egpo_beta=algorithm.egpo_beta,
-                           egpo_correct_threshold=algorithm.egpo_correct_threshold,
-                           egpo_uncertainty_norm=algorithm.egpo_uncertainty_norm)

@@ -7,8 +7,8 @@ then runs the same number of forward passes (see :mod:`rlvr.workers.batching`).
 
 Batch keys read (``[batch, ...]``): ``input_ids``, ``attention_mask``, ``position_ids`` (``[B, P+R]``),
 ``responses`` (``[B, R]``); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
-``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_is_weights`` (optional: the rollout
-correction's per-token weights, see :mod:`rlvr.trainer.ppo.rollout_correction`). ``meta_info["temperature"]`` divides the logits, as in sampling.
+``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_is_weights`` (optional: importance weights of
+an off-policy correction, which the loss multiplies into its per-token losses). ``meta_info["temperature"]`` divides the logits, as in sampling.
 
 On one rank (no FSDP sharding) with a bias-free LM head, log-probs come from the final hidden
 states through :func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: the LM head and the
@@ -28,7 +28,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from rlvr.protocol import DataProto
-from rlvr.trainer.ppo.core_algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
+from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
@@ -36,26 +36,10 @@ from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, run
 from rlvr.workers.fsdp import accumulate_and_step
 from rlvr.workers.models import unwrap_hf_model
 
-__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "policy_loss_config"]
+__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
-
-
-def policy_loss_config(actor_config) -> PolicyLossConfig:
-    """The registry losses' parameters from the ``actor`` config section."""
-    section = actor_config.policy_loss
-    return PolicyLossConfig(
-        clip_ratio=actor_config.clip_ratio,
-        clip_ratio_low=actor_config.clip_ratio_low,
-        clip_ratio_high=actor_config.clip_ratio_high,
-        clip_ratio_c=actor_config.clip_ratio_c,
-        clip_cov_ratio=section.clip_cov_ratio,
-        clip_cov_lb=section.clip_cov_lb,
-        clip_cov_ub=section.clip_cov_ub,
-        kl_cov_ratio=section.kl_cov_ratio,
-        kl_cov_coef=section.ppo_kl_coef,
-    )
 
 
 def _response_window(batch: dict[str, torch.Tensor]) -> tuple[int, int, int]:
@@ -158,7 +142,6 @@ class DataParallelPPOActor:
         self.world_size = world_size
         self.device = torch.device(device)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
-        self.policy_loss_config = policy_loss_config(config)
         self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
         self.share_prompts = self.chunked_head and config.share_prompt_forward
 
@@ -257,7 +240,7 @@ class DataParallelPPOActor:
         log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
-            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=self.policy_loss_config,
+            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=config,
             rollout_is_weights=micro.get("rollout_is_weights"),
         )
         entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode)

@@ -31,7 +31,8 @@ def test_register_scorer_names_and_families():
     assert get_scorer("test_rule_scores/a") is constant
     assert default_compute_score("test_rule_scores_family/anything", "", "") == 0.25
     with pytest.raises(ValueError, match="already registered"):
-        register_scorer("test_rule_scores/a")(constant)
+        register_scorer("test_rule_scores/a")(lambda data_source, solution_str, ground_truth, extra_info=None: 0.5)
+    assert register_scorer("test_rule_scores/a")(constant) is constant  # the same function again: a no-op
     assert "test_rule_scores/a" in SCORER_REGISTRY.names()
 
 
