@@ -1,4 +1,4 @@
-"""Optimizer and LR schedule builders (rlvr.workers.fsdp)."""
+"""Optimizer and LR schedule builders (rlvr.workers.optimizer) and the gradient norm over shards."""
 
 import math
 
@@ -7,7 +7,8 @@ import torch
 from omegaconf import OmegaConf
 
 from rlvr.trainer.config.schema import OptimConfig
-from rlvr.workers.fsdp import build_lr_scheduler, build_optimizer, clip_grad_norm
+from rlvr.workers.fsdp import clip_grad_norm
+from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 
 
 def lrs(**optim) -> list[float]:
