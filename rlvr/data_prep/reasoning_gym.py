@@ -4,7 +4,7 @@ Each row: ``data_source = "reasoning_gym/<task>"``, ``prompt`` = chat messages (
 message, optional worked examples as earlier user/assistant turns, then ``question + instruction``),
 ``reward_model.ground_truth`` = the task's answer, and ``extra_info`` with the question and the
 generator's metadata (the task's own checker scores the answer, see
-:mod:`rlvr.utils.reward_score.reasoning_gym`: the last non-empty line of the response must be the
+:mod:`rlvr.reward.scorers.reasoning_gym`: the last non-empty line of the response must be the
 answer). The held-out set is a plain sample of the task's distinct questions (so its difficulty is
 the task's); training items whose question is in the held-out set, or is a worked example, are
 dropped, so the held-out set is really held out. (Dropping test items that occur in the train set

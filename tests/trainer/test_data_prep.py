@@ -9,7 +9,7 @@ import pytest
 from rlvr.data_prep import gsm8k
 from rlvr.data_prep import reasoning_gym as rg_prep
 from rlvr.trainer.data import read_rows
-from rlvr.utils.reward_score import default_compute_score
+from rlvr.reward.scorers import default_compute_score
 
 
 def test_reasoning_gym_addition_rows_are_held_out_and_scorable(tmp_path):
@@ -103,6 +103,6 @@ def test_gsm8k_from_local_files(tmp_path):
     assert row["reward_model"]["ground_truth"] == "1203"
     assert row["data_source"] == "openai/gsm8k"
     assert row["prompt"][0]["content"].startswith("Tom has 1,200 apples") and '"####"' in row["prompt"][0]["content"]
-    assert default_compute_score("openai/gsm8k", "so #### 1203", "1203", row["extra_info"])["score"] == 1.0
+    assert default_compute_score("openai/gsm8k", "so #### 1203", "1203", row["extra_info"]) == 1.0
     with pytest.raises(ValueError, match="without '####'"):
         gsm8k.extract_solution("no marker")

@@ -1,16 +1,29 @@
-"""Reward managers (``reward_model.reward_manager``): ``naive``, ``dapo``, ``batch``, ``parallel``.
+"""The reward managers at verl's module path; they live in :mod:`rlvr.reward.managers` (see
+:mod:`rlvr.reward.legacy_paths`)."""
 
-Add one with ``@register("name")`` on a class that implements ``from_config`` and
-``__call__(data, return_dict=False)`` (see :mod:`.registry` and :mod:`.base`).
-"""
+import sys
 
-from rlvr.workers.reward_manager.base import AbstractRewardManager
-from rlvr.workers.reward_manager.batch import BatchRewardManager
-from rlvr.workers.reward_manager.dapo import DAPORewardManager
-from rlvr.workers.reward_manager.naive import NaiveRewardManager
-from rlvr.workers.reward_manager.parallel import ParallelRewardManager
-from rlvr.workers.reward_manager.registry import REWARD_MANAGER_REGISTRY, get_reward_manager_cls, register
-from rlvr.workers.reward_manager.router import RewardRouter
+from rlvr.reward.legacy_paths import alias_submodules
+from rlvr.reward.managers import (
+    REWARD_MANAGER_REGISTRY,
+    AbstractRewardManager,
+    BatchRewardManager,
+    DAPORewardManager,
+    NaiveRewardManager,
+    ParallelRewardManager,
+    RewardManagerBase,
+    get_reward_manager_cls,
+    register,
+)
+from rlvr.reward.router import RewardRouter
+
+_MANAGER_MODULES = ("base", "batch", "dapo", "naive", "parallel", "registry")
+alias_submodules(sys.modules[__name__], {
+    **{name: f"rlvr.reward.managers.{name}" for name in _MANAGER_MODULES},
+    "abstract": "rlvr.reward.managers.base",  # verl's module of AbstractRewardManager
+    "router": "rlvr.reward.router",
+    "contract": "rlvr.reward.contract",
+})
 
 __all__ = [
     "AbstractRewardManager",
@@ -19,6 +32,7 @@ __all__ = [
     "NaiveRewardManager",
     "ParallelRewardManager",
     "REWARD_MANAGER_REGISTRY",
+    "RewardManagerBase",
     "RewardRouter",
     "get_reward_manager_cls",
     "register",
