@@ -61,11 +61,17 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_
     Raises:
         ConfigError: unknown manager name (the message lists the registered ones), bad custom function.
     """
-    name = config.reward_model.reward_manager
+    return build_reward_manager(config, config.reward_model.reward_manager, tokenizer, num_examine, **reward_kwargs)
+
+
+def build_reward_manager(config: Any, name: str, tokenizer: Any, num_examine: int,
+                         key: str = "reward_model.reward_manager", **reward_kwargs: Any) -> AbstractRewardManager:
+    """The reward manager registered as ``name``, configured from ``config.reward_model`` and
+    ``config.custom_reward_function`` (``key``: the config key that named it, for errors)."""
     try:
         manager_cls = get_reward_manager_cls(name)
     except KeyError as exc:
-        raise ConfigError("reward_model.reward_manager", str(exc.args[0])) from exc
+        raise ConfigError(key, str(exc.args[0])) from exc
     kwargs = {**dict(_plain(config.reward_model.reward_kwargs) or {}), **reward_kwargs}
     return manager_cls.from_config(config, tokenizer, num_examine, get_custom_reward_fn(config), **kwargs)
 

@@ -226,6 +226,9 @@ def _check_reward(cfg: DictConfig) -> None:
     custom = cfg.custom_reward_function
     _require(custom.path is None or Path(custom.path).is_file(), "custom_reward_function.path",
              f"file {custom.path!r} does not exist; give the path of a .py file defining {custom.name}()")
+    from rlvr.reward.routing import check_reward_routes
+
+    check_reward_routes(cfg)
 
 
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
