@@ -1,4 +1,4 @@
-"""compute_reward / load_reward_manager / get_custom_reward_fn (seed 000 API)."""
+"""compute_reward / load_reward_manager / get_custom_reward_fn (verl's trainer API)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ from rlvr.reward.contract import check_response_scores, check_token_level_scores
 
 
 class LengthRewardWorker:
-    """A seed-002 style reward worker: zeros per token, the reward per response (fp16 as in the seed)."""
+    """A reward worker as the reward-worker guide writes one: zeros per token, the reward per response
+    (fp16 as in the guide)."""
 
     def __init__(self, shape_bug: bool = False, placed: bool = False, inconsistent: bool = False) -> None:
         self.calls: list[int] = []

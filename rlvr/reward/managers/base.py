@@ -235,16 +235,8 @@ class RewardManagerBase:
 
     default_compute_score = staticmethod(default_compute_score)
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int,
-        compute_score: Any = None,
-        reward_fn_key: str = "data_source",
-        *,
-        on_error: str = "raise",
-        fallback_score: float = 0.0,
-    ) -> None:
+    def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",
+                 *, on_error: str = "raise", fallback_score: float = 0.0) -> None:
         self.tokenizer, self.num_examine = tokenizer, num_examine
         self.compute_score = compute_score or self.default_compute_score
         self.reward_fn_key = reward_fn_key

@@ -39,17 +39,8 @@ class BatchRewardManager(RewardManagerBase):
 
     default_compute_score = staticmethod(default_batch_compute_score)
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int,
-        compute_score: Any = None,
-        reward_fn_key: str = "data_source",
-        *,
-        on_error: str = "raise",
-        fallback_score: float = 0.0,
-        **reward_kwargs: Any,
-    ) -> None:
+    def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",
+                 *, on_error: str = "raise", fallback_score: float = 0.0, **reward_kwargs: Any) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, on_error=on_error,
                          fallback_score=fallback_score)
         self.reward_kwargs = reward_kwargs

@@ -55,16 +55,8 @@ class DAPORewardManager(NaiveRewardManager):
         :class:`NaiveRewardManager`)
     """
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int,
-        compute_score: Any = None,
-        reward_fn_key: str = "data_source",
-        max_resp_len: int | None = None,
-        overlong_buffer_cfg: Any = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",
+                 max_resp_len: int | None = None, overlong_buffer_cfg: Any = None, **kwargs: Any) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
         self.max_resp_len = max_resp_len
         self.overlong = overlong_config(overlong_buffer_cfg)

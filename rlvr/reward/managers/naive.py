@@ -25,15 +25,8 @@ class NaiveRewardManager(RewardManagerBase):
         fallback_score as in :class:`~rlvr.reward.managers.base.RewardManagerBase`)
     """
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int,
-        compute_score: Any = None,
-        reward_fn_key: str = "data_source",
-        compute_score_timeout: float | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",
+                 compute_score_timeout: float | None = None, **kwargs: Any) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
         self.compute_score_timeout = compute_score_timeout
         if compute_score_timeout is not None:

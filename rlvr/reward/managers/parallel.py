@@ -27,16 +27,8 @@ class ParallelRewardManager(RewardManagerBase):
         (other arguments as in :class:`~rlvr.reward.managers.base.RewardManagerBase`)
     """
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int,
-        compute_score: Any = None,
-        reward_fn_key: str = "data_source",
-        num_workers: int = 2,
-        timeout_s: float = 10.0,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",
+                 num_workers: int = 2, timeout_s: float = 10.0, **kwargs: Any) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
         check_picklable(self.compute_score, "the parallel reward manager sends compute_score to its worker processes")
         self.pool = TimeoutProcessPool(num_workers=num_workers, timeout_s=timeout_s)

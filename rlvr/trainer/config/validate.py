@@ -213,7 +213,8 @@ def _check_critic(cfg: DictConfig) -> None:
 
 
 def _check_reward(cfg: DictConfig) -> None:
-    from rlvr.workers.reward_manager import get_reward_manager_cls
+    from rlvr.reward.managers import get_reward_manager_cls
+    from rlvr.reward.routing import check_reward_routes
 
     rm = cfg.reward_model
     _check_registered("reward_model.reward_manager", rm.reward_manager, get_reward_manager_cls)
@@ -226,8 +227,6 @@ def _check_reward(cfg: DictConfig) -> None:
     custom = cfg.custom_reward_function
     _require(custom.path is None or Path(custom.path).is_file(), "custom_reward_function.path",
              f"file {custom.path!r} does not exist; give the path of a .py file defining {custom.name}()")
-    from rlvr.reward.routing import check_reward_routes
-
     check_reward_routes(cfg)
 
 
@@ -238,7 +237,8 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     a dataset object); files that are named must still exist.
 
     Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
-    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators),
+    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators), reward
+    routes (their names, and a route for every domain in the data files),
     group estimators with ``n == 1``, GAE without a critic, resume settings, dynamic sampling.
     """
     _check_trainer(cfg)

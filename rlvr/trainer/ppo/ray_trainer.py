@@ -1,9 +1,10 @@
-"""The PPO-family trainer: one driver process that drives role worker groups (seed 000).
+"""The PPO-family trainer: one driver process that drives role worker groups (verl's trainer API).
 
 One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
 
     gen           prompts (uid each) x rollout.n  -> actor_rollout.generate_sequences
-    reward        reward_fn on the responses      -> token_level_scores (+ acc per sample)
+    reward        reward_fn on the responses      -> token_level_scores (+ acc per sample); with
+                  reward.routes each domain by its reward worker group or manager
                   (DAPO dynamic sampling: drop groups that all agree, generate more)
     old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric
     ref           ref.compute_ref_log_prob        -> ref_log_prob       (KL in loss or reward only)

@@ -3,19 +3,12 @@
 
 import sys
 
+from rlvr.reward import managers as _package
 from rlvr.reward.legacy_paths import alias_submodules
-from rlvr.reward.managers import (
-    REWARD_MANAGER_REGISTRY,
-    AbstractRewardManager,
-    BatchRewardManager,
-    DAPORewardManager,
-    NaiveRewardManager,
-    ParallelRewardManager,
-    RewardManagerBase,
-    get_reward_manager_cls,
-    register,
-)
+from rlvr.reward.managers import *  # noqa: F403 - this path re-exports the package's API
 from rlvr.reward.router import RewardRouter
+
+__all__ = [*_package.__all__, "RewardRouter"]
 
 _MANAGER_MODULES = ("base", "batch", "dapo", "naive", "parallel", "registry")
 alias_submodules(sys.modules[__name__], {
@@ -24,16 +17,3 @@ alias_submodules(sys.modules[__name__], {
     "router": "rlvr.reward.router",
     "contract": "rlvr.reward.contract",
 })
-
-__all__ = [
-    "AbstractRewardManager",
-    "BatchRewardManager",
-    "DAPORewardManager",
-    "NaiveRewardManager",
-    "ParallelRewardManager",
-    "REWARD_MANAGER_REGISTRY",
-    "RewardManagerBase",
-    "RewardRouter",
-    "get_reward_manager_cls",
-    "register",
-]
