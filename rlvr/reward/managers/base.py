@@ -3,8 +3,9 @@ this process or in killable helper processes, and the metrics.
 
 A reward manager turns a rolled-out batch into ``token_level_scores [batch, response_len]``:
 it decodes each prompt and response (:mod:`rlvr.reward.decode`), calls a scorer
-``compute_score(data_source, solution_str, ground_truth, extra_info)``, and puts the score on
-the LAST valid response token (the rest of the row stays 0).
+``compute_score(data_source, solution_str, ground_truth, extra_info)`` (an ``async def`` scorer
+too: the samples of a batch are then awaited together), and puts the score on the LAST valid
+response token (the rest of the row stays 0).
 
 Scorer results: a number, a dict with ``"score"`` (other keys, e.g. ``"acc"``, become
 per-sample lists in ``reward_extra_info``), or ``None`` = "does not apply" (reward 0, left out
@@ -21,6 +22,8 @@ reward over samples that were scored, fallbacks included), ``acc`` (mean of the 
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import math
 import pickle
 from collections import defaultdict
@@ -34,10 +37,15 @@ from rlvr.reward.contract import check_token_level_scores
 from rlvr.reward.decode import DecodedBatch, decode_batch
 from rlvr.reward.scorers import ScorerTimeoutError, UnknownDataSourceError, default_compute_score
 from rlvr.reward.scorers.process_pool import TimeoutProcessPool
-from rlvr.reward.scorers.registry import call_scorer_tagged
+from rlvr.reward.scorers.registry import call_scorer, call_scorer_tagged
 from rlvr.utils.errors import ConfigError, RewardError
 
 ON_ERROR_CHOICES = ("raise", "fallback")
+
+
+class RewardConfigError(ConfigError, AssertionError):
+    """An invalid reward-manager argument: a :class:`ConfigError` naming the key, and an
+    ``AssertionError`` as well, since verl asserts these."""
 
 
 @runtime_checkable
@@ -50,7 +58,7 @@ class AbstractRewardManager(Protocol):
 
 def check_on_error(on_error: str) -> str:
     if on_error not in ON_ERROR_CHOICES:
-        raise ConfigError("reward_model.on_error", f"must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
+        raise RewardConfigError("reward_model.on_error", f"must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
     return on_error
 
 
@@ -171,20 +179,35 @@ def _scorer_kwargs(decoded: DecodedBatch, index: int) -> dict[str, Any]:
     }
 
 
+def _score_each(compute_score: Any, decoded: DecodedBatch) -> list[Any]:
+    """Each sample's score, or the exception its scorer raised; the samples of an ``async`` scorer
+    are awaited together in one event loop."""
+    kwargs = [_scorer_kwargs(decoded, i) for i in range(len(decoded.responses))]
+    if inspect.iscoroutinefunction(compute_score):
+        async def gather() -> list[Any]:
+            return await asyncio.gather(*(compute_score(**kw) for kw in kwargs), return_exceptions=True)
+
+        return asyncio.run(gather())
+    outcomes: list[Any] = []
+    for kw in kwargs:
+        try:
+            outcomes.append(call_scorer(compute_score, kw))
+        except Exception as exc:  # noqa: BLE001 - any scorer failure goes through the error policy
+            outcomes.append(exc)
+    return outcomes
+
+
 def score_serially(compute_score: Any, decoded: DecodedBatch, book: RewardBook) -> None:
     """Call ``compute_score`` on every sample in this process and record the outcomes in ``book``."""
-    for i in range(len(decoded.responses)):
-        try:
-            value = compute_score(**_scorer_kwargs(decoded, i))
-        except UnknownDataSourceError:
-            raise
-        except ScorerTimeoutError as exc:
-            book.fail(i, "timeout", exc)
-            continue
-        except Exception as exc:  # noqa: BLE001 - any scorer failure goes through the error policy
-            book.fail(i, "error", exc)
-            continue
-        book.record(i, value)
+    for i, outcome in enumerate(_score_each(compute_score, decoded)):
+        if isinstance(outcome, UnknownDataSourceError):
+            raise outcome
+        if isinstance(outcome, ScorerTimeoutError):
+            book.fail(i, "timeout", outcome)
+        elif isinstance(outcome, Exception):
+            book.fail(i, "error", outcome)
+        else:
+            book.record(i, outcome)
 
 
 def score_in_pool(pool: TimeoutProcessPool, compute_score: Any, decoded: DecodedBatch, book: RewardBook) -> None:

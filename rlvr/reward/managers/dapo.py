@@ -21,10 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlvr.trainer.config.schema import OverlongBufferConfig
 from rlvr.reward.decode import DecodedBatch
-from rlvr.reward.managers.base import RewardBook
+from rlvr.reward.managers.base import RewardBook, RewardConfigError
 from rlvr.reward.managers.naive import NaiveRewardManager
 from rlvr.reward.managers.registry import register
-from rlvr.utils.errors import ConfigError
 
 
 def overlong_config(cfg: Any) -> OverlongBufferConfig:
@@ -62,9 +61,10 @@ class DAPORewardManager(NaiveRewardManager):
         self.overlong = overlong_config(overlong_buffer_cfg)
         if self.overlong.enable:
             if max_resp_len is None:
-                raise ConfigError("reward_model.overlong_buffer", "the overlong buffer needs max_resp_len (data.max_response_length)")
+                raise RewardConfigError("reward_model.overlong_buffer",
+                                        "the overlong buffer needs max_resp_len (data.max_response_length)")
             if not 0 < self.overlong.len <= max_resp_len:
-                raise ConfigError(
+                raise RewardConfigError(
                     "reward_model.overlong_buffer.len",
                     f"must be in (0, max_resp_len={max_resp_len}], got {self.overlong.len}",
                 )

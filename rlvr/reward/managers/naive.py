@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from rlvr.reward.managers.base import RewardManagerBase, check_picklable
+from rlvr.reward.managers.base import RewardConfigError, RewardManagerBase, check_picklable
 from rlvr.reward.managers.registry import register
 from rlvr.reward.scorers.process_pool import TimeoutProcessPool
-from rlvr.utils.errors import ConfigError
 
 
 @register("naive")
@@ -31,7 +30,7 @@ class NaiveRewardManager(RewardManagerBase):
         self.compute_score_timeout = compute_score_timeout
         if compute_score_timeout is not None:
             if not compute_score_timeout > 0:
-                raise ConfigError("reward_model.reward_kwargs.compute_score_timeout",
-                                  f"must be > 0 seconds (or None for no limit), got {compute_score_timeout}")
+                raise RewardConfigError("reward_model.reward_kwargs.compute_score_timeout",
+                                        f"must be > 0 seconds (or None for no limit), got {compute_score_timeout}")
             check_picklable(self.compute_score, "compute_score_timeout scores every sample in a helper process")
             self.pool = TimeoutProcessPool(num_workers=1, timeout_s=float(compute_score_timeout))

@@ -12,6 +12,8 @@ source's metrics). A name ending in ``/*`` registers a family: ``"reasoning_gym/
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, Union
 
@@ -83,12 +85,18 @@ class ScorerArgumentError(ValueError, AssertionError):
     """A scorer was called with an invalid argument (an ``AssertionError`` too, as verl asserts these)."""
 
 
+def call_scorer(compute_score: Scorer, kwargs: dict) -> ScoreValue:
+    """``compute_score(**kwargs)``; an ``async`` scorer's coroutine is run to completion."""
+    value = compute_score(**kwargs)
+    return asyncio.run(value) if inspect.isawaitable(value) else value
+
+
 def call_scorer_tagged(compute_score: Scorer, kwargs: dict) -> tuple[str, Any]:
-    """Call ``compute_score(**kwargs)`` and tag the outcome for a parent process:
+    """Call the scorer (:func:`call_scorer`) and tag the outcome for a parent process:
     ``("ok", value)``, ``("timeout", message)`` or ``("unknown", message)`` (unknown data
     source, never turned into a fallback score); any other exception propagates."""
     try:
-        return "ok", compute_score(**kwargs)
+        return "ok", call_scorer(compute_score, kwargs)
     except ScorerTimeoutError as exc:
         return "timeout", str(exc)
     except UnknownDataSourceError as exc:

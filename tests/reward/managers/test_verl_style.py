@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -49,6 +52,17 @@ def test_naive_manager_with_a_stub_tokenizer_and_verls_batch():
     assert out["reward_metrics"]["reward/source1/mean_score"] == 2.0
 
 
+def test_async_scorers_are_awaited():
+    async def async_length(data_source, solution_str, ground_truth, extra_info=None):
+        await asyncio.sleep(0.2)
+        return len(solution_str)
+
+    start = time.monotonic()
+    for manager_cls in (NaiveRewardManager, DAPORewardManager):
+        assert manager_cls(StubTokenizer(), 0, async_length)(_batch()).tolist() == [[0.0, 2.0, 0.0], [1.0, 0.0, 0.0]]
+    assert time.monotonic() - start < 2.0  # the samples of one batch are awaited together
+
+
 def test_dapo_manager_with_an_overlong_buffer_config():
     overlong = OmegaConf.create({"enable": True, "len": 10, "penalty_factor": 1.0, "log": False})
     manager = DAPORewardManager(StubTokenizer(), 0, _length_score, max_resp_len=20, overlong_buffer_cfg=overlong)
@@ -57,6 +71,10 @@ def test_dapo_manager_with_an_overlong_buffer_config():
                               overlong_buffer_cfg={"enable": True, "len": 2, "penalty_factor": 1.0})
     # L_max 2, buffer 2: penalty -(L - 0) / 2 -> 2 tokens -1.0, 1 token -0.5
     assert short(_batch()).tolist() == [[0.0, 1.0, 0.0], [0.5, 0.0, 0.0]]
+    with pytest.raises(AssertionError, match="needs max_resp_len"):  # verl asserts these arguments
+        DAPORewardManager(StubTokenizer(), 0, _length_score, overlong_buffer_cfg=overlong)
+    with pytest.raises(AssertionError, match=r"overlong_buffer.len.*must be in \(0, max_resp_len=5\]"):
+        DAPORewardManager(StubTokenizer(), 0, _length_score, max_resp_len=5, overlong_buffer_cfg=overlong)
 
 
 def test_batch_manager_gets_lists():
