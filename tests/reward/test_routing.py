@@ -118,3 +118,13 @@ def test_local_reward_worker_groups_score_a_mixed_batch(tmp_path):
     assert metrics["reward/math/correct"] == 0.5  # the math worker's own metric, per sample, averaged
     assert metrics["reward/ifeval/count"] == 2.0 and metrics["reward/ifeval/mean_score"] == 0.5
     assert metrics["reward/openai/gsm8k/count"] == 2.0 and metrics["reward/openai/gsm8k/mean_score"] == 0.5
+
+
+def test_help_config_documents_the_reward_section():
+    from rlvr.trainer.config import help_config
+
+    text = help_config()
+    assert "[reward] reward routing: each domain scored by its reward worker group or manager" in text
+    assert "  reward.routes = {}\n      domain -> reward worker (math_rule | code_sandbox" in text
+    assert "  reward.workers.code_sandbox.sandbox.wall_timeout_s = 10.0" in text
+    assert "  reward.workers.ifeval.reward_mode = 'fraction'" in text

@@ -85,3 +85,27 @@ def test_a_domain_without_a_route_stops_the_run_before_anything_starts(tiny_mode
     assert "config error at 'reward.routes': the training data has data_source value(s) 'chess' with no reward " \
            "route (routes exist for: code, ifeval, math)" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_reward_worker_groups_can_be_torn_down_and_created_again(tiny_model_dir, mixed_data, tmp_path):
+    from rlvr.reward.router import RewardRouter
+    from rlvr.trainer.config import load_config
+    from rlvr.trainer.ppo.ray_trainer import ResourcePoolManager
+    from rlvr.trainer.ppo.utils import Role
+    from rlvr.utils.testing import tiny_tokenizer
+    from rlvr.workers.engine_workers import ActorRolloutRefWorker
+
+    cfg = load_config("rlvr_mixed", [*_argv(tiny_model_dir, mixed_data, tmp_path / "run")[2:],
+                                     "actor_rollout_ref.actor.use_kl_loss=false"])
+    pools = ResourcePoolManager({"global_pool": [1]}, {Role.ActorRollout: "global_pool"}, use_gpu=False, backend="local")
+    trainer = RayPPOTrainer(cfg, tiny_tokenizer(), {Role.ActorRollout: ActorRolloutRefWorker}, pools)
+    assert trainer.reward_fn is None and trainer.reward_workers is None  # nothing started yet
+    trainer.create_reward_worker_groups()
+    first = trainer.reward_workers
+    assert sorted(first.groups) == ["code_sandbox", "ifeval", "math_rule"]
+    assert isinstance(trainer.reward_fn, RewardRouter) and isinstance(trainer.val_reward_fn, RewardRouter)
+    first.shutdown()  # what recovery does with a failed group: tear it down, then create it again
+    trainer.create_reward_worker_groups()
+    assert trainer.reward_workers is not first and sorted(trainer.reward_workers.groups) == sorted(first.groups)
+    trainer.shutdown()
+    assert trainer.reward_workers is None
