@@ -171,13 +171,21 @@ class RewardWorkerGroups:
                    for name in names}
         processes = int(cfg.reward.num_workers) if backend == "ray" else 1
         self.pool = get_resource_pool_cls(backend)(process_on_nodes=[processes], use_gpu=False, name_prefix="reward")
-        self._group = get_worker_group_cls(backend)(
-            self.pool, create_colocated_worker_cls(classes), name_prefix="reward_workers",
-            call_timeout_s=float(cfg.trainer.call_timeout_s),
-        )
+        try:
+            self._group = get_worker_group_cls(backend)(
+                self.pool, create_colocated_worker_cls(classes), name_prefix="reward_workers",
+                call_timeout_s=float(cfg.trainer.call_timeout_s),
+            )
+        except BaseException:
+            self.pool.remove()
+            raise
         self.groups: dict[str, Any] = self._group.spawn(names)
-        for group in self.groups.values():
-            group.initialize(cfg)
+        try:
+            for group in self.groups.values():
+                group.initialize(cfg)
+        except BaseException:
+            self.shutdown()  # a worker that cannot start leaves no processes or reserved resources behind
+            raise
 
     def shutdown(self) -> None:
         """Stop the worker processes and give the pool back."""

@@ -128,3 +128,23 @@ def test_help_config_documents_the_reward_section():
     assert "  reward.routes = {}\n      domain -> reward worker (math_rule | code_sandbox" in text
     assert "  reward.workers.code_sandbox.sandbox.wall_timeout_s = 10.0" in text
     assert "  reward.workers.ifeval.reward_mode = 'fraction'" in text
+
+
+def test_a_reward_worker_that_cannot_start_leaves_nothing_behind(tmp_path, monkeypatch):
+    from rlvr.reward.workers.math_rule import MathRuleRewardWorker
+    from rlvr.single_controller import Dispatch, register
+    from rlvr.utils.errors import WorkerError
+
+    tiny_tokenizer().save_pretrained(tmp_path / "tok")
+    removed = []
+    monkeypatch.setattr("rlvr.single_controller.local.LocalResourcePool.remove", lambda pool: removed.append(pool))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def broken(self, pipeline_config=None):
+        raise RuntimeError("judge endpoint unreachable")
+
+    monkeypatch.setattr(MathRuleRewardWorker, "initialize", broken)
+    cfg = _cfg(f"actor_rollout_ref.model.path={tmp_path / 'tok'}", "reward.routes.math=math_rule")
+    with pytest.raises(WorkerError, match="judge endpoint unreachable"):
+        RewardWorkerGroups(cfg, "local")
+    assert len(removed) == 1
