@@ -69,8 +69,10 @@ def run_ppo(cfg: DictConfig) -> RayPPOTrainer:
         spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}
         pools = ResourcePoolManager(resource_pool_spec=spec, mapping=mapping, use_gpu=use_gpu,
                                     backend=cfg.trainer.backend)
-        reward_fn = load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
-        val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0) if cfg.data.val_files else None
+        reward_fn = val_reward_fn = None  # with reward.routes the trainer routes rewards through reward workers
+        if not cfg.reward.routes:
+            reward_fn = load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
+            val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0) if cfg.data.val_files else None
         trainer = RayPPOTrainer(cfg, tokenizer, role_worker_mapping, pools,
                                 ray_worker_group_cls=get_worker_group_cls(cfg.trainer.backend),
                                 reward_fn=reward_fn, val_reward_fn=val_reward_fn,

@@ -11,7 +11,7 @@ from trainer_helpers import tiny_overrides
 
 PPO_N1 = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
           "critic.ppo_micro_batch_size_per_gpu": 4}
-PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo"]
+PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo", "rlvr_mixed"]
 
 
 @pytest.fixture
@@ -26,6 +26,8 @@ def test_every_preset_is_shipped_and_valid(overrides):
     assert list_presets() == PRESETS
     for preset in PRESETS:
         extra = PPO_N1 if preset == "ppo" else {"reward_model.overlong_buffer.len": 4}
+        if preset == "rlvr_mixed":  # the tiny data's domain needs a route too
+            extra = {**extra, "reward.routes.tiny": "naive"}
         cfg = load_config(preset, overrides(**extra))
         validate_config(cfg)
         assert cfg.trainer.backend == "local"

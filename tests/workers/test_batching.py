@@ -1,10 +1,9 @@
-"""Micro-batch splitting and loss weights (rlvr.workers.batching)."""
+"""Micro-batch splitting (rlvr.workers.batching)."""
 
 import pytest
 import torch
 
-from rlvr.trainer.ppo.core_algos import AGG_LOSS_MODES, agg_loss
-from rlvr.workers.batching import loss_share, micro_batch_indices, token_budget_partitions
+from rlvr.workers.batching import micro_batch_indices, token_budget_partitions
 
 
 def test_token_budget_packs_longest_first_within_budget():
@@ -31,25 +30,3 @@ def test_token_budget_rejects_more_parts_than_rows():
 def test_micro_batch_indices_by_count():
     assert micro_batch_indices(torch.tensor([3, 3, 3, 3, 3]), 2, False, 0, 1) == [[0, 1], [2, 3], [4]]
 
-
-def test_loss_share_token_mean_and_seq_mean():
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])  # 3 tokens, 2 sequences in this micro-batch
-    # token-mean: 3 of 12 global tokens, times world size 2
-    assert loss_share(mask, 12.0, 8.0, "token-mean", 2) == pytest.approx(0.5)
-    # seq-mean: 2 of 8 global sequences
-    assert loss_share(mask, 12.0, 8.0, "seq-mean-token-mean", 1) == pytest.approx(0.25)
-    empty_row = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    assert loss_share(empty_row, 12.0, 4.0, "seq-mean-token-sum", 1) == pytest.approx(0.25)
-    assert loss_share(mask, 12.0, 8.0, "token-sum", 2) == 2.0  # only FSDP's averaging over ranks to undo
-
-
-@pytest.mark.parametrize("mode", AGG_LOSS_MODES)
-def test_micro_batch_losses_weighted_by_their_share_give_the_mini_batch_loss(mode):
-    gen = torch.Generator().manual_seed(0)
-    loss = torch.randn(6, 5, generator=gen)
-    mask = (torch.rand(6, 5, generator=gen) > 0.3).long()
-    mask[4] = 0  # a padding row
-    tokens, sequences = float(mask.sum()), float((mask.sum(-1) > 0).sum())
-    total = sum(agg_loss(loss[rows], mask[rows], mode) * loss_share(mask[rows], tokens, sequences, mode, 1)
-                for rows in ([0, 1], [2, 3, 4], [5]))
-    torch.testing.assert_close(total, agg_loss(loss, mask, mode))

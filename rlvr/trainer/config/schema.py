@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlvr.reward.config import RewardConfig
+
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
     """A dataclass field with a default (lists/dicts copied per instance) and a help string."""
@@ -310,6 +312,7 @@ class RlvrConfig:
     actor_rollout_ref: ActorRolloutRefConfig = _sub(ActorRolloutRefConfig, "policy: model, training, reference, rollout")
     critic: CriticConfig = _sub(CriticConfig, "value model (PPO with GAE)")
     reward_model: RewardModelConfig = _sub(RewardModelConfig, "reward manager")
+    reward: RewardConfig = _sub(RewardConfig, "reward routing: each domain scored by its reward worker group or manager")
     custom_reward_function: CustomRewardFunctionConfig = _sub(CustomRewardFunctionConfig, "user scoring function")
     algorithm: AlgorithmConfig = _sub(AlgorithmConfig, "advantage estimator and KL")
     trainer: TrainerConfig = _sub(TrainerConfig, "loop, schedule, checkpoints, logging")

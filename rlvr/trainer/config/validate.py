@@ -280,7 +280,8 @@ def _check_critic(cfg: DictConfig) -> None:
 
 
 def _check_reward(cfg: DictConfig) -> None:
-    from rlvr.workers.reward_manager import get_reward_manager_cls
+    from rlvr.reward.managers import get_reward_manager_cls
+    from rlvr.reward.routing import check_reward_routes
 
     rm = cfg.reward_model
     _check_registered("reward_model.reward_manager", rm.reward_manager, get_reward_manager_cls)
@@ -293,6 +294,7 @@ def _check_reward(cfg: DictConfig) -> None:
     custom = cfg.custom_reward_function
     _require(custom.path is None or Path(custom.path).is_file(), "custom_reward_function.path",
              f"file {custom.path!r} does not exist; give the path of a .py file defining {custom.name}()")
+    check_reward_routes(cfg)
 
 
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
@@ -304,7 +306,8 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
     registry names (estimator, policy loss, reward manager, rollout engine, KL estimators), what the
     estimator's registry entry needs (groups: ``n > 1``; a critic: ``critic.enable``), loss and
-    estimator knobs, strategy and hybrid engine, resume settings, dynamic sampling.
+    estimator knobs, reward routes (their names, and a route for every domain in the data files),
+    strategy and hybrid engine, resume settings, dynamic sampling.
     """
     _check_trainer(cfg)
     _check_data(cfg, require_data_files)

@@ -43,6 +43,12 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def row_tag(row: dict[str, Any]) -> Any:
+    """A row's domain tag (what ``reward.route_key=tag`` routes on): its ``tag`` column, else its
+    data source."""
+    return row["tag"] if "tag" in row else row["data_source"]
+
+
 def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
     """Write rows to ``.parquet`` or ``.jsonl`` (by suffix), creating the parent directory."""
     path = Path(path)
@@ -70,8 +76,8 @@ class RLHFDataset(Dataset):
         max_samples: keep only the first N rows (None = all).
 
     Each item is a dict with ``input_ids``, ``attention_mask``, ``position_ids`` (``[prompt_len]``,
-    left-padded) and the non-tensor fields ``raw_prompt``, ``data_source``, ``ability``,
-    ``reward_model``, ``extra_info``, ``index``.
+    left-padded) and the non-tensor fields ``raw_prompt``, ``data_source``, ``tag`` (the row's
+    ``tag`` column, else its data source), ``ability``, ``reward_model``, ``extra_info``, ``index``.
     """
 
     def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any, processor: Any = None,
@@ -142,6 +148,7 @@ class RLHFDataset(Dataset):
             "position_ids": compute_position_ids(attention_mask.unsqueeze(0))[0],
             "raw_prompt": list(row[self.prompt_key]),
             "data_source": row["data_source"],
+            "tag": row_tag(row),
             "ability": row.get("ability", "unknown"),
             "reward_model": dict(row["reward_model"]),
             "extra_info": dict(row.get("extra_info") or {}),

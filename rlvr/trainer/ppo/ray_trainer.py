@@ -1,9 +1,10 @@
-"""The PPO-family trainer: one driver process that drives role worker groups (seed 000).
+"""The PPO-family trainer: one driver process that drives role worker groups (verl's trainer API).
 
 One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
 
     gen           prompts (uid each) x rollout.n  -> actor_rollout.generate_sequences
-    reward        reward_fn on the responses      -> token_level_scores (+ acc per sample)
+    reward        reward_fn on the responses      -> token_level_scores (+ acc per sample); with
+                  reward.routes each domain by its reward worker group or manager
                   (DAPO dynamic sampling: drop groups that all agree, generate more)
     old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric; the rollout/actor
                   log-prob mismatch metrics; the rollout correction (IS weights, rejection) if set,
@@ -33,6 +34,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlvr.protocol import DataProto
+from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, start_reward_routing
 from rlvr.single_controller import ClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
 from rlvr.trainer.checkpoint import CheckpointManager
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
@@ -96,8 +98,10 @@ class RayPPOTrainer:
         resource_pool_manager: pools and role -> pool mapping.
         ray_worker_group_cls: ``RayWorkerGroup`` or ``LocalWorkerGroup``.
         processor: multimodal processor (passed to the datasets).
-        reward_fn: training reward manager (``compute_reward(data, reward_fn)``).
-        val_reward_fn: validation reward manager; None disables validation.
+        reward_fn: training reward manager (``compute_reward(data, reward_fn)``); None when
+            ``reward.routes`` is set (the trainer then routes rewards, see :mod:`rlvr.reward.routing`).
+        val_reward_fn: validation reward manager; None disables validation (with routes: validation
+            runs when there is validation data).
         train_dataset, val_dataset: datasets; default built from ``data.train_files`` / ``val_files``.
         collate_fn: batch collation (default :func:`rlvr.trainer.data.collate_fn`).
         train_sampler: item order (default: seeded shuffle, ``data.seed``).
@@ -110,9 +114,7 @@ class RayPPOTrainer:
                  train_sampler=None, device_name=None) -> None:
         self.config = to_config(config)
         validate_config(self.config, require_data_files=train_dataset is None)
-        if reward_fn is None:
-            raise ConfigError("reward_model.reward_manager", "the trainer needs a reward_fn: build one with "
-                              "rlvr.trainer.ppo.reward.load_reward_manager(config, tokenizer, num_examine)")
+        self.routes_rewards = check_reward_functions(self.config, reward_fn, val_reward_fn)
         self.tokenizer = tokenizer
         self.processor = processor
         self.role_worker_mapping = role_worker_mapping
@@ -127,6 +129,9 @@ class RayPPOTrainer:
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
         self._create_dataloader(train_dataset, val_dataset, collate_fn or default_collate_fn, train_sampler)
+        if self.routes_rewards:  # datasets built from data files were checked with the config
+            check_data_routes(self.config, train_dataset, val_dataset)
+        self.reward_workers: RewardWorkerGroups | None = None
         self.run_dir = Path(self.config.trainer.default_local_dir)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
         self.global_steps = 0
@@ -167,9 +172,19 @@ class RayPPOTrainer:
         self.config.actor_rollout_ref.actor.optim.total_training_steps = steps
         self.config.critic.optim.total_training_steps = steps
 
+    def create_reward_worker_groups(self) -> None:
+        """Start the reward worker groups that ``reward.routes`` names and route the training and
+        validation rewards through them. The groups are stateless: after a failure they can be torn
+        down (``self.reward_workers.shutdown()``) and this called again."""
+        self.reward_workers, self.reward_fn, self.val_reward_fn = start_reward_routing(
+            self.config, self.resource_pool_manager.backend, self.tokenizer, self.val_dataset is not None)
+
     def init_workers(self) -> None:
         """Create the resource pools, one colocated worker group per pool, spawn the role groups
-        and initialise the models (critic and reference first, the actor last)."""
+        and initialise the models (critic and reference first, the actor last); with
+        ``reward.routes``, the reward worker groups first."""
+        if self.routes_rewards:
+            self.create_reward_worker_groups()
         self.resource_pool_manager.create_resource_pool()
         cfg = self.config
         actor_role = "actor_rollout_ref" if self.ref_in_actor else "actor_rollout"
@@ -206,6 +221,9 @@ class RayPPOTrainer:
         for group in self._colocated_groups:
             group.shutdown()
         self._colocated_groups.clear()
+        if self.reward_workers is not None:
+            self.reward_workers.shutdown()
+            self.reward_workers = None
         for pool in self.resource_pool_manager.resource_pool_dict.values():
             if isinstance(pool, RayResourcePool):
                 pool.remove()

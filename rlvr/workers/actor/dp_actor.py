@@ -2,8 +2,9 @@
 
 PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); the loss
 itself comes from the policy-loss registry (``actor.policy_loss.loss_mode``) and is aggregated with
-``actor.loss_agg_mode``. The module may be sharded with FSDP2 over the worker group; every rank
-then runs the same number of forward passes (see :mod:`rlvr.workers.batching`).
+``actor.loss_agg_mode``; the update loop around it (epochs, mini-batches, gradient accumulation, the
+optimizer step) is :mod:`rlvr.workers.ppo_update`. The module may be sharded with FSDP2 over the
+worker group; every rank then runs the same number of forward passes (see :mod:`rlvr.workers.batching`).
 
 Batch keys read (``[batch, ...]``): ``input_ids``, ``attention_mask``, ``position_ids`` (``[B, P+R]``),
 ``responses`` (``[B, R]``); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
@@ -32,9 +33,9 @@ from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
-from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, run_mini_batch_epochs, select_batch_keys
-from rlvr.workers.fsdp import accumulate_and_step
+from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.models import unwrap_hf_model
+from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 
 __all__ = ["DataParallelPPOActor", "response_logits", "response_hidden"]
 
@@ -227,7 +228,7 @@ class DataParallelPPOActor:
             keys.append("rollout_is_weights")
         batch = select_batch_keys(data.batch, keys, "update_actor")
         self.module.train()
-        return run_mini_batch_epochs(
+        return run_ppo_epochs(
             batch, lambda mini: self._train_mini_batch(mini, temperature), epochs=self.config.ppo_epochs,
             mini_batch_size=self.mini_batch_size, shuffle=self.config.shuffle,
         )
@@ -255,13 +256,13 @@ class DataParallelPPOActor:
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step."""
-        sums, grad_norm, finite = accumulate_and_step(
+        update = update_mini_batch(
             self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
             lambda micro: self._micro_loss(micro, temperature), len(_METRICS),
             loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
             world_size=self.world_size, device=self.device,
         )
-        out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, sums)}
-        out["actor/grad_norm"] = grad_norm
-        out["actor/skipped_steps"] = 0.0 if finite else 1.0
+        out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, update.metric_sums)}
+        out["actor/grad_norm"] = update.grad_norm
+        out["actor/skipped_steps"] = 0.0 if update.stepped else 1.0
         return out
