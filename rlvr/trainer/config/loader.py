@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlvr.trainer.config.schema import RlvrConfig
+from rlvr.trainer.config.suggest import suggest_key
 from rlvr.utils.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -56,7 +57,8 @@ def _merge(layers: Sequence[DictConfig], origin: str) -> DictConfig:
     try:
         return OmegaConf.merge(*layers)
     except ConfigKeyError as err:
-        raise ConfigError(_dotted_key(err), f"unknown key (from {origin}); `rlvr --help-config` lists "
+        key = _dotted_key(err)
+        raise ConfigError(key, f"unknown key (from {origin}){suggest_key(key)}; `rlvr --help-config` lists "
                           "every valid key") from None
     except ValidationError as err:
         raise ConfigError(_dotted_key(err), f"wrong value type (from {origin}): {str(err.msg).splitlines()[0]}") from None

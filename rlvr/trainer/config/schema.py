@@ -266,6 +266,7 @@ class TrainerConfig:
     report: bool = _f(True, "write <run dir>/report.md with PNG curves and sample generations at the end")
     seed: int = _f(1, "one seed for init, sampling and data order")
     call_timeout_s: float = _f(3600.0, "time limit of one worker call; a call over it raises naming stage/worker")
+    max_restarts: int = _f(3, "Ray backend: restarts after a dead or hung worker (all groups restart, the last whole checkpoint is restored); 0 = stop at the first")
     progress_bar: bool = _f(True, "show a progress bar with ETA")
     num_threads: Optional[int] = _f(None, "torch intra-op threads per worker on CPU (None = cores / workers)")
 

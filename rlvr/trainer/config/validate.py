@@ -1,19 +1,24 @@
 """Check a whole run configuration before any worker or model starts.
 
 Each check raises :class:`~rlvr.utils.errors.ConfigError` naming the key and saying what to change.
-Names that come from a registry (advantage estimator, policy loss, reward manager, rollout engine)
-are looked up in that registry, so the error lists the names that are valid today.
+Names that come from a registry (advantage estimator, policy loss, reward manager, rollout engine,
+KL estimator) are looked up in that registry, so the error lists the names that are valid today.
+
+:func:`check_config` runs every check that needs no registry and imports neither torch nor Ray, so
+the ``rlvr`` command reports a wrong key, value or batch size within a second or two;
+:func:`validate_config` adds the registry lookups (which import the algorithm code).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.utils.errors import ConfigError
 
 BACKENDS = ("ray", "local")
@@ -43,24 +48,15 @@ def _require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(key, message)
 
 
-def _check_one_of(cfg_value: Any, key: str, choices: tuple[str, ...]) -> None:
-    _require(cfg_value in choices, key, f"{cfg_value!r} is not valid; use one of {', '.join(choices)}")
+def _check_one_of(cfg_value: Any, key: str, choices: Collection[str]) -> None:
+    _require(cfg_value in choices, key, f"{cfg_value!r} is not valid{did_you_mean(cfg_value, choices)}; "
+             f"use one of {', '.join(choices)}")
 
 
 def _check_token_kl(cfg_value: Any, key: str) -> None:
     """A KL estimator that works on per-token log-probs (the workers send no full-vocabulary ones)."""
-    from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
-
     _require(cfg_value != "full", key, "'full' needs full-vocabulary log-probs, which the workers do not send "
              "(they send the sampled tokens' log-probs); use low_var_kl (k3) or kl (k1)")
-    _check_one_of(cfg_value, key, TOKEN_KL_PENALTY_NAMES)
-
-
-def _check_registered(key: str, name: str, lookup: Callable[[str], Any]) -> None:
-    try:
-        lookup(name)
-    except KeyError as err:
-        raise ConfigError(key, str(err.args[0]) if err.args else f"unknown name {name!r}") from None
 
 
 def _paths(value: Any) -> list[str]:
@@ -86,11 +82,6 @@ def _check_trainer(cfg: DictConfig) -> None:
     t = cfg.trainer
     _check_one_of(t.backend, "trainer.backend", BACKENDS)
     _check_one_of(t.device, "trainer.device", DEVICES)
-    if t.device == "cuda":
-        import torch
-
-        _require(torch.cuda.is_available(), "trainer.device", "cuda was asked for but no CUDA device is "
-                 "visible; set trainer.device=cpu (or auto)")
     _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1, "trainer.n_gpus_per_node",
              "nnodes and n_gpus_per_node must be >= 1")
     _require(t.backend == "ray" or t.nnodes * t.n_gpus_per_node == 1, "trainer.n_gpus_per_node",
@@ -104,6 +95,7 @@ def _check_trainer(cfg: DictConfig) -> None:
     _require(t.save_freq == -1 or t.save_freq > 0, "trainer.save_freq", "use -1 (only at the end) or a step count > 0")
     _require(t.critic_warmup >= 0, "trainer.critic_warmup", "must be >= 0")
     _require(t.call_timeout_s > 0, "trainer.call_timeout_s", "must be > 0 seconds")
+    _require(t.max_restarts >= 0, "trainer.max_restarts", "must be >= 0 (0 = stop at the first worker failure)")
     _require(t.max_actor_ckpt_to_keep is None or t.max_actor_ckpt_to_keep >= 1, "trainer.max_actor_ckpt_to_keep",
              "keep at least 1 checkpoint (or null to keep all)")
     _check_one_of(t.resume_mode, "trainer.resume_mode", RESUME_MODES)
@@ -150,8 +142,6 @@ def _check_batch_sizes(section: DictConfig, prefix: str, cfg: DictConfig, dynami
 
 
 def _check_actor(cfg: DictConfig) -> None:
-    from rlvr.trainer.ppo.core_algos import get_policy_loss_fn
-
     actor = cfg.actor_rollout_ref.actor
     _check_batch_sizes(actor, "actor_rollout_ref.actor", cfg, actor.use_dynamic_bsz)
     _require(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs", "must be >= 1")
@@ -162,16 +152,12 @@ def _check_actor(cfg: DictConfig) -> None:
     _check_one_of(actor.optim.lr_scheduler_type, "actor_rollout_ref.actor.optim.lr_scheduler_type", ("constant", "cosine"))
     _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
     _check_token_kl(actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type")
-    _check_registered("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, get_policy_loss_fn)
     _check_one_of(cfg.actor_rollout_ref.model.dtype, "actor_rollout_ref.model.dtype", ("float32", "bfloat16"))
     _require(cfg.actor_rollout_ref.model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", "must be >= 0 (0 = no LoRA)")
 
 
 def _check_rollout(cfg: DictConfig) -> None:
-    from rlvr.workers.rollout import get_rollout_engine
-
     rollout = cfg.actor_rollout_ref.rollout
-    _check_registered("actor_rollout_ref.rollout.name", rollout.name, get_rollout_engine)
     _require(rollout.n >= 1, "actor_rollout_ref.rollout.n", "must be >= 1 sample per prompt")
     _require(not rollout.do_sample or rollout.temperature > 0, "actor_rollout_ref.rollout.temperature",
              "sampling needs temperature > 0; for greedy decoding set rollout.do_sample=False")
@@ -180,10 +166,7 @@ def _check_rollout(cfg: DictConfig) -> None:
 
 
 def _check_algorithm(cfg: DictConfig) -> None:
-    from rlvr.trainer.ppo.core_algos import get_adv_estimator_fn
-
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
-    _check_registered("algorithm.adv_estimator", algo.adv_estimator, get_adv_estimator_fn)
     _require(algo.adv_estimator not in GROUP_ESTIMATORS or n > 1, "actor_rollout_ref.rollout.n",
              f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of one prompt, so it needs "
              f"rollout.n > 1 (got {n}); set actor_rollout_ref.rollout.n=8 for example")
@@ -213,10 +196,7 @@ def _check_critic(cfg: DictConfig) -> None:
 
 
 def _check_reward(cfg: DictConfig) -> None:
-    from rlvr.workers.reward_manager import get_reward_manager_cls
-
     rm = cfg.reward_model
-    _check_registered("reward_model.reward_manager", rm.reward_manager, get_reward_manager_cls)
     _check_one_of(rm.on_error, "reward_model.on_error", ("raise", "fallback"))
     _require(rm.timeout_s > 0, "reward_model.timeout_s", "must be > 0 seconds")
     buffer, max_len = rm.overlong_buffer, cfg.data.max_response_length
@@ -228,6 +208,41 @@ def _check_reward(cfg: DictConfig) -> None:
              f"file {custom.path!r} does not exist; give the path of a .py file defining {custom.name}()")
 
 
+def registered_names() -> dict[str, list[str]]:
+    """Config key -> the names its registry holds now (imports the registries, hence torch)."""
+    from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
+    from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
+    from rlvr.trainer.ppo.policy_loss import POLICY_LOSS_REGISTRY
+    from rlvr.workers.reward_manager import REWARD_MANAGER_REGISTRY
+    from rlvr.workers.rollout import ROLLOUT_ENGINES
+
+    return {
+        "algorithm.adv_estimator": ADV_ESTIMATOR_REGISTRY.names(),
+        "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_REGISTRY.names(),
+        "actor_rollout_ref.rollout.name": ROLLOUT_ENGINES.names(),
+        "reward_model.reward_manager": REWARD_MANAGER_REGISTRY.names(),
+        "actor_rollout_ref.actor.kl_loss_type": sorted(TOKEN_KL_PENALTY_NAMES),
+        "algorithm.kl_penalty": sorted(TOKEN_KL_PENALTY_NAMES),
+    }
+
+
+def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
+    """Each registry-backed value of ``cfg`` is one of ``names[key]`` (see :func:`registered_names`)."""
+    for key, valid in names.items():
+        _check_one_of(OmegaConf.select(cfg, key), key, valid)
+
+
+def check_config(cfg: DictConfig, require_data_files: bool = True) -> None:
+    """Every check of :func:`validate_config` that needs no registry; imports neither torch nor Ray."""
+    _check_trainer(cfg)
+    _check_data(cfg, require_data_files)
+    _check_rollout(cfg)
+    _check_algorithm(cfg)
+    _check_actor(cfg)
+    _check_critic(cfg)
+    _check_reward(cfg)
+
+
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     """Raise :class:`ConfigError` for the first problem found in ``cfg`` (a finalised config).
 
@@ -236,12 +251,13 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
 
     Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
     registry names (estimator, policy loss, reward manager, rollout engine, KL estimators),
-    group estimators with ``n == 1``, GAE without a critic, resume settings, dynamic sampling.
+    group estimators with ``n == 1``, GAE without a critic, resume settings, dynamic sampling,
+    and that a CUDA device is visible when ``trainer.device=cuda``.
     """
-    _check_trainer(cfg)
-    _check_data(cfg, require_data_files)
-    _check_rollout(cfg)
-    _check_algorithm(cfg)
-    _check_actor(cfg)
-    _check_critic(cfg)
-    _check_reward(cfg)
+    check_config(cfg, require_data_files)
+    check_names(cfg, registered_names())
+    if cfg.trainer.device == "cuda":
+        import torch
+
+        _require(torch.cuda.is_available(), "trainer.device", "cuda was asked for but no CUDA device is "
+                 "visible; set trainer.device=cpu (or auto)")
