@@ -120,8 +120,9 @@ class Recovery:
         return restart
 
     def metrics(self) -> dict[str, float]:
-        """``trainer/restarts``: restarts so far in this run."""
-        return {"trainer/restarts": float(len(self.restarts))}
+        """``trainer/restarts``: worker-group restarts so far in this run (one per failure admitted,
+        a failure while restarting included)."""
+        return {"trainer/restarts": float(len(self.failures))}
 
     def report_rows(self) -> list[dict[str, Any]]:
         """One dict per restart (the fields of :class:`Restart` plus ``steps_redone``)."""

@@ -4,7 +4,8 @@
 is a subclass of the worker whose rank 1 kills its own process with SIGKILL (what the kernel's OOM
 killer sends) when ``update_actor`` is called for the second time in that process. A fault fires
 once per run: it creates its ``marker`` file first and never fires while the file exists, so the
-workers started by a restart run normally.
+workers started by a restart run normally; ``after`` chains a fault to another one (a worker that
+dies again while the restart starts it).
 
 Kinds: ``kill`` (SIGKILL), ``segfault`` (a real invalid memory read), ``hang`` (sleep for an hour:
 the call outlives its timeout).
@@ -36,6 +37,7 @@ class Fault:
         call: fire at this call of ``method`` in the worker process (1 = the first).
         kind: ``kill``, ``segfault`` or ``hang``.
         marker: a file path; the fault fires only if it does not exist, and creates it.
+        after: another fault's marker: fire only once that fault has fired (chained faults).
     """
 
     method: str
@@ -43,6 +45,7 @@ class Fault:
     call: int
     kind: str
     marker: str
+    after: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in FAULT_KINDS:
@@ -74,7 +77,8 @@ def _faulty(name: str, original: Callable[..., Any], spec: RegisterSpec, faults:
         calls = self.__dict__.setdefault("_fault_calls", {})
         calls[name] = calls.get(name, 0) + 1
         for fault in faults:
-            if fault.rank == self.rank and fault.call == calls[name] and _claim(fault.marker):
+            ready = fault.after is None or os.path.exists(fault.after)
+            if fault.rank == self.rank and fault.call == calls[name] and ready and _claim(fault.marker):
                 _fire(fault.kind)
         return original(self, *args, **kwargs)
 

@@ -273,10 +273,15 @@ class RayPPOTrainer:
         run's start); raises :class:`~rlvr.trainer.recovery.RestartLimitError` past the budget."""
         failed_step = self.global_steps
         started = self.recovery.admit(error, failed_step)
-        self.shutdown()
-        self.init_workers()
-        self.workers.restart_stateless()
-        restored = self._restore_last_checkpoint()
+        while True:
+            try:
+                self.shutdown()
+                self.init_workers()
+                self.workers.restart_stateless()
+                restored = self._restore_last_checkpoint()
+                break
+            except RECOVERABLE_ERRORS as again:  # a worker failed while starting: that counts too
+                self.recovery.admit(again, failed_step)
         self.metrics_history = [row for row in self.metrics_history if row["step"] <= restored]
         self.tracker.rewind(restored)
         progress.rewind(restored)
@@ -537,7 +542,7 @@ class RayPPOTrainer:
         summary: dict[str, Any] = {
             "algorithm": self.config.algorithm.adv_estimator, "model": self.config.actor_rollout_ref.model.path,
             "steps": self.global_steps, "training wall time (s)": round(train_time_s, 1), **metric_summary(rows),
-            "worker restarts": len(self.recovery.restarts)}
+            "worker restarts": len(self.recovery.failures)}
         write_report(self.run_dir, rows, first_and_last_generations(self.val_generations), summary,
                      self.recovery.report_rows())
 
