@@ -24,7 +24,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -61,7 +61,7 @@ def _uses_gpu(cfg: DictConfig) -> bool:
     return cfg.trainer.device == "cuda"
 
 
-def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None) -> RayPPOTrainer:
+def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None, reward_fn: Any = None) -> RayPPOTrainer:
     """Run a validated config end to end; returns the (shut down) trainer, whose
     ``metrics_history`` holds the logged metrics. The datasets are read (and checked) before Ray
     starts; Ray is started and stopped here for ``trainer.backend=ray`` unless it was already running.
@@ -69,6 +69,7 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
     Args:
         cfg: the run config.
         role_worker_mapping: worker class per role (default :func:`build_role_worker_mapping`).
+        reward_fn: the training reward function (default: the reward manager the config names).
     """
     # Imported here: the command checks the config before paying for torch, Ray and transformers.
     from rlvr.single_controller import get_worker_group_cls, init_ray
@@ -85,7 +86,7 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
     spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}
     pools = ResourcePoolManager(resource_pool_spec=spec, mapping=pool_of_role, use_gpu=use_gpu,
                                 backend=cfg.trainer.backend)
-    reward_fn = load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
+    reward_fn = reward_fn or load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
     val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0) if cfg.data.val_files else None
     trainer = RayPPOTrainer(cfg, tokenizer, role_worker_mapping or default_mapping, pools,
                             ray_worker_group_cls=get_worker_group_cls(cfg.trainer.backend),

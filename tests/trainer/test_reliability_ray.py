@@ -195,17 +195,7 @@ def test_a_peer_death_is_reported_as_the_cause_of_the_other_ranks_failure():
 
 def _signalled_run(cfg, signals: tuple[int, ...], call: int) -> RayPPOTrainer:
     """A Ray run whose reward function sends ``signals`` to the driver in its ``call``-th call."""
-    tokenizer = tiny_tokenizer()
-    mapping, pools = build_role_worker_mapping(cfg)
-    trainer = RayPPOTrainer(cfg, tokenizer, mapping, ResourcePoolManager({"global_pool": [2]}, pools, use_gpu=False),
-                            reward_fn=SignalOnCall(load_reward_manager(cfg, tokenizer, 0), call, signals),
-                            device_name="cpu")
-    try:
-        trainer.init_workers()
-        trainer.fit()
-    finally:
-        trainer.shutdown()
-    return trainer
+    return run_ppo(cfg, reward_fn=SignalOnCall(load_reward_manager(cfg, tiny_tokenizer(), 0), call, signals))
 
 
 @pytest.mark.slow  # three Ray runs; test_graceful_stop.py checks the same through the command on one process
