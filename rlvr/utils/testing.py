@@ -15,7 +15,14 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-__all__ = ["TINY_CHAT_TEMPLATE", "tiny_tokenizer", "tiny_causal_lm", "save_tiny_model", "judge_stub_server"]
+__all__ = [
+    "TINY_CHAT_TEMPLATE",
+    "tiny_tokenizer",
+    "tiny_causal_lm",
+    "save_tiny_model",
+    "judge_stub_server",
+    "local_ray_cluster",
+]
 
 PAD, BOS, IM_START, IM_END = "<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, BOS, IM_START, IM_END]
@@ -138,3 +145,25 @@ def judge_stub_server(reply: Callable[[str], str]) -> Iterator[tuple[str, list[t
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def local_ray_cluster(num_cpus: int, pickle_by_value: tuple = ()) -> Iterator[None]:
+    """A local Ray cluster of ``num_cpus`` CPUs for the duration of the block (joined if one runs).
+
+    Args:
+        num_cpus: CPUs of the cluster (tests use 2).
+        pickle_by_value: modules the Ray workers cannot import (test folders), shipped by value.
+    """
+    import ray
+    import ray.cloudpickle
+
+    from rlvr.single_controller import init_ray
+
+    for module in pickle_by_value:
+        ray.cloudpickle.register_pickle_by_value(module)
+    init_ray(num_cpus=num_cpus)
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -10,26 +10,24 @@ from __future__ import annotations
 import signal
 
 import pytest
-import ray
-import ray.cloudpickle
 import recovery_workers
 import torch
 from recovery_workers import CollectivePeer, ShareOfEvenTokens, SignalOnCall, TokenScoreWorker
 from trainer_helpers import tiny_config
 
 from rlvr.protocol import DataProto
-from rlvr.single_controller import ClassWithInitArgs, LocalWorkerGroup, RayResourcePool, RayWorkerGroup, init_ray
-from rlvr.trainer.main_ppo import build_role_worker_mapping, run_ppo
-from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
-from rlvr.trainer.ppo.utils import Role
+from rlvr.single_controller import ClassWithInitArgs, LocalWorkerGroup, RayResourcePool, RayWorkerGroup
 from rlvr.trainer.checkpoint import CheckpointManager
 from rlvr.trainer.graceful_stop import StopNow
+from rlvr.trainer.main_ppo import build_role_worker_mapping, run_ppo
+from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
 from rlvr.trainer.ppo.reward import load_reward_manager
+from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.recovery import RestartLimitError
 from rlvr.trainer.tracking import read_metrics
 from rlvr.utils.errors import WorkerDiedError
 from rlvr.utils.fault_injection import Fault, with_faults
-from rlvr.utils.testing import tiny_tokenizer
+from rlvr.utils.testing import local_ray_cluster, tiny_tokenizer
 
 pytestmark = pytest.mark.ray
 
@@ -40,10 +38,8 @@ RAY = {"trainer.backend": "ray", "trainer.n_gpus_per_node": 2, "trainer.report":
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    ray.cloudpickle.register_pickle_by_value(recovery_workers)  # the Ray workers cannot import tests/
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
+    with local_ray_cluster(2, pickle_by_value=(recovery_workers,)):  # the Ray workers cannot import tests/
+        yield
 
 
 def _comparable(rows: list[dict]) -> list[dict]:
