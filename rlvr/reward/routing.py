@@ -46,8 +46,9 @@ __all__ = [
     "dataset_domains",
     "file_domains",
     "reward_worker_config",
+    "RoutedRewardWorker",
+    "reward_routers",
     "routed_worker_names",
-    "start_reward_routing",
 ]
 
 
@@ -179,6 +180,7 @@ class RewardWorkerGroups:
         except BaseException:
             self.pool.remove()
             raise
+        self._stopped = False
         self.groups: dict[str, Any] = self._group.spawn(names)
         try:
             for group in self.groups.values():
@@ -188,9 +190,31 @@ class RewardWorkerGroups:
             raise
 
     def shutdown(self) -> None:
-        """Stop the worker processes and give the pool back."""
+        """Stop the worker processes and give the pool back (once; later calls do nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._group.shutdown()
         self.pool.remove()
+
+
+class RoutedRewardWorker:
+    """One routed reward worker, reached through a restartable handle on the run's
+    :class:`RewardWorkerGroups` (the trainer's :class:`~rlvr.trainer.recovery.RestartableGroup`):
+    when one of its processes dies or hangs, the reward groups are started again and the call is
+    sent again, without rolling training back (the workers hold no training state).
+
+    Args:
+        workers: anything with ``run(call)`` that calls ``call(reward_worker_groups)``.
+        name: the reward worker's route name (``math_rule``, ``code_sandbox``, ...).
+    """
+
+    def __init__(self, workers: Any, name: str) -> None:
+        self.workers = workers
+        self.name = name
+
+    def compute_rewards(self, data: Any) -> Any:
+        return self.workers.run(lambda groups: groups.groups[self.name].compute_rewards(data))
 
 
 def build_reward_router(cfg: DictConfig, tokenizer: Any, groups: dict[str, Any], num_examine: int) -> RewardRouter:
@@ -209,11 +233,12 @@ def build_reward_router(cfg: DictConfig, tokenizer: Any, groups: dict[str, Any],
                         on_error=cfg.reward_model.on_error, fallback_score=cfg.reward_model.fallback_score)
 
 
-def start_reward_routing(cfg: DictConfig, backend: str, tokenizer: Any, with_validation: bool
-                         ) -> tuple[RewardWorkerGroups, RewardRouter, RewardRouter | None]:
-    """Start the routed reward worker groups; returns them with the training reward function (printing
-    ``reward_model.num_examine`` samples per source) and, ``with_validation``, the validation one."""
-    workers = RewardWorkerGroups(cfg, backend)
-    reward_fn = build_reward_router(cfg, tokenizer, workers.groups, cfg.reward_model.num_examine)
-    val_reward_fn = build_reward_router(cfg, tokenizer, workers.groups, 0) if with_validation else None
-    return workers, reward_fn, val_reward_fn
+def reward_routers(cfg: DictConfig, tokenizer: Any, workers: Any, with_validation: bool
+                   ) -> tuple[RewardRouter, RewardRouter | None]:
+    """The training reward function of a routed run (printing ``reward_model.num_examine`` samples per
+    source) and, ``with_validation``, the validation one; ``workers`` is the restartable handle on the
+    run's :class:`RewardWorkerGroups` (see :class:`RoutedRewardWorker`)."""
+    handles = {name: RoutedRewardWorker(workers, name) for name in routed_worker_names(cfg)}
+    reward_fn = build_reward_router(cfg, tokenizer, handles, cfg.reward_model.num_examine)
+    val_reward_fn = build_reward_router(cfg, tokenizer, handles, 0) if with_validation else None
+    return reward_fn, val_reward_fn

@@ -24,6 +24,11 @@ class ConfigError(RlvrError, ValueError):
         super().__init__(f"config error at '{key}': {message}")
 
 
+class DataError(RlvrError, ValueError):
+    """A training or validation file that cannot be used: unreadable, a malformed row (the message
+    names the file and the row), a missing field, or no prompts left after filtering."""
+
+
 class WorkerError(RlvrError):
     """A remote worker method raised; carries the group, method, rank and remote traceback."""
 

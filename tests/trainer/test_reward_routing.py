@@ -101,11 +101,12 @@ def test_reward_worker_groups_can_be_torn_down_and_created_again(tiny_model_dir,
     trainer = RayPPOTrainer(cfg, tiny_tokenizer(), {Role.ActorRollout: ActorRolloutRefWorker}, pools)
     assert trainer.reward_fn is None and trainer.reward_workers is None  # nothing started yet
     trainer.create_reward_worker_groups()
-    first = trainer.reward_workers
+    handle = trainer.reward_workers
+    first = handle.group
     assert sorted(first.groups) == ["code_sandbox", "ifeval", "math_rule"]
     assert isinstance(trainer.reward_fn, RewardRouter) and isinstance(trainer.val_reward_fn, RewardRouter)
-    first.shutdown()  # what recovery does with a failed group: tear it down, then create it again
-    trainer.create_reward_worker_groups()
-    assert trainer.reward_workers is not first and sorted(trainer.reward_workers.groups) == sorted(first.groups)
+    handle.rebuild()  # what a dead or hung reward worker triggers: tear the groups down, start them again
+    assert handle.group is not first and sorted(handle.group.groups) == sorted(first.groups)
+    assert first._stopped and not handle.group._stopped
     trainer.shutdown()
-    assert trainer.reward_workers is None
+    assert handle.group._stopped

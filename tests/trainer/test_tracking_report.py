@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 
 import pytest
@@ -24,6 +25,22 @@ def test_jsonl_logger_writes_rows_and_truncates_on_resume(tmp_path):
     resumed.log({"a": 30.0}, 3)
     resumed.finish()
     assert [row["a"] for row in read_metrics(path)] == [1.0, 2.0, 30.0]
+
+
+def test_jsonl_rewind_and_a_line_cut_short(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    tracking = Tracking("p", "e", ["console", "jsonl"], tmp_path, console_write=lambda line: None)
+    for step in (1, 2, 3):
+        tracking.log({"a": float(step)}, step)
+    tracking.rewind(1)  # training went back to the step-1 checkpoint
+    tracking.log({"a": 20.0}, 2)
+    tracking.finish()
+    assert read_metrics(path) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 20.0}]
+    with path.open("a") as f:
+        f.write('{"step": 3, "a"')  # the process was killed while writing
+    with caplog.at_level(logging.WARNING):
+        assert [row["step"] for row in read_metrics(path)] == [1, 2]
+    assert "the last line is incomplete and is left out" in caplog.text
 
 
 def test_console_logger_line():

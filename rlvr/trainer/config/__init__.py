@@ -16,7 +16,7 @@ from rlvr.trainer.config.schema import (
     PolicyLossConfig,
     RlvrConfig,
 )
-from rlvr.trainer.config.validate import use_reference, validate_config, world_size
+from rlvr.trainer.config.validate import check_config, check_names, use_reference, validate_config, world_size
 
 AlgoConfig = AlgorithmConfig
 """verl's name of the algorithm section."""
@@ -30,6 +30,8 @@ __all__ = [
     "KLControlConfig",
     "PolicyLossConfig",
     "RlvrConfig",
+    "check_config",
+    "check_names",
     "finalize_config",
     "help_config",
     "list_presets",

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlvr.trainer.config.schema import RlvrConfig
+from rlvr.trainer.config.suggest import suggest_key
 from rlvr.utils.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -64,7 +65,8 @@ def _merge(layers: Sequence[DictConfig], origin: str) -> DictConfig:
         key = _dotted_key(err)
         if key in VERL_KEYS_WITHOUT_MEANING:
             raise ConfigError(key, f"{VERL_KEYS_WITHOUT_MEANING[key]} (from {origin})") from None
-        raise ConfigError(key, f"unknown key (from {origin}); `rlvr --help-config` lists every valid key") from None
+        raise ConfigError(key, f"unknown key (from {origin}){suggest_key(key)}; `rlvr --help-config` lists "
+                          "every valid key") from None
     except ValidationError as err:
         raise ConfigError(_dotted_key(err), f"wrong value type (from {origin}): {str(err.msg).splitlines()[0]}") from None
 

@@ -97,6 +97,15 @@ class PolicyLossConfig:
 STRATEGIES = ("fsdp", "fsdp2")
 """Training backends a verl config may name; both run PyTorch FSDP2 over the worker group."""
 
+AGG_LOSS_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+"""The loss aggregation modes of ``agg_loss`` (``actor.loss_agg_mode``, ``critic.loss_agg_mode``)."""
+
+SINGLETON_CHOICES = ("score", "zero")
+"""What a group estimator gives a prompt's only sample (``algorithm.singleton_advantage``)."""
+
+GPG_ALPHA_COUNTS = ("nonzero_score", "informative")
+"""How GPG counts the samples of its alpha correction (``algorithm.gpg_alpha_count``)."""
+
 
 @dataclass
 class ActorConfig:
@@ -300,6 +309,7 @@ class TrainerConfig:
     report: bool = _f(True, "write <run dir>/report.md with PNG curves and sample generations at the end")
     seed: int = _f(1, "one seed for init, sampling and data order")
     call_timeout_s: float = _f(3600.0, "time limit of one worker call; a call over it raises naming stage/worker")
+    max_restarts: int = _f(3, "Ray backend: restarts after a dead or hung worker (all groups restart, the last whole checkpoint is restored); 0 = stop at the first")
     progress_bar: bool = _f(True, "show a progress bar with ETA")
     num_threads: Optional[int] = _f(None, "torch intra-op threads per worker on CPU (None = cores / workers)")
 

@@ -39,21 +39,19 @@ which otherwise pushes up every lone sample with a positive reward regardless of
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 import numpy as np
 import torch
 
-from rlvr.trainer.config.schema import AlgorithmConfig
+from rlvr.trainer.config.builtin_names import AdvantageEstimatorNeeds
+from rlvr.trainer.config.schema import GPG_ALPHA_COUNTS, SINGLETON_CHOICES, AlgorithmConfig
 from rlvr.trainer.ppo import egpo
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.registry import Registry
 from rlvr.utils.torch_functional import masked_whiten
 
-SINGLETON_CHOICES = ("score", "zero")
-GPG_ALPHA_COUNTS = ("nonzero_score", "informative")
 
 
 class AdvantageEstimator(str, Enum):
@@ -70,19 +68,6 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GPG = "gpg"
     EGPO = "egpo"
-
-
-@dataclass(frozen=True)
-class AdvantageEstimatorNeeds:
-    """What an estimator needs from the trainer (the metadata of its registry entry)."""
-
-    needs_critic: bool = False
-    """values from a critic: ``critic.enable`` defaults to it and validation requires it."""
-    needs_groups: bool = False
-    """several samples per prompt to compare: validation requires ``rollout.n > 1``."""
-    needs_greedy_baseline: bool = False
-    """the reward of a greedy response per prompt: the trainer generates and scores one and passes
-    it as ``reward_baselines``."""
 
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]

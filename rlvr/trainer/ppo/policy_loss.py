@@ -31,13 +31,12 @@ from typing import Any
 
 import torch
 
-from rlvr.trainer.config.schema import ActorConfig
+from rlvr.trainer.config.schema import AGG_LOSS_MODES, ActorConfig
 from rlvr.utils.errors import ConfigAssertionError
 from rlvr.utils.registry import Registry
 from rlvr.utils.torch_functional import masked_mean
 
 LOG_RATIO_CLAMP = 20.0
-AGG_LOSS_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
