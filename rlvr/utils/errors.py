@@ -21,6 +21,7 @@ class ConfigError(RlvrError, ValueError):
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key
+        self.message = message
         super().__init__(f"config error at '{key}': {message}")
 
 

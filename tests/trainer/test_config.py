@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.trainer.config import help_config, list_presets, load_config, validate_config
+from rlvr.trainer.config import check_config, help_config, list_presets, load_config, validate_config
 from rlvr.utils.errors import ConfigError
 
 from trainer_helpers import tiny_overrides
@@ -213,3 +213,16 @@ def test_verl_strategies_are_accepted_and_critic_strategy_checked(overrides):
     with pytest.raises(ConfigError, match="'deepspeed' is not supported") as info:
         validate_config(load_config("ppo", overrides(**ppo, **{"critic.strategy": "deepspeed"})))
     assert info.value.key == "critic.strategy"
+
+
+def test_a_routed_code_sandbox_that_cannot_run_is_a_config_error():
+    """The local code sandbox is started with the config check, not at the first reward."""
+    routed = ["reward.routes.code=code_sandbox"]
+    check_config(load_config("grpo", routed), require_data_files=False)  # this machine's sandbox works
+    bad = [*routed, "reward.workers.code_sandbox.sandbox.python_executable=/nonexistent/python3"]
+    with pytest.raises(ConfigError, match=r"reward.workers.code_sandbox.sandbox.python_executable.*"
+                                          r"'/nonexistent/python3' is not an executable file"):
+        check_config(load_config("grpo", bad), require_data_files=False)
+    # a remote sandbox service is not probed here
+    check_config(load_config("grpo", [*bad, "reward.workers.code_sandbox.sandbox_url=http://127.0.0.1:9"]),
+                 require_data_files=False)

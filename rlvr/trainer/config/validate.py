@@ -277,6 +277,25 @@ def _check_reward(cfg: DictConfig) -> None:
     custom = cfg.custom_reward_function
     _require(custom.path is None or Path(custom.path).is_file(), "custom_reward_function.path",
              f"file {custom.path!r} does not exist; give the path of a .py file defining {custom.name}()")
+    _check_code_sandbox(cfg)
+
+
+def _check_code_sandbox(cfg: DictConfig) -> None:
+    """A routed ``code_sandbox`` reward worker without ``sandbox_url`` runs programs in the local
+    sandbox: start it now (it probes the kernel's isolation and an interpreter the sandbox can run,
+    once per process), so that a sandbox that cannot work is a config error, not a failure at the
+    first reward."""
+    from rlvr.sandbox.local import LocalSandbox
+
+    if "code_sandbox" not in cfg.reward.routes.values():
+        return
+    section = cfg.reward.workers.code_sandbox
+    if section.sandbox_url:
+        return
+    try:
+        LocalSandbox(OmegaConf.to_object(section.sandbox))
+    except ConfigError as err:
+        raise ConfigError(f"reward.workers.code_sandbox.{err.key}", err.message) from None
 
 
 def registered_names() -> dict[str, list[str]]:
