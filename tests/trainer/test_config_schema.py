@@ -7,7 +7,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
-import typing
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 
 import rlvr
 from rlvr.trainer.config import ActorConfig, AlgorithmConfig, PolicyLossConfig, RlvrConfig, help_config, load_config
+from rlvr.trainer.config.suggest import schema_keys
 from rlvr.trainer.ppo import advantage, policy_loss
 from rlvr.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 from rlvr.utils.errors import ConfigError
@@ -29,19 +29,6 @@ VERL_SIGNATURE_ONLY = {
     "f_norm": "verl's GPG argument that its trainer never passes (the paper's optional std scaling)",
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
 }
-
-
-def _leaf_fields(cls: type, prefix: str = "") -> list[str]:
-    """Dotted keys of every non-section field of the schema dataclass ``cls``."""
-    hints = typing.get_type_hints(cls)
-    keys = []
-    for fld in dataclasses.fields(cls):
-        hint = hints[fld.name]
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-            keys += _leaf_fields(hint, f"{prefix}{fld.name}.")
-        else:
-            keys.append(f"{prefix}{fld.name}")
-    return keys
 
 
 def _names_read_by_the_code() -> set[str]:
@@ -62,7 +49,7 @@ def test_every_schema_field_is_read_by_the_code():
     """A field no code reads is a dead key: a user sets it and nothing happens. (By name: a field
     whose name another section also uses is covered when either is read.)"""
     read = _names_read_by_the_code()
-    dead = [key for key in _leaf_fields(RlvrConfig) if key.rsplit(".", 1)[-1] not in read]
+    dead = [key for key in schema_keys(RlvrConfig) if key.rsplit(".", 1)[-1] not in read]
     assert dead == []
 
 
@@ -72,7 +59,7 @@ def test_the_dead_key_check_catches_a_dead_key():
         dataloader_num_workers_never_read: int = 0
 
     read = _names_read_by_the_code()
-    assert [k for k in _leaf_fields(WithDeadKey) if k.rsplit(".", 1)[-1] not in read] == [
+    assert [k for k in schema_keys(WithDeadKey) if k.rsplit(".", 1)[-1] not in read] == [
         "dataloader_num_workers_never_read"]
 
 
@@ -103,7 +90,7 @@ def test_every_policy_loss_knob_is_a_field_of_the_actor_section():
             "old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config", "rollout_is_weights"]
         loss(old, new, adv, torch.ones(4, 6), "token-mean", _Recorder(ActorConfig(), "actor", read), None)
     assert {key for key in read if key.startswith("actor.policy_loss.")} == {
-        f"actor.policy_loss.{key}" for key in _leaf_fields(PolicyLossConfig) if key != "loss_mode"}
+        f"actor.policy_loss.{key}" for key in schema_keys(PolicyLossConfig) if key != "loss_mode"}
     assert {"actor.clip_ratio", "actor.clip_ratio_low", "actor.clip_ratio_high", "actor.clip_ratio_c",
             "actor.global_batch_info"} <= read
 
