@@ -16,6 +16,7 @@ PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reward", "reward (mean sequence score)", ("critic/score/mean", "critic/rewards/mean",
                                                 "train/unfiltered_score_mean")),
     ("accuracy", "accuracy", ("train/acc", "train/unfiltered_acc", "val/*/acc")),
+    ("val_accuracy", "held-out accuracy (greedy)", ("val/*/acc",)),
     ("kl", "KL to the reference / old policy", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
     ("entropy", "policy entropy (nats/token)", ("actor/entropy",)),
     ("response_length", "response length (tokens)", ("response_length/mean", "response_length/max")),

@@ -491,6 +491,7 @@ class RayPPOTrainer:
         if val_rows:
             summary[f"val/acc before (step {val_rows[0]['step']})"] = val_rows[0]["val/acc"]
             summary[f"val/acc after (step {val_rows[-1]['step']})"] = val_rows[-1]["val/acc"]
+            summary["val/acc by step"] = ", ".join(f"{r['step']}: {r['val/acc']:.2f}" for r in val_rows)
         step_times = [r["timing/step"] for r in rows if "timing/step" in r]
         if step_times:
             summary["mean step time (s)"] = float(np.mean(step_times))
