@@ -16,6 +16,7 @@ PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("reward", "reward (mean sequence score)", ("critic/score/mean", "critic/rewards/mean",
                                                 "train/unfiltered_score_mean")),
     ("accuracy", "accuracy", ("train/acc", "train/unfiltered_acc", "val/*/acc")),
+    ("val_accuracy", "held-out accuracy (greedy)", ("val/*/acc",)),
     ("kl", "KL to the reference / old policy", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
     ("entropy", "policy entropy (nats/token)", ("actor/entropy",)),
     ("response_length", "response length (tokens)", ("response_length/mean", "response_length/max")),
@@ -91,12 +92,14 @@ def _summary_table(summary: dict[str, Any]) -> str:
 
 
 def metric_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Headline numbers of a run's metric rows: the first and last ``val/acc`` and the mean step time."""
+    """Headline numbers of a run's metric rows: the first and last ``val/acc``, the ``val/acc`` curve
+    (``step: accuracy``) and the mean step time."""
     summary: dict[str, Any] = {}
     val_rows = [r for r in rows if "val/acc" in r]
     if val_rows:
         summary[f"val/acc before (step {val_rows[0]['step']})"] = val_rows[0]["val/acc"]
         summary[f"val/acc after (step {val_rows[-1]['step']})"] = val_rows[-1]["val/acc"]
+        summary["val/acc by step"] = ", ".join(f"{r['step']}: {r['val/acc']:.2f}" for r in val_rows)
     step_times = [r["timing/step"] for r in rows if "timing/step" in r]
     if step_times:
         summary["mean step time (s)"] = sum(step_times) / len(step_times)

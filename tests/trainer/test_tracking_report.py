@@ -75,7 +75,7 @@ def test_report_writes_plots_and_generation_table(tmp_path):
     gens = [{"step": 0, "prompt": "1+1=", "response": "2 | x\nok", "ground_truth": "2", "score": 1.0}]
     path = write_report(tmp_path, rows, gens, {"val/acc before": 0.2, "steps": 3})
     text = path.read_text()
-    for name in ("reward", "accuracy", "entropy", "response_length", "step_time"):
+    for name in ("reward", "accuracy", "val_accuracy", "entropy", "response_length", "step_time"):
         assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000
         assert f"![{name}](plots/{name}.png)" in text
     assert not (tmp_path / "plots" / "kl.png").exists()  # no KL metric was logged

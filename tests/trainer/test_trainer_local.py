@@ -48,7 +48,9 @@ def test_grpo_end_to_end(run, tmp_path):
                                                        "latest_checkpointed_iteration.txt"]
     report = (tmp_path / "run" / "report.md").read_text()
     assert "| val/acc before (step 0) |" in report and "## Sample generations" in report
-    assert (tmp_path / "run" / "plots" / "reward.png").is_file()
+    assert f"| val/acc by step | 0: {rows[0]['val/acc']:.2f}, 3: {rows[-1]['val/acc']:.2f} |" in report
+    for plot in ("reward", "val_accuracy"):
+        assert (tmp_path / "run" / "plots" / f"{plot}.png").is_file()
     from transformers import AutoModelForCausalLM
 
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "hf_model")
