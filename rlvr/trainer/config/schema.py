@@ -132,6 +132,24 @@ class SamplingConfig:
 
 
 @dataclass
+class AgentConfig:
+    default_agent_loop: str = _f("single_turn", "agent loop (registry) for rows without an agent_name field: single_turn | tool_agent | env_agent")
+
+
+@dataclass
+class MultiTurnConfig:
+    max_assistant_turns: int = _f(4, "most model turns in one multi-turn rollout (tool_agent, env_agent)")
+    max_tool_response_tokens: int = _f(256, "an inserted tool result or environment reply is cut to this many tokens")
+    tool_config_path: Optional[str] = _f(None, "YAML file of the tools of tool_agent (see rlvr.agent.tools)")
+    format: str = _f("hermes", "tool-call parser (registry): hermes = <tool_call>{json}</tool_call>")
+    stop_after_tool_call: bool = _f(True, "end a model turn right after a complete tool call (the parser's stop strings)")
+    max_parallel_calls: int = _f(1, "tool calls run per model turn; further calls in the turn get an error message")
+    tool_timeout_s: float = _f(30.0, "time limit of one turn's tool calls (all samples together); a late call becomes an error message")
+    env_name: Optional[str] = _f(None, "environment (registry) of the env_agent loop, e.g. retry")
+    env_kwargs: dict = _f({}, "keyword arguments of the environment's constructor")
+
+
+@dataclass
 class RolloutConfig:
     name: str = _f("hf", "rollout engine from the registry (hf = transformers)")
     n: int = _f(8, "responses sampled per prompt")
@@ -149,6 +167,8 @@ class RolloutConfig:
     compile: bool = _f(False, "torch.compile the decode step (GPU fast path, with static_cache)")
     free_cache_engine: bool = _f(True, "free the rollout's KV cache after generation")
     val_kwargs: SamplingConfig = _sub(SamplingConfig, "sampling settings for validation")
+    agent: AgentConfig = _sub(AgentConfig, "agent loops above the engine (single-turn, tools, environments)")
+    multi_turn: MultiTurnConfig = _sub(MultiTurnConfig, "limits, tools and environment of multi-turn agent loops")
 
 
 @dataclass

@@ -177,6 +177,27 @@ def _check_rollout(cfg: DictConfig) -> None:
              "sampling needs temperature > 0; for greedy decoding set rollout.do_sample=False")
     _require(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
     _require(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", "must be >= 1")
+    _check_agent(rollout)
+
+
+def _check_agent(rollout: DictConfig) -> None:
+    """The default agent loop and the multi-turn settings it needs."""
+    from rlvr.agent import ENVIRONMENTS, get_agent_loop, get_tool_parser
+
+    key = "actor_rollout_ref.rollout.multi_turn"
+    loop, mt = rollout.agent.default_agent_loop, rollout.multi_turn
+    _check_registered("actor_rollout_ref.rollout.agent.default_agent_loop", loop, get_agent_loop)
+    _check_registered(f"{key}.format", mt.format, get_tool_parser)
+    _require(mt.max_assistant_turns >= 1, f"{key}.max_assistant_turns", "must be >= 1 model turn")
+    _require(mt.max_tool_response_tokens >= 1, f"{key}.max_tool_response_tokens", "must be >= 1 token")
+    _require(mt.max_parallel_calls >= 1, f"{key}.max_parallel_calls", "must be >= 1 call per turn")
+    _require(mt.tool_timeout_s > 0, f"{key}.tool_timeout_s", "must be > 0 seconds")
+    if mt.tool_config_path is not None or loop == "tool_agent":
+        _require(mt.tool_config_path is not None and Path(mt.tool_config_path).is_file(), f"{key}.tool_config_path",
+                 f"the tool_agent loop needs a YAML file of tools (see rlvr.agent.tools); {mt.tool_config_path!r} "
+                 "is not a file")
+    if mt.env_name is not None or loop == "env_agent":
+        _check_registered(f"{key}.env_name", str(mt.env_name), ENVIRONMENTS.get)
 
 
 def _check_algorithm(cfg: DictConfig) -> None:
@@ -235,7 +256,8 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     a dataset object); files that are named must still exist.
 
     Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
-    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators),
+    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators, agent loop,
+    tool-call parser, environment), the tools file of tool_agent,
     group estimators with ``n == 1``, GAE without a critic, resume settings, dynamic sampling.
     """
     _check_trainer(cfg)
