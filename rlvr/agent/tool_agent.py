@@ -158,10 +158,12 @@ class ToolAgentLoop:
         outcomes = run_with_timeout([lambda k=k: session.run_calls(rows[k], parsed[k].calls[:limit]) for k in runnable],
                                     float(self.settings.tool_timeout_s), "tool")
         outcome_of = dict(zip(runnable, outcomes))
-        return [self._reply(item, turn, outcome_of.get(k)) for k, (item, turn) in enumerate(zip(items, parsed))]
+        return [self._reply(item, turn, outcome_of.get(k)) if more else Reply(done=not turn.wants_tools)
+                for k, (item, turn, more) in enumerate(zip(items, parsed, may_continue))]
 
     def _reply(self, item: Trajectory, turn: ParsedTurn, outcome: CallOutcome | None) -> Reply:
-        """The tool messages for one turn (and the counters); ``done`` when the turn made no call."""
+        """The tool messages for one turn that may go on (and the counters); ``done`` when the turn
+        made no call. ``outcome`` is the run of the turn's well-formed calls (None without any)."""
         if not turn.wants_tools:
             return Reply(done=True)
         item.count("tool_calls", len(turn.calls) + len(turn.errors))

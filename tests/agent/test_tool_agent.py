@@ -146,6 +146,7 @@ def test_turn_limit_stops_without_running_the_last_call(tok, tmp_path):
     assert len(engine.calls) == 3
     text = text_of(tok, out, 0)
     assert text.count("<|im_start|>tool\n") == 2  # the third turn's call was not run
+    assert out.non_tensor_batch["num_tool_calls"].tolist() == [2] and len(CountingTool.created) == 1
     assert out.batch["response_mask"][0][out.batch["attention_mask"][0, -300:].bool()][-1] == 1  # ends on a model token
 
 
