@@ -197,6 +197,8 @@ def _check_agent(rollout: DictConfig) -> None:
                  f"the tool_agent loop needs a YAML file of tools (see rlvr.agent.tools); {mt.tool_config_path!r} "
                  "is not a file")
     if mt.env_name is not None or loop == "env_agent":
+        _require(mt.env_name is not None, f"{key}.env_name",
+                 f"the env_agent loop needs an environment; use one of {', '.join(ENVIRONMENTS.names())}")
         _check_registered(f"{key}.env_name", str(mt.env_name), ENVIRONMENTS.get)
 
 
