@@ -490,9 +490,11 @@ class RayPPOTrainer:
         summary: dict[str, Any] = {
             "algorithm": self.config.algorithm.adv_estimator, "model": self.config.actor_rollout_ref.model.path,
             "steps": self.global_steps, "training wall time (s)": round(train_time_s, 1)}
-        if val_rows:
-            summary[f"val/acc before (step {val_rows[0]['step']})"] = val_rows[0]["val/acc"]
-            summary[f"val/acc after (step {val_rows[-1]['step']})"] = val_rows[-1]["val/acc"]
+        for key in ("val/acc", "val/agent/tool_use_rate", "val/agent/correct_with_tool"):
+            rows_with = [r for r in val_rows if key in r]
+            if rows_with:
+                summary[f"{key} before (step {rows_with[0]['step']})"] = rows_with[0][key]
+                summary[f"{key} after (step {rows_with[-1]['step']})"] = rows_with[-1][key]
         step_times = [r["timing/step"] for r in rows if "timing/step" in r]
         if step_times:
             summary["mean step time (s)"] = float(np.mean(step_times))
