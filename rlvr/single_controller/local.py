@@ -4,7 +4,8 @@
 same dispatch / execute / collect code (``WorkerGroup``). Differences, by necessity:
 
 - A call runs to completion in the calling thread when it is submitted; a non-blocking call
-  returns a ``WorkerFuture`` that is already done.
+  returns a future that is already done. The worker gets a copy of the arguments, as a Ray
+  actor does, so changing an input in place does not change the caller's object.
 - A running call cannot be interrupted safely inside the driver (and a debugger session must not
   be cut short), so the timeout is checked when the call returns: a call that took longer than
   its timeout raises ``WorkerTimeoutError`` and its result is discarded.
@@ -13,6 +14,7 @@ same dispatch / execute / collect code (``WorkerGroup``). Differences, by necess
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 import traceback
@@ -24,8 +26,8 @@ from typing import Any
 
 from rlvr.single_controller.base.colocate import create_colocated_worker_cls
 from rlvr.single_controller.base.worker import free_port
-from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup
-from rlvr.utils.errors import WorkerError, WorkerTimeoutError
+from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, check_device_name
+from rlvr.utils.errors import ProtocolError, WorkerError, WorkerTimeoutError
 
 __all__ = ["LocalResourcePool", "LocalWorkerGroup", "create_colocated_worker_cls"]
 
@@ -36,26 +38,33 @@ class LocalResourcePool(ResourcePool):
     Args:
         process_on_nodes: must be ``[1]``.
         use_gpu: the worker uses the driver's first GPU.
-        max_colocate_count: worker groups that may share the process.
         name_prefix: name used in messages.
+        max_colocate_count: worker groups that may share the process.
+        detached: must be False (nothing outlives the driver process).
+        accelerator_type: unused by one in-process worker; accepted for the shared constructor.
     """
 
     def __init__(
         self,
         process_on_nodes: Sequence[int] = (1,),
         use_gpu: bool = False,
-        max_colocate_count: int = 1,
         name_prefix: str | None = None,
+        max_colocate_count: int = 10,
+        detached: bool = False,
+        accelerator_type: str | None = None,
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count)
         if self.world_size != 1:
-            raise ValueError(
+            raise ProtocolError(
                 f"the local backend runs one worker in the driver process, but the resource pool asks for "
                 f"{self.store} processes per node: set trainer.nnodes=1 and trainer.n_gpus_per_node=1 "
                 "(or 0 for CPU), or use trainer.backend=ray"
             )
+        if detached:
+            raise ProtocolError("a local resource pool cannot be detached: it is the driver process")
         self.use_gpu = use_gpu
         self.name_prefix = name_prefix or "local_pool"
+        self.accelerator_type = accelerator_type
 
 
 @dataclass
@@ -95,25 +104,33 @@ class LocalWorkerGroup(WorkerGroup):
 
     Args:
         resource_pool: a ``LocalResourcePool``.
-        ray_cls_with_init: the worker class and its constructor arguments.
+        ray_cls_with_init: the worker class (plain or wrapped with ``ray.remote``) and its
+            constructor arguments.
+        bin_pack: nothing to pack for one in-process worker; accepted for the shared constructor.
         name_prefix: group name used in error messages.
-        call_timeout_s: timeout checked when each call returns (see the module docstring).
         detached: must be False (a local worker cannot outlive the driver).
+        call_timeout_s: timeout checked when each call returns (see the module docstring).
+        device_name: ``"cuda"`` or ``"cpu"`` (checked against the pool as by ``RayWorkerGroup``; the
+            worker picks its device itself).
     """
 
     def __init__(
         self,
         resource_pool: LocalResourcePool,
         ray_cls_with_init: ClassWithInitArgs,
+        bin_pack: bool = True,
         name_prefix: str | None = None,
-        call_timeout_s: float | None = None,
         detached: bool = False,
+        *,
+        call_timeout_s: float | None = None,
+        device_name: str = "cuda",
     ) -> None:
         if detached:
-            raise ValueError("the local backend cannot start detached workers: they live in the driver process")
+            raise ProtocolError("the local backend cannot start detached workers: they live in the driver process")
         cls = ray_cls_with_init.cls
         super().__init__(name_prefix or f"{cls.__name__}_{uuid.uuid4().hex[:6]}", cls, call_timeout_s)
         self.resource_pool = resource_pool
+        check_device_name(self.name, device_name, resource_pool.use_gpu)
         with _worker_env():
             done = self._run(ray_cls_with_init)
         if done.error is not None:
@@ -131,6 +148,7 @@ class LocalWorkerGroup(WorkerGroup):
         return _Done(value, None, time.monotonic() - start)
 
     def _submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> _Done:
+        args, kwargs = copy.deepcopy((args, kwargs))  # the worker owns its arguments, as a Ray actor does
         return self._run(getattr(self._workers[rank], method), *args, **kwargs)
 
     def _wait(self, handles: list, ranks: list[int], method: str, timeout_s: float) -> list:

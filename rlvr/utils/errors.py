@@ -42,3 +42,29 @@ class WorkerDiedError(WorkerError):
 
 class RewardError(RlvrError):
     """A reward scorer or reward worker broke its contract (raised, timed out, bad output)."""
+
+
+class StaleRolloutError(RlvrError):
+    """The rollout engine generated with other weights than the actor's current ones."""
+
+
+class ProtocolError(RlvrError, ValueError, AssertionError):
+    """A ``DataProto`` or dispatch precondition failed (sizes disagree, values conflict, a length
+    does not divide).
+
+    verl checks these with ``assert``; this type is also an ``AssertionError`` (and a
+    ``ValueError``), so ``pytest.raises(AssertionError)`` written against verl still holds.
+    """
+
+
+class ProtocolKeyError(RlvrError, KeyError, AssertionError):
+    """A ``DataProto`` key is missing or the key sets of two records disagree (verl raises
+    ``KeyError`` or ``AssertionError`` there; this type is both)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ProtocolTypeError(RlvrError, TypeError, AssertionError):
+    """A value of the wrong type reached ``DataProto`` or a dispatch function (verl raises
+    ``TypeError`` or ``AssertionError`` there; this type is both)."""

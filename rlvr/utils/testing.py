@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,7 +15,15 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-__all__ = ["TINY_CHAT_TEMPLATE", "tiny_tokenizer", "tiny_causal_lm", "save_tiny_model", "judge_stub_server"]
+__all__ = [
+    "TINY_CHAT_TEMPLATE",
+    "tiny_tokenizer",
+    "tiny_causal_lm",
+    "save_tiny_model",
+    "judge_stub_server",
+    "local_ray_cluster",
+    "forward_log_probs",
+]
 
 PAD, BOS, IM_START, IM_END = "<pad>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [PAD, BOS, IM_START, IM_END]
@@ -104,6 +112,18 @@ def save_tiny_model(path: str | os.PathLike, **kwargs) -> Path:
     return path
 
 
+@torch.no_grad()
+def forward_log_probs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], temperature: float) -> torch.Tensor:
+    """Log-prob ``[b, R]`` of each response token under ``softmax(logits / temperature)`` from one
+    plain fp32 forward of a rollout's sequences (``input_ids``, ``attention_mask``, ``position_ids``
+    ``[b, P+R]``, ``responses`` ``[b, R]``): the reference for a rollout engine's log-probs."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   position_ids=batch["position_ids"]).logits.float()
+    responses = batch["responses"]
+    logits = logits[:, -responses.shape[1] - 1 : -1] / temperature
+    return logits.log_softmax(-1).gather(-1, responses[..., None]).squeeze(-1)
+
+
 @contextmanager
 def judge_stub_server(reply: Callable[[str], str]) -> Iterator[tuple[str, list[tuple[str, str | None, dict]]]]:
     """Serve an OpenAI-compatible chat-completions stub on a free local port while the block runs.
@@ -138,3 +158,25 @@ def judge_stub_server(reply: Callable[[str], str]) -> Iterator[tuple[str, list[t
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def local_ray_cluster(num_cpus: int, pickle_by_value: tuple = ()) -> Iterator[None]:
+    """A local Ray cluster of ``num_cpus`` CPUs for the duration of the block (joined if one runs).
+
+    Args:
+        num_cpus: CPUs of the cluster (tests use 2).
+        pickle_by_value: modules the Ray workers cannot import (test folders), shipped by value.
+    """
+    import ray
+    import ray.cloudpickle
+
+    from rlvr.single_controller import init_ray
+
+    for module in pickle_by_value:
+        ray.cloudpickle.register_pickle_by_value(module)
+    init_ray(num_cpus=num_cpus)
+    try:
+        yield
+    finally:
+        ray.shutdown()

@@ -6,10 +6,13 @@ as a Ray actor or inside the driver (local backend); methods are called through 
 Hybrid worker (``role="actor_rollout_ref"``, seed 001): one process holds the actor, the rollout
 and the reference.
 
-- Weights actor -> rollout, in-process. With one rank the rollout engine *shares* the actor's
-  module: nothing is copied, generation always sees the current weights. With several ranks the
-  actor is FSDP2-sharded and the rollout keeps an unsharded replica, refreshed (all-gather, one
-  parameter at a time) before the first generation after an actor update.
+- Weights actor -> rollout, in-process, versioned. With one rank the HF engine *shares* the actor's
+  module: nothing is copied. With several ranks the actor is FSDP2-sharded and the HF engine keeps
+  an unsharded replica; an engine with weights of its own (vLLM) holds its own copy. Either is
+  refreshed in place (all-gather, one parameter at a time) by :meth:`update_weights` after every
+  actor update (the trainer's ``update_weights`` stage), at the latest before the next generation.
+  The engine reports the version of the weights it generated with (``rollout_weights_version``),
+  the worker adds the actor's (``actor_weights_version``), and the trainer refuses a mismatch.
 - On GPU the actor's optimizer state (and its parameters, when the rollout has its own replica)
   move to CPU during generation and back for training; the rollout's KV cache is freed after
   generation (``rollout.free_cache_engine``).
@@ -128,8 +131,8 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self.actor = self.rollout = self.ref = None
         self._weights_version = 0
-        self._synced_version = 0
         self._rollout_replica = None
+        self._rollout_shares_actor = False
         self._ref_shares_actor = False
 
     # ------------------------------------------------------------------ construction
@@ -148,7 +151,7 @@ class ActorRolloutRefWorker(_RoleWorker):
 
     def _init_actor(self, cfg) -> None:
         module = build_causal_lm(cfg.model, trainable=True).to(self.device)
-        if self._is_rollout and self.world_size > 1:
+        if self._is_rollout and self.world_size > 1 and get_rollout_engine(cfg.rollout.name).runs_torch_module:
             self._rollout_replica = copy.deepcopy(module).requires_grad_(False)
         module = shard_module(module, self.world_size, self._device_type(), cfg.actor.fsdp_config.reshard_after_forward)
         optimizer = build_optimizer(module, cfg.actor.optim)
@@ -165,14 +168,18 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._rest_actor()
 
     def _init_rollout(self, cfg) -> None:
+        factory = get_rollout_engine(cfg.rollout.name)
         if self._is_actor:
-            shared = self._rollout_replica is None
-            module = self.actor_module if shared else self._rollout_replica
+            shared = factory.runs_torch_module and self._rollout_replica is None
+            module = self._rollout_replica if factory.runs_torch_module and not shared else self.actor_module
         else:
             shared, module = False, build_causal_lm(cfg.model, trainable=False).to(self.device)
         seed = int(self.config.trainer.seed) + 1_000_003 * (self.rank + 1)
-        factory = get_rollout_engine(cfg.rollout.name)
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
+        self._rollout_shares_actor = shared
+        if not factory.runs_torch_module:  # the engine starts without the policy's weights
+            self.rollout.update_weights(full_parameters(module) if self._is_actor else module.named_parameters(),
+                                        self._weights_version)
         self.agent_loops = AgentLoopManager(cfg.rollout, self.tokenizer)
 
     def _init_ref(self, cfg) -> None:
@@ -203,12 +210,14 @@ class ActorRolloutRefWorker(_RoleWorker):
 
     # ------------------------------------------------------------------ rollout
     def _sync_rollout_weights(self, force: bool = False) -> None:
-        """Bring the rollout's replica up to the actor's weights (no-op when it shares the module)."""
-        if self._rollout_replica is not None and (force or self._synced_version != self._weights_version):
+        """Bring the rollout engine up to the actor's weights (version ``_weights_version``). An engine
+        sharing the actor's module has nothing to copy, but still learns the version."""
+        if not force and self.rollout.weights_version == self._weights_version:
+            return
+        if not self._rollout_shares_actor:
             self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
             self.rollout.wake_up()
-            self.rollout.update_weights(full_parameters(self.actor_module))
-        self._synced_version = self._weights_version
+        self.rollout.update_weights(full_parameters(self.actor_module), self._weights_version)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -219,7 +228,7 @@ class ActorRolloutRefWorker(_RoleWorker):
         with timer.stage("gen"):
             if self._is_actor:
                 self._sync_rollout_weights()
-                self.actor_placement.place(params=self._rollout_replica is None, optimizer=False)
+                self.actor_placement.place(params=self._rollout_shares_actor, optimizer=False)
             self.rollout.wake_up()
             output = self.agent_loops.generate_sequences(self.rollout, prompts)
             if self.config.actor_rollout_ref.rollout.free_cache_engine:
@@ -227,21 +236,23 @@ class ActorRolloutRefWorker(_RoleWorker):
         metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen")}
         output.meta_info.update(metrics=metrics, timing=timer.result())
         if self._is_actor:
-            output.meta_info["rollout_weights_version"] = self._weights_version
+            output.meta_info["actor_weights_version"] = self._weights_version
         return output
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update_weights(self, weights=None) -> None:
-        """Load weights into the rollout: ``(name, tensor)`` pairs or a state dict (names of the
-        rollout's model), or None to copy the actor's current weights in-process. When the rollout
-        shares the actor's module (hybrid, one rank), given weights change the actor too."""
+    def update_weights(self, weights=None, version: int | None = None) -> None:
+        """Load weights into the rollout engine in place: ``(name, tensor)`` pairs or a state dict
+        (names of the policy's parameters) as weights ``version`` (None = the engine's version + 1),
+        or ``weights=None`` to sync the actor's current weights in-process (the trainer's
+        ``update_weights`` stage after every actor update). When the rollout shares the actor's
+        module (hybrid, one rank), given weights change the actor too."""
         self._require(self._is_rollout, "update_weights", "rollout")
         if weights is None:
             self._require(self._is_actor, "update_weights(None)", "actor")
             self._sync_rollout_weights(force=True)
             return
         self.rollout.wake_up()
-        self.rollout.update_weights(weights)
+        self.rollout.update_weights(weights, self.rollout.weights_version + 1 if version is None else version)
 
     # ------------------------------------------------------------------ actor
     def _reuse_rollout_log_probs(self, data: DataProto, temperature: float, calculate_entropy: bool) -> bool:

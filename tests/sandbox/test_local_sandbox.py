@@ -1,8 +1,11 @@
 """The local sandbox contains hostile programs and leaves the host untouched."""
 
 import os
+import shutil
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -10,15 +13,47 @@ import uuid
 import pytest
 
 from rlvr.sandbox import LocalSandbox, SandboxConfig, SandboxJob
+from rlvr.sandbox import local as sandbox_local
 from rlvr.utils.errors import ConfigError
 
 WALL = 3.0
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid switch, NPROC and namespaces need root")
 
 
+def _readable_by_others(path: str) -> bool:
+    """Whether a user other than the owner can reach and read ``path`` (every ancestor traversable)."""
+    parts = os.path.abspath(path).strip("/").split("/")
+    ancestors = ["/" + "/".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
+    return all(os.stat(a).st_mode & 0o001 for a in ancestors) and bool(os.stat(path).st_mode & 0o004)
+
+
+BASE_PYTHON_IS_PRIVATE = not _readable_by_others(os.path.join(sys.base_prefix, "lib"))
+
+
 @pytest.fixture(scope="module")
-def sandbox():
-    return LocalSandbox(SandboxConfig(wall_timeout_s=WALL, cpu_seconds=2, memory_bytes=1 << 30, max_concurrency=2))
+def private_tmp_venv():
+    """A virtualenv inside a mode-0700 directory under /tmp (a project cloned into /tmp), with a
+    secret file beside it; yields ``(directory, venv python)``."""
+    home = tempfile.mkdtemp(prefix="rlvr-private-", dir="/tmp")
+    os.chmod(home, 0o700)
+    with open(os.path.join(home, "secret.txt"), "w") as f:
+        f.write("secret")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", os.path.join(home, "venv")], check=True, timeout=120)
+    yield home, os.path.join(home, "venv", "bin", "python")
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=["current_python", "venv_in_private_tmp_dir"])
+def sandbox(request):
+    """The hostile-program tests run with the test's own interpreter and with one that lives where a
+    fresh clone under /tmp puts it (a venv in a private directory under /tmp, whose mount namespace
+    covers /tmp with a tmpfs)."""
+    python = ""
+    if request.param == "venv_in_private_tmp_dir":
+        python = request.getfixturevalue("private_tmp_venv")[1]
+    config = SandboxConfig(wall_timeout_s=WALL, cpu_seconds=2, memory_bytes=1 << 30, max_concurrency=2,
+                           python_executable=python)
+    return LocalSandbox(config)
 
 
 def _sandbox_processes(config: SandboxConfig) -> list[str]:
@@ -135,6 +170,52 @@ def test_basic_isolation_blocks_sockets_with_the_shim():
     assert not bomb.passed
     time.sleep(0.3)
     assert _sandbox_processes(config) == []
+
+
+@needs_root
+def test_interpreter_under_private_tmp_dir_is_exposed_read_only_and_alone(private_tmp_venv):
+    home, python = private_tmp_venv
+    sandbox = LocalSandbox(SandboxConfig(wall_timeout_s=WALL, python_executable=python))
+    assert sandbox.isolation.mountns and sandbox.python == python
+    code = (
+        "import os, sys\n"
+        f"print(sys.prefix, sorted(os.listdir({home!r})), os.path.exists({home + '/secret.txt'!r}))\n"
+        "try:\n    open(os.path.join(sys.prefix, 'x'), 'w')\nexcept OSError as exc:\n    print(type(exc).__name__)"
+    )
+    result = sandbox.run(code)
+    assert result.passed, result.stderr
+    prefix, listing, secret_visible, write_error = result.stdout.split(maxsplit=3)
+    assert prefix == os.path.join(home, "venv") and listing == "['venv']" and secret_visible == "False"
+    assert write_error.strip() in ("PermissionError", "OSError")
+    assert not os.path.exists(os.path.join(home, "venv", "x"))
+
+
+@needs_root
+@pytest.mark.skipif(not BASE_PYTHON_IS_PRIVATE or not os.access("/usr/bin/python3", os.X_OK),
+                    reason="needs a base interpreter other users cannot read, and /usr/bin/python3")
+def test_basic_isolation_falls_back_to_a_readable_system_python():
+    sandbox = LocalSandbox(SandboxConfig(wall_timeout_s=WALL, cpu_seconds=2, isolation="basic"))
+    assert sandbox.python == "/usr/bin/python3" and not sandbox.isolation.mountns
+    assert sandbox.run("print(6 * 7)").stdout == "42\n"
+
+
+@needs_root
+@pytest.mark.skipif(not BASE_PYTHON_IS_PRIVATE, reason="needs a base interpreter other users cannot read")
+def test_basic_isolation_with_an_unreadable_interpreter_fails_at_construction(private_tmp_venv):
+    config = SandboxConfig(isolation="basic", python_executable=private_tmp_venv[1])
+    with pytest.raises(ConfigError, match="(?s)sandbox.python_executable.*/usr/bin/python3"):
+        LocalSandbox(config)
+
+
+def test_no_usable_interpreter_is_a_config_error_that_says_what_to_do(monkeypatch):
+    failed = sandbox_local.SandboxResult("runtime_error", 1, "", "ModuleNotFoundError: No module named 'json'", 0.1)
+    monkeypatch.setattr(LocalSandbox, "_probe", lambda self, python, isolation: failed)
+    monkeypatch.setattr(sandbox_local, "_CHOSEN", {})
+    with pytest.raises(ConfigError) as info:
+        LocalSandbox(SandboxConfig(isolation="basic", python_executable="/usr/bin/python3"))
+    message = str(info.value)
+    assert "sandbox.python_executable" in message and "No module named 'json'" in message
+    assert "readable" in message or "read" in message
 
 
 def test_invalid_config_is_rejected():

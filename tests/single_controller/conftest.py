@@ -5,27 +5,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-import ray
-import ray.cloudpickle
 import sc_workers
+from sc_workers import BACKENDS, world_size_of
 
-from rlvr.single_controller import ClassWithInitArgs, WorkerGroup, get_resource_pool_cls, get_worker_group_cls, init_ray
+from rlvr.single_controller import ClassWithInitArgs, WorkerGroup, get_resource_pool_cls, get_worker_group_cls
+from rlvr.utils.testing import local_ray_cluster
 
-BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local"]
-RAY_WORKERS = 2
 
 
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[None]:
     """A local Ray cluster with 2 CPUs, started once and shut down at the end of the session."""
-    ray.cloudpickle.register_pickle_by_value(sc_workers)  # the Ray workers cannot import tests/
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
-
-
-def world_size_of(backend: str) -> int:
-    return RAY_WORKERS if backend == "ray" else 1
+    with local_ray_cluster(2, pickle_by_value=(sc_workers,)):  # the Ray workers cannot import tests/
+        yield
 
 
 @pytest.fixture(scope="session", params=BACKENDS)

@@ -5,11 +5,20 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 
 from rlvr.protocol import DataProto
 from rlvr.single_controller import Dispatch, Execute, RankInfo, Worker, register
+
+BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local"]
+RAY_WORKERS = 2
+
+
+def world_size_of(backend: str) -> int:
+    """Workers of a test group: 2 Ray actors, or the one local worker."""
+    return RAY_WORKERS if backend == "ray" else 1
 
 
 def _spread(group, x: list):
@@ -53,7 +62,7 @@ class DemoWorker(Worker):
     def whoami(self, tag: str) -> tuple[str, int]:
         return tag, self.rank
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
     def only_rank_zero(self, x: int) -> tuple[int, int]:
         return x, self.rank
 
@@ -153,3 +162,11 @@ class BrokenWorker(Worker):
         super().__init__()
         if self.rank == self.world_size - 1:
             raise RuntimeError(f"deliberate constructor failure on rank {self.rank}")
+
+
+def late_part(delay_s: float, fail: bool) -> DataProto:
+    """A DataProto part computed by a Ray task (for DataProtoFuture timeouts and failures)."""
+    time.sleep(delay_s)
+    if fail:
+        raise ValueError("deliberate failure of a part")
+    return DataProto.from_dict(tensors={"x": torch.zeros(1)})

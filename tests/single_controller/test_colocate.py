@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BACKENDS, world_size_of
-from sc_workers import DemoWorker, OtherRoleWorker
+from sc_workers import BACKENDS, DemoWorker, OtherRoleWorker, world_size_of
 
 from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs, create_colocated_worker_cls

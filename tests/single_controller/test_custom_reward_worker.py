@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import ray.cloudpickle
 import torch
-from conftest import BACKENDS, world_size_of
+from sc_workers import BACKENDS, world_size_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 

@@ -6,8 +6,7 @@ import pytest
 import ray
 import torch
 import torch.distributed as dist
-from conftest import world_size_of
-from sc_workers import DemoWorker
+from sc_workers import DemoWorker, world_size_of
 
 from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs, WorkerFuture

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import BACKENDS, world_size_of
-from sc_workers import BrokenWorker, DemoWorker
+import torch
+from sc_workers import BACKENDS, BrokenWorker, DemoWorker, late_part, world_size_of
 
+from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs
 from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 
@@ -68,3 +69,22 @@ def test_constructor_failure_raises_at_group_creation(backend, make_group):
     last_rank = 1 if backend == "ray" else 0
     assert (info.value.group, info.value.method, info.value.rank) == (f"broken_{backend}", "__init__", last_rank)
     assert f"deliberate constructor failure on rank {last_rank}" in str(info.value)
+
+
+@pytest.mark.ray
+def test_data_proto_future_of_refs_times_out_and_reports_failures(ray_cluster):
+    import ray
+
+    from rlvr.protocol import DataProtoFuture
+
+    task = ray.remote(num_cpus=0)(late_part)
+    late = task.remote(30.0, False)
+    slow = DataProtoFuture.concat([ray.put(DataProto.from_dict(tensors={"x": torch.ones(1)})), late])
+    start = time.monotonic()
+    with pytest.raises(WorkerTimeoutError, match=r"ObjectRef\(s\) \[1\] of 2 gave no result within 0.5 s") as info:
+        slow.get(timeout_s=0.5)
+    ray.cancel(late, force=True)
+    assert time.monotonic() - start < 10 and (info.value.group, info.value.method, info.value.rank) == (
+        "DataProtoFuture", "get", 1)
+    with pytest.raises(WorkerError, match="deliberate failure of a part"):
+        DataProtoFuture.concat([task.remote(0.0, True)]).get(timeout_s=60)

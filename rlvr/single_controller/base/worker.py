@@ -12,12 +12,13 @@ import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from rlvr.single_controller.base.decorator import Dispatch, register
+from rlvr.single_controller.base.decorator import Dispatch, Execute, register
 
 
 @dataclass
@@ -125,3 +126,14 @@ class Worker:
             timeout=timedelta(seconds=timeout_s),
         )
         return backend
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
+    def execute_with_func_generator(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``func(worker, *args, **kwargs)`` on every rank with its part of the DataProto
+        arguments; the group concatenates the returned DataProtos (verl's helper)."""
+        return func(self, *args, **kwargs)
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
+    def execute_func_rank_zero(self, func: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run ``func(*args, **kwargs)`` on rank 0 and return its result (verl's helper)."""
+        return func(*args, **kwargs)

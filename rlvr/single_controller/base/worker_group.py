@@ -9,28 +9,25 @@ two backends run the same code path.
 from __future__ import annotations
 
 import copy
-import os
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from rlvr.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+from rlvr.protocol import DataProto, DataProtoFuture, unpad_dataproto
 from rlvr.single_controller.base.decorator import (
-    DispatchSpec,
+    PROTO_MODES,
+    RANK_INFO_MODES,
+    Dispatch,
     Execute,
     RegisterSpec,
     registered_methods,
     resolve_dispatch,
 )
+from rlvr.single_controller.base.dispatch import PADDING_SIZE_KEY
 from rlvr.single_controller.base.worker import RankInfo
-from rlvr.utils.errors import WorkerError
-
-DEFAULT_CALL_TIMEOUT_S = 3600.0
-
-
-def default_call_timeout_s() -> float:
-    """Timeout of a remote call: ``RLVR_CALL_TIMEOUT_S`` from the environment, else 3600 s."""
-    return float(os.environ.get("RLVR_CALL_TIMEOUT_S", DEFAULT_CALL_TIMEOUT_S))
+from rlvr.utils.errors import ProtocolError, ProtocolKeyError, ProtocolTypeError, WorkerError
+from rlvr.utils.futures import WorkerFuture, default_call_timeout_s
 
 
 class ResourcePool:
@@ -38,12 +35,13 @@ class ResourcePool:
 
     Args:
         process_on_nodes: number of worker processes on each node, e.g. ``[2]``.
-        max_colocate_count: how many worker groups may share one device (one bundle).
+        max_colocate_count: how many worker groups may share one device (one bundle); each worker
+            takes a ``1 / max_colocate_count`` share of it (verl's default, 10).
     """
 
-    def __init__(self, process_on_nodes: Sequence[int], max_colocate_count: int = 1) -> None:
+    def __init__(self, process_on_nodes: Sequence[int], max_colocate_count: int = 10) -> None:
         if not process_on_nodes or any(n < 1 for n in process_on_nodes):
-            raise ValueError(f"process_on_nodes needs at least one node with >= 1 process, got {process_on_nodes}")
+            raise ProtocolError(f"process_on_nodes needs at least one node with >= 1 process, got {process_on_nodes}")
         self.store = list(process_on_nodes)
         self.max_colocate_count = max_colocate_count
 
@@ -63,11 +61,29 @@ class ResourcePool:
         """Give reserved resources back to the cluster (a pool without reservations has none)."""
 
 
-class ClassWithInitArgs:
-    """A worker class with the arguments to construct it later, in the worker process."""
+def unwrap_ray_remote(cls: Any) -> tuple[type, Any]:
+    """``(plain class, ray actor class or None)`` of a worker class given plain or wrapped with
+    ``ray.remote(...)`` (a wrapped class keeps the options given to ``ray.remote``)."""
+    ray = sys.modules.get("ray")  # a ray.remote class implies that Ray is imported
+    if ray is not None and isinstance(cls, ray.actor.ActorClass):
+        return cls.__ray_actor_class__, cls
+    if not isinstance(cls, type):
+        raise ProtocolTypeError(f"a worker class (plain or wrapped with ray.remote) is needed, got {cls!r}")
+    return cls, None
 
-    def __init__(self, cls: type, *args: Any, **kwargs: Any) -> None:
-        self.cls = cls
+
+class ClassWithInitArgs:
+    """A worker class with the arguments to construct it later, in the worker process.
+
+    Args:
+        cls: the worker class, plain or wrapped with ``ray.remote(...)`` as verl users pass it
+            (``cls`` is then stored unwrapped; the Ray backend starts the actors from the wrapper
+            in ``actor_cls``, so its options apply).
+        *args, **kwargs: constructor arguments.
+    """
+
+    def __init__(self, cls: Any, *args: Any, **kwargs: Any) -> None:
+        self.cls, self.actor_cls = unwrap_ray_remote(cls)
         self.args = args
         self.kwargs = kwargs
 
@@ -75,39 +91,20 @@ class ClassWithInitArgs:
         return self.cls(*self.args, **self.kwargs)
 
 
-class WorkerFuture:
-    """The pending result of a non-blocking call; ``get()`` waits (with the timeout) and collects.
-
-    Attributes:
-        handles: one backend handle per executed rank (``ray.ObjectRef`` with the Ray backend).
-    """
-
-    def __init__(
-        self,
-        group: WorkerGroup,
-        method: str,
-        ranks: list[int],
-        handles: list,
-        finish: Callable[[list], Any],
-        timeout_s: float,
-    ) -> None:
-        self.group, self.method, self.ranks, self.handles = group, method, ranks, handles
-        self._finish, self._timeout_s = finish, timeout_s
-        self._done, self._value = False, None
-
-    def get(self, timeout_s: float | None = None) -> Any:
-        """The collected result; raises ``WorkerError`` / ``WorkerTimeoutError`` / ``WorkerDiedError``."""
-        if not self._done:
-            outputs = self.group._wait(self.handles, self.ranks, self.method, timeout_s or self._timeout_s)
-            self._value, self._done = self._finish(outputs), True
-        return self._value
+def check_device_name(group: str, device_name: str, use_gpu: bool) -> None:
+    """verl's ``device_name`` of a worker group: ``"cuda"``, or ``"cpu"`` for a pool without GPUs."""
+    if device_name not in ("cuda", "cpu") or (device_name == "cpu" and use_gpu):
+        raise ProtocolError(
+            f"worker group '{group}': device_name={device_name!r} is not supported with use_gpu={use_gpu}; "
+            "use 'cuda' (GPU bundles) or 'cpu' (a use_gpu=False pool)"
+        )
 
 
 def materialize(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Resolve ``WorkerFuture`` arguments to their values."""
+    """Resolve ``WorkerFuture`` and ``DataProtoFuture`` arguments to their values."""
 
     def value(v: Any) -> Any:
-        return v.get() if isinstance(v, WorkerFuture) else v
+        return v.get() if isinstance(v, (WorkerFuture, DataProtoFuture)) else v
 
     return tuple(value(a) for a in args), {k: value(v) for k, v in kwargs.items()}
 
@@ -169,20 +166,27 @@ class WorkerGroup(ABC):
             if name.startswith(prefix):
                 public = name[len(prefix) :]
                 if public in dir(WorkerGroup):
-                    raise TypeError(
+                    raise ProtocolTypeError(
                         f"{user_cls.__name__}.{name}: a registered method may not be called {public!r}, "
                         "which is a WorkerGroup attribute; rename the method"
                     )
                 setattr(self, public, self._make_proxy(public, name, spec))
 
     def _make_proxy(self, public: str, remote: str, spec: RegisterSpec) -> Callable:
-        dispatch = resolve_dispatch(spec.dispatch_mode)
+        """The group method: materialise futures, dispatch, execute; wait and collect unless non-blocking."""
+        dispatch_fn, collect_fn = resolve_dispatch(spec.dispatch_mode)
+        mode = spec.dispatch_mode if isinstance(spec.dispatch_mode, Dispatch) else None  # None: a custom dict
+        returns_proto = mode in PROTO_MODES and spec.execute_mode is Execute.ALL
 
         def proxy(*args: Any, _timeout_s: float | None = None, **kwargs: Any) -> Any:
             if spec.materialize_futures:
                 args, kwargs = materialize(args, kwargs)
-            future = self._call(remote, dispatch, spec.execute_mode, args, kwargs, _timeout_s)
-            return future.get() if spec.blocking else future
+            if mode not in RANK_INFO_MODES:
+                self._rank_infos = None  # the call may change the workers' rank_info
+            future = self._call(remote, dispatch_fn, collect_fn, spec.execute_mode, args, kwargs, _timeout_s)
+            if spec.blocking:
+                return future.get()
+            return DataProtoFuture(collect_fn=future.finish, futures=future) if returns_proto else future
 
         proxy.__name__ = public
         return proxy
@@ -190,26 +194,28 @@ class WorkerGroup(ABC):
     def _call(
         self,
         method: str,
-        dispatch: DispatchSpec,
+        dispatch_fn: Callable,
+        collect_fn: Callable,
         execute_mode: Execute,
         args: tuple,
         kwargs: dict,
         timeout_s: float | None,
     ) -> WorkerFuture:
-        """Dispatch -> execute; the returned future materialises and collects."""
+        """Dispatch -> execute; the returned future waits, collects and drops the dispatch padding."""
         self._check_usable(method)
-        if not dispatch.uses_rank_info:
-            self._rank_infos = None  # the call may change the workers' rank_info
-        pad = 0
-        if dispatch.pad_divisor is not None:
-            args, kwargs, pad = _pad_protos(args, kwargs, dispatch.pad_divisor(self))
-        split_args, split_kwargs = dispatch.dispatch_fn(self, *args, **kwargs)
-        ranks = list(range(self.world_size)) if execute_mode is Execute.ALL else [0]
-        handles = [self._submit(rank, method, *_rank_slice(split_args, split_kwargs, rank)) for rank in ranks]
+        split_args, split_kwargs = dispatch_fn(self, *args, **kwargs)
+        split_kwargs = dict(split_kwargs)
+        pad = split_kwargs.pop(PADDING_SIZE_KEY, 0)
+        if execute_mode is Execute.ALL:
+            ranks = list(range(self.world_size))
+            per_rank = [_rank_slice(method, split_args, split_kwargs, rank, len(ranks)) for rank in ranks]
+        else:  # rank 0 gets the dispatched arguments as they are
+            ranks, per_rank = [0], [(tuple(split_args), split_kwargs)]
+        handles = [self._submit(rank, method, *call) for rank, call in zip(ranks, per_rank, strict=True)]
 
         def finish(outputs: list) -> Any:
-            result = dispatch.collect_fn(self, outputs) if execute_mode is Execute.ALL else outputs[0]
-            return unpad_dataproto(result, pad) if pad else result
+            result = collect_fn(self, outputs) if execute_mode is Execute.ALL else outputs[0]
+            return unpad_dataproto(result, pad) if pad and isinstance(result, DataProto) else result
 
         return WorkerFuture(self, method, ranks, handles, finish, timeout_s or self.call_timeout_s)
 
@@ -228,30 +234,32 @@ class WorkerGroup(ABC):
         handles = [self._submit(rank, self._method_prefix + "get_rank_info", (), {}) for rank in ranks]
         return self._wait(handles, ranks, label, timeout_s or self.call_timeout_s)
 
-    def execute_all_async(self, method: str, *args: Any, **kwargs: Any) -> WorkerFuture:
-        """Run ``method`` on every rank; list arguments of length world_size are split by rank."""
+    def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> WorkerFuture:
+        """Run ``method_name`` on every rank (a future of the list of outputs). When every argument is
+        a list of ``world_size`` items, rank i gets item i of each; otherwise every rank gets them all."""
+        method = method_name
         self._check_usable(method)
         n = self.world_size
-
-        def split(v: Any) -> list:
-            return v if isinstance(v, list) and len(v) == n else [v] * n
-
-        per_rank_args = tuple(split(a) for a in args)
-        per_rank_kwargs = {k: split(v) for k, v in kwargs.items()}
+        values = [*args, *kwargs.values()]
+        if all(isinstance(v, list) and len(v) == n for v in values):
+            per_rank_args, per_rank_kwargs = args, kwargs
+        else:
+            per_rank_args, per_rank_kwargs = tuple([a] * n for a in args), {k: [v] * n for k, v in kwargs.items()}
         ranks = list(range(n))
-        handles = [self._submit(r, method, *_rank_slice(per_rank_args, per_rank_kwargs, r)) for r in ranks]
+        handles = [self._submit(r, method, *_rank_slice(method, per_rank_args, per_rank_kwargs, r, n)) for r in ranks]
         return WorkerFuture(self, method, ranks, handles, lambda outputs: outputs, self.call_timeout_s)
 
-    def execute_all_sync(self, method: str, *args: Any, **kwargs: Any) -> list:
-        return self.execute_all_async(method, *args, **kwargs).get()
+    def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list:
+        return self.execute_all_async(method_name, *args, **kwargs).get()
 
-    def execute_rank_zero_async(self, method: str, *args: Any, **kwargs: Any) -> WorkerFuture:
-        self._check_usable(method)
-        handle = self._submit(0, method, args, kwargs)
-        return WorkerFuture(self, method, [0], [handle], lambda outputs: outputs[0], self.call_timeout_s)
+    def execute_rank_zero_async(self, method_name: str, *args: Any, **kwargs: Any) -> WorkerFuture:
+        """Run ``method_name`` on rank 0 (a future of its output)."""
+        self._check_usable(method_name)
+        handle = self._submit(0, method_name, args, kwargs)
+        return WorkerFuture(self, method_name, [0], [handle], lambda outputs: outputs[0], self.call_timeout_s)
 
-    def execute_rank_zero_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        return self.execute_rank_zero_async(method, *args, **kwargs).get()
+    def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        return self.execute_rank_zero_async(method_name, *args, **kwargs).get()
 
     execute_all = execute_all_async
     execute_rank_zero = execute_rank_zero_async
@@ -265,7 +273,7 @@ class WorkerGroup(ABC):
         groups = {}
         for role in prefix_set:
             if role not in role_classes:
-                raise KeyError(f"worker group '{self.name}' has no role {role!r}; roles: {sorted(role_classes)}")
+                raise ProtocolKeyError(f"worker group '{self.name}' has no role {role!r}; roles: {sorted(role_classes)}")
             group = copy.copy(self)
             group.name = f"{self.name}/{role}"
             group._method_prefix = f"{role}_"
@@ -275,35 +283,24 @@ class WorkerGroup(ABC):
         return groups
 
     def _worker_cls_role_classes(self) -> dict[str, type]:
-        roles = self._worker_cls.__dict__.get("_rlvr_role_classes")
+        roles = self._worker_cls.__dict__.get("raw_cls_dict")
         if roles is None:
-            raise TypeError(
+            raise ProtocolTypeError(
                 f"worker group '{self.name}' runs {self._worker_cls.__name__}, not a colocated class; "
                 "build the class with create_colocated_worker_cls to use spawn()"
             )
         return roles
 
 
-def _rank_slice(args: tuple[list, ...], kwargs: dict[str, list], rank: int) -> tuple[tuple, dict]:
-    """The arguments of ``rank`` from per-rank argument lists."""
+def _rank_slice(method: str, args: tuple[list, ...], kwargs: dict[str, list], rank: int, n: int) -> tuple[tuple, dict]:
+    """The arguments of ``rank`` from per-rank argument lists (each must have ``n`` items)."""
+    for name, value in [*enumerate(args), *kwargs.items()]:
+        if not isinstance(value, list | tuple) or len(value) != n:
+            raise ProtocolError(
+                f"'{method}': the dispatch function must give every argument as a list of one item per rank "
+                f"({n}); argument {name!r} is {type(value).__name__}"
+            )
     return tuple(a[rank] for a in args), {k: v[rank] for k, v in kwargs.items()}
-
-
-def _pad_protos(args: tuple, kwargs: dict, divisor: int) -> tuple[tuple, dict, int]:
-    """Pad every DataProto argument to a multiple of ``divisor``; returns the (common) pad size."""
-    pads = set()
-
-    def pad(value: Any) -> Any:
-        if not isinstance(value, DataProto):
-            return value
-        padded, pad_size = pad_dataproto_to_divisor(value, divisor)
-        pads.add(pad_size)
-        return padded
-
-    args, kwargs = tuple(pad(a) for a in args), {k: pad(v) for k, v in kwargs.items()}
-    if len(pads) > 1:
-        raise ValueError("all DataProto arguments of one call must have the same length")
-    return args, kwargs, pads.pop() if pads else 0
 
 
 def _check_dp_layout(group: str, infos: list[RankInfo]) -> None:
@@ -312,7 +309,7 @@ def _check_dp_layout(group: str, infos: list[RankInfo]) -> None:
     collect = sorted(info.dp_rank for info in infos if info.is_collect)
     if any(info.dp_size != dp_size for info in infos) or collect != list(range(dp_size)):
         layout = [(i.rank, i.dp_rank, i.dp_size, i.tp_rank) for i in infos]
-        raise ValueError(
+        raise ProtocolError(
             f"worker group '{group}': inconsistent rank_info (rank, dp_rank, dp_size, tp_rank) = {layout}; "
             "every dp_rank in 0..dp_size-1 needs exactly one worker with tp_rank 0"
         )

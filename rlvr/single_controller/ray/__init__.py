@@ -1,11 +1,4 @@
-"""Ray backend of the single controller."""
+"""Ray backend of the single controller (the names of ``rlvr.single_controller.ray.base``)."""
 
-from rlvr.single_controller.ray.base import (
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-    create_colocated_worker_cls,
-    init_ray,
-)
-
-__all__ = ["RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "create_colocated_worker_cls", "init_ray"]
+from rlvr.single_controller.ray.base import *  # noqa: F403
+from rlvr.single_controller.ray.base import __all__  # noqa: F401

@@ -24,13 +24,9 @@ from ray.util.placement_group import (
 )
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from rlvr.single_controller.base.colocate import create_colocated_worker_cls
+from rlvr.single_controller.base.colocate import create_colocated_worker_cls, create_colocated_worker_raw_cls
 from rlvr.single_controller.base.worker import free_port, node_ip
-from rlvr.single_controller.base.worker_group import (
-    ClassWithInitArgs,
-    ResourcePool,
-    WorkerGroup,
-)
+from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, check_device_name
 from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 
 __all__ = [
@@ -38,10 +34,14 @@ __all__ = [
     "RayResourcePool",
     "RayWorkerGroup",
     "create_colocated_worker_cls",
+    "create_colocated_worker_cls_fused",
+    "create_colocated_worker_raw_cls",
     "init_ray",
 ]
 
 RayClassWithInitArgs = ClassWithInitArgs
+# verl's name for the fused-worker variant; rlvr has one fused class that serves spawn()
+create_colocated_worker_cls_fused = create_colocated_worker_cls
 
 WORKER_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN"}
 
@@ -82,13 +82,18 @@ def init_ray(
 
 
 class RayResourcePool(ResourcePool):
-    """Placement groups (one per node, ``STRICT_PACK``) with one bundle per worker process.
+    """Placement groups (one per node) with one bundle per worker process.
+
+    The positional order is verl's: ``RayResourcePool([2], False, "pool")``.
 
     Args:
         process_on_nodes: worker processes on each node, e.g. ``[2]``.
         use_gpu: each bundle holds one GPU; else bundles are CPU-only.
-        max_colocate_count: worker groups that may share a bundle (each takes a 1/count share).
         name_prefix: prefix of the placement-group names.
+        max_colocate_count: worker groups that may share a bundle; each worker takes a
+            ``1 / max_colocate_count`` share of its bundle (verl's default, 10).
+        detached: the placement groups outlive the driver (``lifetime="detached"``).
+        accelerator_type: a Ray accelerator resource each GPU bundle asks for (e.g. ``"A100"``).
         num_cpus_per_bundle: CPUs reserved per bundle; a small share lets 2 workers fit on 2 cores.
         start_timeout_s: how long to wait for the placement groups to be scheduled and for the
             workers of a group to be constructed.
@@ -98,27 +103,41 @@ class RayResourcePool(ResourcePool):
         self,
         process_on_nodes: Sequence[int],
         use_gpu: bool = True,
-        max_colocate_count: int = 1,
         name_prefix: str | None = None,
+        max_colocate_count: int = 10,
+        detached: bool = False,
+        accelerator_type: str | None = None,
+        *,
         num_cpus_per_bundle: float = 0.1,
         start_timeout_s: float = 600.0,
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count)
         self.use_gpu = use_gpu
         self.name_prefix = name_prefix or f"pool_{uuid.uuid4().hex[:6]}"
+        self.detached = detached
+        self.accelerator_type = accelerator_type
         self.num_cpus_per_bundle = num_cpus_per_bundle
         self.start_timeout_s = start_timeout_s
         self._pgs: list[PlacementGroup] | None = None
 
     def bundle(self) -> dict[str, float]:
         """Resources of one bundle."""
-        return {"CPU": self.num_cpus_per_bundle, **({"GPU": 1.0} if self.use_gpu else {})}
+        bundle = {"CPU": self.num_cpus_per_bundle}
+        if self.use_gpu:
+            bundle["GPU"] = 1.0
+            if self.accelerator_type is not None:
+                bundle[self.accelerator_type] = 1e-4
+        return bundle
 
-    def get_placement_groups(self) -> list[PlacementGroup]:
-        """The pool's placement groups, created (and waited for) on first use."""
+    def get_placement_groups(self, strategy: str = "STRICT_PACK") -> list[PlacementGroup]:
+        """The pool's placement groups, created (and waited for) on first use with ``strategy``
+        (``STRICT_PACK``: each node's bundles on one node; ``PACK``: best effort)."""
         if self._pgs is None:
+            lifetime = "detached" if self.detached else None
             pgs = [
-                placement_group([self.bundle()] * n, strategy="STRICT_PACK", name=f"{self.name_prefix}_pg{i}")
+                placement_group(
+                    [self.bundle()] * n, strategy=strategy, name=f"{self.name_prefix}_pg{i}", lifetime=lifetime
+                )
                 for i, n in enumerate(self.store)
             ]
             ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=self.start_timeout_s)
@@ -150,42 +169,53 @@ def _master_env_on_driver_node(pg: PlacementGroup) -> dict[str, str]:
 class RayWorkerGroup(WorkerGroup):
     """A group of Ray actors of one worker class, one per bundle of ``resource_pool``.
 
+    The positional order is verl's; rlvr's own settings are keyword-only.
+
     Args:
         resource_pool: where the actors go (a ``RayResourcePool``).
-        ray_cls_with_init: the worker class and its constructor arguments.
+        ray_cls_with_init: the worker class (plain or wrapped with ``ray.remote``) and its
+            constructor arguments.
+        bin_pack: place each node's workers on one node (``STRICT_PACK``), else best effort
+            (``PACK``); applies when the pool creates its placement groups.
         name_prefix: group name used in actor names and error messages (default: class name + id).
+        detached: actors outlive the driver (named, ``lifetime="detached"``).
         call_timeout_s: timeout of every call; default ``RLVR_CALL_TIMEOUT_S`` / 3600 s (start-up
             waits ``resource_pool.start_timeout_s``).
-        detached: actors outlive the driver (named, ``lifetime="detached"``).
+        device_name: the accelerator of GPU bundles, ``"cuda"`` (verl's default); ``"cpu"`` is
+            accepted for CPU-only pools.
     """
 
     def __init__(
         self,
         resource_pool: RayResourcePool,
         ray_cls_with_init: ClassWithInitArgs,
+        bin_pack: bool = True,
         name_prefix: str | None = None,
-        call_timeout_s: float | None = None,
         detached: bool = False,
+        *,
+        call_timeout_s: float | None = None,
+        device_name: str = "cuda",
     ) -> None:
         cls = ray_cls_with_init.cls
         super().__init__(name_prefix or f"{cls.__name__}_{uuid.uuid4().hex[:6]}", cls, call_timeout_s)
         self.resource_pool = resource_pool
+        check_device_name(self.name, device_name, resource_pool.use_gpu)
         try:
-            self._start_workers(ray_cls_with_init, detached)
+            self._start_workers(ray_cls_with_init, bin_pack, detached)
             self._query_rank_infos("__init__", resource_pool.start_timeout_s)  # every worker constructed
         except Exception:
             self.shutdown()  # no half-started group keeps its actors
             raise
         self._bind_worker_methods(cls)
 
-    def _start_workers(self, ray_cls_with_init: ClassWithInitArgs, detached: bool) -> None:
+    def _start_workers(self, ray_cls_with_init: ClassWithInitArgs, bin_pack: bool, detached: bool) -> None:
         """One actor per bundle. ``MASTER_ADDR``/``MASTER_PORT`` come from rank 0: picked here when
         rank 0 lands on the driver's node (then all ranks start at once), else by rank 0 itself,
         which then starts alone first."""
         pool = self.resource_pool
-        remote_cls = ray.remote(ray_cls_with_init.cls)
+        remote_cls = ray_cls_with_init.actor_cls or ray.remote(ray_cls_with_init.cls)
         share = 1.0 / pool.max_colocate_count
-        pgs = pool.get_placement_groups()
+        pgs = pool.get_placement_groups("STRICT_PACK" if bin_pack else "PACK")
         master = _master_env_on_driver_node(pgs[0])
         rank = 0
         for pg, n_local in zip(pgs, pool.store):

@@ -151,7 +151,7 @@ class MultiTurnConfig:
 
 @dataclass
 class RolloutConfig:
-    name: str = _f("hf", "rollout engine from the registry (hf = transformers)")
+    name: str = _f("hf", "rollout engine from the registry: hf (transformers) | vllm (vLLM's LLM in the worker's process; `make setup-vllm`)")
     n: int = _f(8, "responses sampled per prompt")
     temperature: float = _f(1.0, "sampling temperature")
     top_p: float = _f(1.0, "nucleus sampling threshold")
@@ -165,8 +165,19 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int = _f(16, "sequences per forward for compute_log_prob")
     static_cache: bool = _f(False, "use a static KV cache (GPU fast path)")
     compile: bool = _f(False, "torch.compile the decode step (GPU fast path, with static_cache)")
-    free_cache_engine: bool = _f(True, "free the rollout's KV cache after generation")
+    free_cache_engine: bool = _f(True, "free the rollout's KV cache after generation (vllm: sleep between phases, GPU only)")
     val_kwargs: SamplingConfig = _sub(SamplingConfig, "sampling settings for validation")
+    dtype: Optional[str] = _f(None, "vllm: dtype of the engine's weights: float32 | bfloat16 (None = model.dtype)")
+    gpu_memory_utilization: float = _f(0.5, "vllm: share of GPU memory for weights and KV cache (the actor lives beside it)")
+    tensor_model_parallel_size: int = _f(1, "vllm: tensor-parallel ranks per engine (1: one engine per worker)")
+    enforce_eager: bool = _f(True, "vllm: no CUDA graphs / compilation (fast start; False compiles for speed)")
+    enable_prefix_caching: bool = _f(True, "vllm: reuse the KV cache of shared prompt prefixes (the n samples of a prompt)")
+    enable_sleep_mode: bool = _f(True, "vllm: free weights and KV cache between phases on GPU (sleep/wake_up); no-op on CPU")
+    max_num_batched_tokens: Optional[int] = _f(None, "vllm: token budget of one engine step (None = vLLM's default)")
+    max_num_seqs: int = _f(256, "vllm: most sequences decoded together")
+    load_format: str = _f("dummy", "vllm: the engine's first weights: dummy (random; the actor's are loaded in place before the first generation) | auto (read from the model folder)")
+    kv_cache_memory_bytes: Optional[int] = _f(None, "vllm: KV-cache size in bytes (None = gpu_memory_utilization on GPU, 1 GiB on CPU)")
+    block_size: Optional[int] = _f(None, "vllm: KV-cache block in tokens (None = 32 on CPU, where the default 128 outgrows short prompts; vLLM's default on GPU)")
     agent: AgentConfig = _sub(AgentConfig, "agent loops above the engine (single-turn, tools, environments)")
     multi_turn: MultiTurnConfig = _sub(MultiTurnConfig, "limits, tools and environment of multi-turn agent loops")
 
@@ -245,6 +256,16 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    rollout_is: Optional[str] = _f(None, "truncated importance sampling of the rollout/actor mismatch, ratio level: token | sequence | geometric (None = off)")
+    rollout_is_threshold: float = _f(2.0, "cap of the IS weights pi_old / pi_rollout")
+    rollout_rs: Optional[str] = _f(None, "rejection (masked IS): drop tokens or sequences whose ratio leaves the band, level: token | sequence | geometric (None = off)")
+    rollout_rs_threshold: Optional[float] = _f(None, "upper bound of the rejection band (None = rollout_is_threshold)")
+    rollout_rs_threshold_lower: Optional[float] = _f(None, "lower bound of the rejection band (None = 1 / upper)")
+    log_prob_diff_threshold: float = _f(0.1, "a token counts as mismatched in training/rollout_log_probs_diff_frac_over when |rollout - actor log-prob| exceeds this")
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = _f("grpo", "advantage estimator from the registry: gae | grpo | rloo | reinforce_plus_plus | ...")
     gamma: float = _f(1.0, "discount factor")
@@ -254,6 +275,7 @@ class AlgorithmConfig:
     kl_penalty: str = _f("kl", "KL estimator used in the reward")
     kl_ctrl: KLControlConfig = _sub(KLControlConfig, "KL coefficient controller (use_kl_in_reward)")
     filter_groups: FilterGroupsConfig = _sub(FilterGroupsConfig, "DAPO dynamic sampling")
+    rollout_correction: RolloutCorrectionConfig = _sub(RolloutCorrectionConfig, "rollout/actor log-prob mismatch: metrics every step, optional IS weights / rejection")
     egpo_alpha: float = _f(0.5, "EGPO: weight of the confidence term on wrong answers")
     egpo_beta: float = _f(0.1, "EGPO: magnitude of the signal recovered from all-equal groups")
     egpo_correct_threshold: float = _f(0.5, "EGPO: a scalar reward >= this counts as correct")

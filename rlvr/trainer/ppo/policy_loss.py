@@ -3,12 +3,14 @@
 Registry convention (one signature for every entry)::
 
     fn(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-       config=None, rollout_log_prob=None) -> (loss, metrics)
+       config=None, rollout_is_weights=None) -> (loss, metrics)
 
 ``loss`` is a 0-dim float32 tensor that carries the gradient; ``metrics`` is a dict with the keys
 ``pg_loss``, ``pg_clipfrac``, ``ppo_kl``, ``pg_clipfrac_lower``, each a detached 0-dim float32
 tensor (callers call ``.item()`` when they log, so no device sync happens inside the loss).
 All inputs are ``[batch, response_len]``; bf16/fp16 inputs are computed in float32.
+``rollout_is_weights`` (optional, no gradient) multiplies the per-token losses before aggregation:
+the off-policy correction of :mod:`rlvr.trainer.ppo.rollout_correction`, applied as verl does.
 
 Every loss clamps the log-ratio ``log_prob - old_log_prob`` to ``[-20, 20]`` before ``exp`` so
 that ``exp`` can never overflow to ``inf`` (and the gradient to NaN) on a wildly off-policy token.
@@ -40,8 +42,6 @@ class PolicyLossConfig:
     clip_ratio_high: float | None = field(
         default=None, metadata={"help": "upper clip epsilon (DAPO clip-higher); None = clip_ratio"})
     clip_ratio_c: float = field(default=3.0, metadata={"help": "dual-clip bound for negative advantages (> 1)"})
-    tis_imp_ratio_cap: float = field(
-        default=-1.0, metadata={"help": "cap of the truncated IS weight exp(old - rollout log-prob); <= 0 disables"})
     gspo_clip_ratio_low: float = field(default=3e-4, metadata={"help": "GSPO lower clip of the sequence ratio"})
     gspo_clip_ratio_high: float = field(default=4e-4, metadata={"help": "GSPO upper clip of the sequence ratio"})
     cispo_clip_ratio_low: float = field(
@@ -123,18 +123,10 @@ def _as_float(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return [t.float() for t in tensors]
 
 
-def _apply_tis(loss_mat: torch.Tensor, old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor | None,
-               config: PolicyLossConfig) -> torch.Tensor:
-    """Truncated importance sampling (Yao et al. 2025, "Your Efficient RL Framework Secretly Brings
-    You Off-Policy RL Training"): weight each token by ``min(exp(old - rollout), cap)`` (no gradient)
-    to correct the mismatch between the rollout engine and the trainer. Off when ``cap <= 0``."""
-    if config.tis_imp_ratio_cap <= 0:
-        return loss_mat
-    if rollout_log_prob is None:
-        raise ValueError("tis_imp_ratio_cap > 0 needs rollout_log_prob: enable rollout log-probs "
-                         "(rollout_log_probs) or set tis_imp_ratio_cap <= 0")
-    log_w = (old_log_prob - rollout_log_prob.float()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return loss_mat * torch.exp(log_w).clamp(max=config.tis_imp_ratio_cap).detach()
+def _apply_rollout_is_weights(loss_mat: torch.Tensor, rollout_is_weights: torch.Tensor | None) -> torch.Tensor:
+    """``loss_mat * rollout_is_weights`` (the rollout correction's weights, ``[batch, response_len]``,
+    no gradient); unchanged when there are none."""
+    return loss_mat if rollout_is_weights is None else loss_mat * rollout_is_weights.detach().float()
 
 
 def _dual_clip_ppo(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
@@ -215,13 +207,13 @@ def _config(config: PolicyLossConfig | None) -> PolicyLossConfig:
 
 @register_policy_loss("vanilla")
 def compute_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                                config=None, rollout_log_prob=None):
+                                config=None, rollout_is_weights=None):
     """Clipped PPO with dual-clip (``compute_policy_loss``) in the registry convention, with the
-    clip ratios from ``config`` and optional truncated importance sampling (``tis_imp_ratio_cap``)."""
+    clip ratios from ``config``, each token's loss weighted by ``rollout_is_weights`` when given."""
     config = _config(config)
     pg_losses, log_ratio, clipped, dual_clipped = _dual_clip_ppo(
         old_log_prob, log_prob, advantages, config.clip_low(), config.clip_high(), config.clip_ratio_c)
-    pg_losses = _apply_tis(pg_losses, old_log_prob.float(), rollout_log_prob, config)
+    pg_losses = _apply_rollout_is_weights(pg_losses, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     return pg_loss, _metrics(pg_loss, masked_mean(clipped.float(), response_mask),
                              masked_mean(-log_ratio, response_mask), masked_mean(dual_clipped.float(), response_mask))
@@ -237,7 +229,7 @@ def _zero(like: torch.Tensor) -> torch.Tensor:
 
 @register_policy_loss("gspo")
 def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                             config=None, rollout_log_prob=None):
+                             config=None, rollout_is_weights=None):
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071).
 
     The sequence ratio is the geometric mean of the token ratios, ``s_i = exp(mean_t log r_t)``,
@@ -256,7 +248,7 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, 
     ratio = torch.exp(token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     loss_unclipped = -advantages * ratio
     loss_clipped = -advantages * ratio.clamp(1.0 - config.gspo_clip_ratio_low, 1.0 + config.gspo_clip_ratio_high)
-    pg_losses = _apply_tis(torch.maximum(loss_unclipped, loss_clipped), old_log_prob, rollout_log_prob, config)
+    pg_losses = _apply_rollout_is_weights(torch.maximum(loss_unclipped, loss_clipped), rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
     return pg_loss, _metrics(pg_loss, clipfrac, masked_mean(-log_ratio, response_mask), _zero(log_ratio))
@@ -264,13 +256,13 @@ def compute_policy_loss_gspo(old_log_prob, log_prob, advantages, response_mask, 
 
 @register_policy_loss("gpg")
 def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                            config=None, rollout_log_prob=None):
+                            config=None, rollout_is_weights=None):
     """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
     Reasoning", arXiv:2504.02546): plain policy gradient ``loss = -A * log_prob`` (no ratio, no
     clip). Pair it with the ``gpg`` advantage estimator. Metrics: clip fractions are 0."""
     config = _config(config)
     old_log_prob, log_prob, advantages = _as_float(old_log_prob, log_prob, advantages)
-    pg_losses = _apply_tis(-advantages * log_prob, old_log_prob, rollout_log_prob, config)
+    pg_losses = _apply_rollout_is_weights(-advantages * log_prob, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     ppo_kl = masked_mean(-_log_ratio(old_log_prob, log_prob), response_mask)
     return pg_loss, _metrics(pg_loss, _zero(log_prob), ppo_kl, _zero(log_prob))
@@ -278,7 +270,7 @@ def compute_policy_loss_gpg(old_log_prob, log_prob, advantages, response_mask, l
 
 @register_policy_loss("cispo")
 def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                              config=None, rollout_log_prob=None):
+                              config=None, rollout_is_weights=None):
     """CISPO (MiniMax 2025, "MiniMax-M1", arXiv:2506.13585): clip the importance-sampling weight,
     not the token update: ``loss = -sg(clip(r, 1 - cispo_clip_ratio_low, 1 + cispo_clip_ratio_high))
     * A * log_prob``, so every token keeps a gradient. Metrics: ``pg_clipfrac`` = tokens with
@@ -289,7 +281,7 @@ def compute_policy_loss_cispo(old_log_prob, log_prob, advantages, response_mask,
     ratio = torch.exp(log_ratio)
     low, high = 1.0 - config.cispo_clip_ratio_low, 1.0 + config.cispo_clip_ratio_high
     weight = ratio.clamp(low, high).detach()
-    pg_losses = _apply_tis(-weight * advantages * log_prob, old_log_prob, rollout_log_prob, config)
+    pg_losses = _apply_rollout_is_weights(-weight * advantages * log_prob, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     return pg_loss, _metrics(pg_loss, masked_mean((ratio > high).float(), response_mask),
                              masked_mean(-log_ratio, response_mask), masked_mean((ratio < low).float(), response_mask))
@@ -307,7 +299,7 @@ def _token_covariance(advantages: torch.Tensor, log_prob: torch.Tensor, valid: t
 
 @register_policy_loss("clip_cov")
 def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                                 config=None, rollout_log_prob=None):
+                                 config=None, rollout_is_weights=None):
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
     Language Models", arXiv:2505.22617).
 
@@ -335,7 +327,7 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
     detach[chosen] = True
     detach = detach.view_as(pg_losses)
     pg_losses = torch.where(detach, pg_losses.detach(), pg_losses)
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_prob, config)
+    pg_losses = _apply_rollout_is_weights(pg_losses, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     return pg_loss, _metrics(pg_loss, masked_mean(detach.float(), response_mask),
                              masked_mean(-log_ratio, response_mask), _zero(log_ratio))
@@ -343,7 +335,7 @@ def compute_policy_loss_clip_cov(old_log_prob, log_prob, advantages, response_ma
 
 @register_policy_loss("kl_cov")
 def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                               config=None, rollout_log_prob=None):
+                               config=None, rollout_is_weights=None):
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617): no ratio clipping; the
     ``max(1, int(kl_cov_ratio * n_valid))`` valid tokens with the largest covariance
     ``(A - mean A)(logp - mean logp)`` get the loss ``-A r + kl_cov_coef * |log r|``, all others
@@ -363,7 +355,7 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
         penalised[torch.topk(cov, k).indices] = True
     penalised = penalised.view_as(pg_losses)
     pg_losses = torch.where(penalised, pg_losses + config.kl_cov_coef * log_ratio.abs(), pg_losses)
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_prob, config)
+    pg_losses = _apply_rollout_is_weights(pg_losses, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     return pg_loss, _metrics(pg_loss, masked_mean(penalised.float(), response_mask),
                              masked_mean(-log_ratio, response_mask), _zero(log_ratio))
@@ -371,7 +363,7 @@ def compute_policy_loss_kl_cov(old_log_prob, log_prob, advantages, response_mask
 
 @register_policy_loss("geo_mean")
 def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
-                                 config=None, rollout_log_prob=None):
+                                 config=None, rollout_is_weights=None):
     """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673).
 
     Per token, the log-ratio is clipped in log space to ``[-geo_mean_clip_ratio_low,
@@ -393,7 +385,7 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
     seq_ratio = torch.exp((pessimistic_lr * mask).sum(-1) / length)
     seq_adv = (advantages * mask).sum(-1) / length
     pg_losses = (-seq_adv * seq_ratio).unsqueeze(-1).expand_as(log_ratio)
-    pg_losses = _apply_tis(pg_losses, old_log_prob, rollout_log_prob, config)
+    pg_losses = _apply_rollout_is_weights(pg_losses, rollout_is_weights)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     clipped = log_ratio != clipped_lr
     return pg_loss, _metrics(pg_loss, masked_mean((clipped & (advantages > 0)).float(), response_mask),

@@ -5,13 +5,16 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
     gen           prompts (uid each) x rollout.n  -> actor_rollout.generate_sequences
     reward        reward_fn on the responses      -> token_level_scores (+ acc per sample)
                   (DAPO dynamic sampling: drop groups that all agree, generate more)
-    old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric
+    old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric; the rollout/actor
+                  log-prob mismatch metrics; the rollout correction (IS weights, rejection) if set,
+                  as in verl's decoupled mode (rejected tokens leave response_mask from here on)
     ref           ref.compute_ref_log_prob        -> ref_log_prob       (KL in loss or reward only)
     values        critic.compute_values           -> values             (with a critic only)
     adv           KL penalty in the reward, then the registered advantage estimator (driver)
     update_critic critic.update_critic                                   (with a critic only)
-    update_actor  actor.update_actor (after trainer.critic_warmup steps); the hybrid worker
-                  syncs the new weights into its rollout engine
+    update_actor  actor.update_actor (after trainer.critic_warmup steps)
+    update_weights the hybrid worker loads the new weights into its rollout engine in place; every
+                  generation is checked to come from the actor's current weights version
 
 Validation (greedy, ``rollout.val_kwargs``) runs before training if asked, every ``test_freq``
 steps and at the end; checkpoints every ``save_freq`` steps and at the end.
@@ -48,6 +51,7 @@ from rlvr.trainer.ppo.metrics import (
 )
 from rlvr.trainer.ppo.resource_pool import ResourcePoolManager
 from rlvr.trainer.ppo.reward import compute_reward
+from rlvr.trainer.ppo.rollout_correction import compute_rollout_correction_and_add_to_batch, compute_rollout_mismatch_metrics
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.progress import TrainingProgress
 from rlvr.trainer.report import write_report
@@ -55,6 +59,7 @@ from rlvr.trainer.tracking import Tracking, read_metrics
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.seed import get_rng_state, set_rng_state
 from rlvr.utils.torch_functional import masked_mean
+from rlvr.workers.rollout.base import check_weights_version
 
 __all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role"]
 
@@ -331,6 +336,7 @@ class RayPPOTrainer:
         if do_sample is not None:
             gen_input.meta_info["do_sample"] = do_sample
         output = self.actor_rollout_wg.generate_sequences(gen_input)
+        check_weights_version(output.meta_info)
         output.meta_info.pop("timing", None)  # per-call worker timing; the trainer times its stages itself
         generated = output.select(batch_keys=list(output.batch.keys()))
         generated.meta_info = output.meta_info  # keeps rollout_weights_version etc. for compute_log_prob
@@ -348,7 +354,8 @@ class RayPPOTrainer:
 
     def _compute_old_log_prob(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """``old_log_probs`` from the actor (the worker reuses the rollout's sampling log-probs when
-        they are exact for the current weights). ``actor/entropy`` is the Monte-Carlo estimate
+        they are exact for the current weights), the rollout/actor mismatch metrics and the rollout
+        correction. ``actor/entropy`` is the Monte-Carlo estimate
         ``mean(-log p)`` of the sampled tokens, unless the worker returned per-token ``entropys``."""
         with _timer("old_log_prob", timing):
             output = self.actor_rollout_wg.compute_log_prob(batch)
@@ -360,6 +367,10 @@ class RayPPOTrainer:
             metrics["actor/entropy"] = agg_loss(output.batch["entropys"], mask, loss_agg_mode).item()
         else:
             metrics["actor/entropy"] = masked_mean(-output.batch["old_log_probs"], mask).item()
+        rc = self.config.algorithm.rollout_correction
+        metrics.update(compute_rollout_mismatch_metrics(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
+                                                         mask, rc.log_prob_diff_threshold))
+        metrics.update(compute_rollout_correction_and_add_to_batch(batch, rc)[1])
 
     def _compute_ref_log_prob(self, batch: DataProto, timing: dict[str, float]) -> None:
         with _timer("ref", timing):
@@ -407,9 +418,12 @@ class RayPPOTrainer:
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
 
     def _update_actor(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
+        """The actor update, then the new weights into the rollout engine (in place, own stage)."""
         with _timer("update_actor", timing):
             output = self.actor_rollout_wg.update_actor(batch)
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
+        with _timer("update_weights", timing):
+            self.actor_rollout_wg.update_weights()
 
     # ------------------------------------------------------------------ validation
     def _validate(self) -> dict[str, float]:

@@ -7,8 +7,8 @@ then runs the same number of forward passes (see :mod:`rlvr.workers.batching`).
 
 Batch keys read (``[batch, ...]``): ``input_ids``, ``attention_mask``, ``position_ids`` (``[B, P+R]``),
 ``responses`` (``[B, R]``); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
-``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_log_probs`` (optional, for the loss's
-truncated importance sampling). ``meta_info["temperature"]`` divides the logits, as in sampling.
+``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_is_weights`` (optional: the rollout
+correction's per-token weights, see :mod:`rlvr.trainer.ppo.rollout_correction`). ``meta_info["temperature"]`` divides the logits, as in sampling.
 
 On one rank (no FSDP sharding) with a bias-free LM head, log-probs come from the final hidden
 states through :func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: the LM head and the
@@ -240,8 +240,8 @@ class DataParallelPPOActor:
         keys = [*_FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
         if self.config.use_kl_loss:
             keys.append("ref_log_prob")
-        if "rollout_log_probs" in data.batch.keys():
-            keys.append("rollout_log_probs")
+        if "rollout_is_weights" in data.batch.keys():
+            keys.append("rollout_is_weights")
         batch = select_batch_keys(data.batch, keys, "update_actor")
         self.module.train()
         return run_mini_batch_epochs(
@@ -258,7 +258,7 @@ class DataParallelPPOActor:
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
             response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=self.policy_loss_config,
-            rollout_log_prob=micro.get("rollout_log_probs"),
+            rollout_is_weights=micro.get("rollout_is_weights"),
         )
         entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode)
         loss = pg_loss - config.entropy_coeff * entropy_loss if config.entropy_coeff != 0 else pg_loss

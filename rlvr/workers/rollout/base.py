@@ -21,18 +21,23 @@ Contract of ``generate_sequences(prompts)``:
   config is not applied by the engine.
 - output: ``prompts [B, P]``, ``responses [B, R]`` (right-padded with the pad id, ``R =
   meta_info["response_length"]`` if given, else ``rollout.response_length``), ``input_ids``,
-  ``attention_mask``, ``position_ids`` ``[B, P+R]``, ``response_mask [B, R]`` (1 up to and including EOS or the token that completed a stop string),
+  ``attention_mask``, ``position_ids`` ``[B, P+R]``, ``response_mask [B, R]`` (1 up to and including
+  EOS or the token that completed a stop string),
   ``rollout_log_probs [B, R]`` (float32 log-prob of each sampled token under
   ``softmax(logits / temperature)``, before top-p/top-k; 0 after the end); the prompts'
   non-tensor fields are carried over. ``meta_info["rollout_log_prob_temperature"]`` is the
   temperature of the log-probs (1.0 for greedy decoding) and ``meta_info["rollout_log_probs_exact"]``
   says whether they equal the actor's ``compute_log_prob`` on the same weights to float32
   precision (engines computing in lower precision, or with other kernels, say False).
+  ``meta_info["rollout_weights_version"]`` is the version of the weights the engine generated with
+  (the ``version`` of its last :meth:`RolloutEngine.update_weights`); the trainer refuses samples
+  whose version is not the actor's current one (a silently stale engine).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -40,11 +45,14 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
+from rlvr.utils.errors import StaleRolloutError
 from rlvr.utils.registry import Registry
+from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling
 
 __all__ = [
     "RolloutEngine", "RolloutFactory", "ROLLOUT_ENGINES", "Weights", "register_rollout_engine", "get_rollout_engine",
-    "as_named_tensors", "module_device", "tokenizer_ids",
+    "as_named_tensors", "module_device", "tokenizer_ids", "CallSettings", "call_settings", "response_tensors",
+    "check_weights_version",
 ]
 
 Weights = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
@@ -58,9 +66,12 @@ class RolloutEngine(Protocol):
         """Responses for the prompts (see the module docstring for the keys)."""
         ...
 
-    def update_weights(self, weights: Weights) -> None:
-        """Load new policy weights: ``(name, tensor)`` pairs or a state dict with the policy's
-        parameter names."""
+    weights_version: int
+    """Version of the weights the engine holds (set by :meth:`update_weights`; 0 at construction)."""
+
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """Load new policy weights, ``(name, tensor)`` pairs or a state dict with the policy's
+        parameter names, in place; afterwards ``weights_version == version``."""
         ...
 
     def wake_up(self) -> None:
@@ -80,11 +91,19 @@ class RolloutEngine(Protocol):
         ...
 
 
-RolloutFactory = Callable[..., RolloutEngine]
-"""``factory(config, module, tokenizer, device, seed, owns_module) -> RolloutEngine`` where
-``config`` is the ``rollout`` section, ``module`` the policy model to generate with, ``seed`` the
-sampling seed of this rank and ``owns_module`` whether the engine holds its own copy of the weights
-(True) or shares the actor's module (False)."""
+class RolloutFactory(Protocol):
+    """``factory(config, module, tokenizer, device, seed, owns_module) -> RolloutEngine`` where
+    ``config`` is the ``rollout`` section, ``module`` the policy model, ``seed`` the sampling seed of
+    this rank and ``owns_module`` whether the engine holds its own copy of the weights (True) or
+    shares the actor's module (False)."""
+
+    runs_torch_module: bool
+    """True: the engine generates with ``module`` itself (one rank shares the actor's module, nothing
+    to copy); False: it keeps its own copy of the weights (``module`` only describes the policy) and
+    needs :meth:`RolloutEngine.update_weights` after every actor update."""
+
+    def __call__(self, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
+                 seed: int, owns_module: bool) -> RolloutEngine: ...
 
 ROLLOUT_ENGINES: Registry[RolloutFactory] = Registry("rollout engine")
 
@@ -109,6 +128,67 @@ def module_device(module: nn.Module) -> torch.device:
     return next(module.parameters()).device
 
 
+@dataclass(frozen=True)
+class CallSettings:
+    """How one ``generate_sequences`` call generates.
+
+    Attributes:
+        sampling: the sampling settings (``rollout`` or ``rollout.val_kwargs``, overridden by the call).
+        eos_ids: ids that end a row (the tokenizer's, or ``meta_info["eos_token_id"]``).
+        pad_id: id that pads the responses (the tokenizer's, or ``meta_info["pad_token_id"]``).
+        response_length: ``R``, the response width (``meta_info["response_length"]`` or the config's).
+        stop: stop strings (``meta_info["stop"]`` or ``rollout.stop``).
+    """
+
+    sampling: SamplingParams
+    eos_ids: list[int]
+    pad_id: int
+    response_length: int
+    stop: list[str]
+
+
+def call_settings(config, tokenizer: PreTrainedTokenizerBase, prompts: DataProto) -> tuple[DataProto, CallSettings]:
+    """The prompts of one call (each row repeated ``meta_info["n"]`` times) and its settings.
+
+    Raises:
+        ValueError: ``meta_info["response_length"]`` outside ``[1, rollout.response_length]``.
+    """
+    meta = prompts.meta_info
+    repeat = int(meta.get("n", 1))
+    if repeat > 1:
+        prompts = prompts.repeat(repeat, interleave=True)
+    eos_ids, pad_id = tokenizer_ids(tokenizer)
+    if meta.get("eos_token_id") is not None:
+        eos = meta["eos_token_id"]
+        eos_ids = [eos] if isinstance(eos, int) else list(eos)
+    if meta.get("pad_token_id") is not None:
+        pad_id = int(meta["pad_token_id"])
+    response_length = int(meta.get("response_length", config.response_length))
+    if not 1 <= response_length <= int(config.response_length):
+        raise ValueError(f"meta_info['response_length']={response_length} must be in [1, rollout.response_length="
+                         f"{config.response_length}]")
+    stop = [str(s) for s in meta.get("stop", config.stop)]
+    return prompts, CallSettings(resolve_sampling(config, meta), eos_ids, pad_id, response_length, stop)
+
+
+def response_tensors(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                     responses: torch.Tensor, response_mask: torch.Tensor, log_probs: torch.Tensor
+                     ) -> dict[str, torch.Tensor]:
+    """The output tensors of ``generate_sequences`` from the prompts ``[b, P]`` and the right-padded
+    responses, their mask and sampling log-probs ``[b, R]`` (all on CPU); response positions
+    continue each row's prompt positions."""
+    response_pos = position_ids[:, -1:] + 1 + torch.arange(responses.shape[1], dtype=position_ids.dtype)
+    return {
+        "prompts": input_ids,
+        "responses": responses,
+        "input_ids": torch.cat([input_ids, responses], dim=1),
+        "attention_mask": torch.cat([attention_mask, response_mask.to(attention_mask.dtype)], dim=1),
+        "position_ids": torch.cat([position_ids, response_pos], dim=1),
+        "response_mask": response_mask.to(attention_mask.dtype),
+        "rollout_log_probs": log_probs,
+    }
+
+
 def tokenizer_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
     """``(eos ids, pad id)`` of a tokenizer (pad falls back to the first EOS)."""
     eos = tokenizer.eos_token_id
@@ -117,3 +197,20 @@ def tokenizer_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
     eos_ids = [eos] if isinstance(eos, int) else list(eos)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_ids[0]
     return eos_ids, pad
+
+
+def check_weights_version(meta_info: Mapping) -> None:
+    """Refuse samples that the engine generated with other weights than the actor's current ones:
+    ``meta_info["rollout_weights_version"]`` (the engine's) against ``meta_info["actor_weights_version"]``
+    (set by a hybrid worker; without an actor there is nothing to compare).
+
+    Raises:
+        StaleRolloutError: the versions differ (a silently stale engine).
+    """
+    engine, actor = meta_info["rollout_weights_version"], meta_info.get("actor_weights_version")
+    if actor is not None and engine != actor:
+        raise StaleRolloutError(
+            f"the rollout engine generated these samples with weights version {engine}, but the actor is at "
+            f"version {actor}: the weight sync after an actor update did not reach the engine, so the samples "
+            "come from an old policy and training on them would be silently off-policy. Refusing to train; "
+            "check the rollout engine's update_weights (actor_rollout_ref.rollout.name)")

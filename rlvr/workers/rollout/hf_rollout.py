@@ -20,8 +20,10 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
 from rlvr.workers.batching import distinct_prompts
-from rlvr.workers.rollout.base import Weights, as_named_tensors, register_rollout_engine, tokenizer_ids
-from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling, sample_tokens
+from rlvr.workers.rollout.base import (
+    CallSettings, Weights, as_named_tensors, call_settings, register_rollout_engine, response_tensors,
+)
+from rlvr.workers.rollout.sampling import sample_tokens
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
 
 __all__ = ["HFRollout"]
@@ -44,6 +46,8 @@ class HFRollout:
             :meth:`sleep`); False when it shares the actor's module.
     """
 
+    runs_torch_module = True
+
     def __init__(self, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
                  seed: int, owns_module: bool) -> None:
         self.config = config
@@ -51,6 +55,7 @@ class HFRollout:
         self.tokenizer = tokenizer
         self.device = torch.device(device)
         self.owns_module = owns_module
+        self.weights_version = 0
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
         if config.compile and not config.static_cache:
@@ -63,8 +68,9 @@ class HFRollout:
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()
-    def update_weights(self, weights: Weights) -> None:
-        """Copy new weights into the engine's module in place, by parameter name.
+    def update_weights(self, weights: Weights, version: int) -> None:
+        """Copy new weights into the engine's module in place, by parameter name; the engine then
+        holds weights ``version``.
 
         Names the module does not have raise ``KeyError``; parameters not named keep their
         values (a partial update, e.g. adapters only). Tied weights may come under any of their
@@ -78,6 +84,7 @@ class HFRollout:
             target = params[name]
             if target.data_ptr() != tensor.data_ptr():
                 target.data.copy_(tensor.to(dtype=target.dtype))
+        self.weights_version = version
 
     def wake_up(self) -> None:
         """Move an owned copy of the weights to the device."""
@@ -107,40 +114,20 @@ class HFRollout:
 
         See :mod:`rlvr.workers.rollout.base` for the input and output keys.
         """
-        meta = prompts.meta_info
-        params = resolve_sampling(self.config, meta)
-        response_len = self._response_length(meta)
-        stop = [str(s) for s in meta.get("stop", self.config.stop)]
-        repeat = int(meta.get("n", 1))
-        if repeat > 1:
-            prompts = prompts.repeat(repeat, interleave=True)
-        eos_ids, pad_id = tokenizer_ids(self.tokenizer)
-        if "eos_token_id" in meta:
-            eos = meta["eos_token_id"]
-            eos_ids = [eos] if isinstance(eos, int) else list(eos)
-        pad_id = int(meta.get("pad_token_id", pad_id))
+        prompts, settings = call_settings(self.config, self.tokenizer, prompts)
         self.module.eval()
         outputs = []
         size = int(self.config.micro_batch_size)
         for start in range(0, len(prompts), size):
             chunk = {key: prompts.batch[key][start : start + size] for key in _PROMPT_KEYS}
-            outputs.append(self._generate(chunk, params, eos_ids, pad_id, response_len, stop))
+            outputs.append(self._generate(chunk, settings))
         tensors = {key: torch.cat([out[key] for out in outputs]) for key in outputs[0]}
         out_meta = {
-            "rollout_log_prob_temperature": params.log_prob_temperature,
+            "rollout_log_prob_temperature": settings.sampling.log_prob_temperature,
             "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32,
+            "rollout_weights_version": self.weights_version,
         }
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=out_meta)
-
-    def _response_length(self, meta: dict) -> int:
-        """Tokens to generate in this call: ``meta_info["response_length"]`` (at most
-        ``rollout.response_length``), else ``rollout.response_length``."""
-        limit = int(self.config.response_length)
-        length = int(meta.get("response_length", limit))
-        if not 1 <= length <= limit:
-            raise ValueError(f"meta_info['response_length']={length} must be between 1 and "
-                             f"rollout.response_length={limit}")
-        return length
 
     def _stopped_by_string(self, responses: torch.Tensor, step: int, active: torch.Tensor,
                            stop: list[str]) -> torch.Tensor:
@@ -156,12 +143,12 @@ class HFRollout:
             hit[row] = any(s in text for s in stop)
         return hit
 
-    def _generate(self, prompt: dict[str, torch.Tensor], params: SamplingParams, eos_ids: list[int],
-                  pad_id: int, response_len: int, stop: list[str]) -> dict[str, torch.Tensor]:
-        """Decode one micro-batch of prompts ``[b, P]`` for up to ``response_len`` tokens; returns the
-        output tensors (CPU)."""
+    def _generate(self, prompt: dict[str, torch.Tensor], settings: CallSettings) -> dict[str, torch.Tensor]:
+        """Decode one micro-batch of prompts ``[b, P]`` for up to ``settings.response_length`` tokens;
+        returns the output tensors (CPU)."""
         input_ids, attention_mask, position_ids = (prompt[k] for k in _PROMPT_KEYS)
-        rows = input_ids.shape[0]
+        params, pad_id, stop = settings.sampling, settings.pad_id, settings.stop
+        rows, response_len = input_ids.shape[0], settings.response_length
         start = int(attention_mask.any(dim=0).nonzero()[0])
         if isinstance(self.decoder, StaticCacheDecoder) and input_ids.shape[1] - start + response_len > \
                 self.decoder.max_cache_len:
@@ -186,7 +173,7 @@ class HFRollout:
         log_probs = torch.zeros(rows, response_len, device=self.device)
         response_mask = torch.zeros(rows, response_len, dtype=attention_mask.dtype, device=self.device)
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        eos = torch.tensor(eos_ids, device=self.device)
+        eos = torch.tensor(settings.eos_ids, device=self.device)
         can_stop = not self.config.ignore_eos or bool(stop)  # else no device read-back per step
         for step in range(response_len):
             tokens, token_log_probs = sample_tokens(logits, params, self.generator)
@@ -202,14 +189,5 @@ class HFRollout:
                 break
             logits = self.decoder.step(tokens, next_pos + step)
         self.decoder.finish()
-        response_pos = next_pos[:, None].cpu() + torch.arange(response_len)
-        responses, log_probs, response_mask = responses.cpu(), log_probs.cpu(), response_mask.cpu()
-        return {
-            "prompts": input_ids,
-            "responses": responses,
-            "input_ids": torch.cat([input_ids, responses], dim=1),
-            "attention_mask": torch.cat([attention_mask, response_mask], dim=1),
-            "position_ids": torch.cat([position_ids, response_pos.to(position_ids.dtype)], dim=1),
-            "response_mask": response_mask,
-            "rollout_log_probs": log_probs,
-        }
+        return response_tensors(input_ids, attention_mask, position_ids, responses.cpu(), response_mask.cpu(),
+                                log_probs.cpu())

@@ -4,7 +4,6 @@ with the independent loop implementation in ppo_reference_impl (1e-6, float32)."
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -161,7 +160,7 @@ def test_registry_convention_and_bf16(name):
     old, new, adv, mask = _random_policy_batch(4)
     new = new.to(torch.bfloat16).requires_grad_(True)
     loss, metrics = get_policy_loss_fn(name)(old.to(torch.bfloat16), new, adv.to(torch.bfloat16), mask,
-                                             loss_agg_mode="token-mean", config=None, rollout_log_prob=None)
+                                             loss_agg_mode="token-mean", config=None, rollout_is_weights=None)
     assert loss.dtype == torch.float32 and loss.dim() == 0
     assert set(metrics) == METRIC_KEYS
     assert all(v.dim() == 0 and not v.requires_grad and torch.isfinite(v) for v in metrics.values())
@@ -301,15 +300,16 @@ def test_geo_mean_matches_reference(mode):
     _close(loss, ref.geo_mean(*as_lists(old, new, adv, mask), 0.3, 0.5, mode))
 
 
-def test_truncated_importance_sampling():
-    old, new = torch.zeros(1, 2), torch.zeros(1, 2)
-    rollout = torch.tensor([[-math.log(4.0), 0.0]])  # weights exp(old - rollout) = [4, 1], cap 2
-    config = PolicyLossConfig(tis_imp_ratio_cap=2.0)
-    loss, _ = get_policy_loss_fn("vanilla")(old, new, torch.ones(1, 2), torch.ones(1, 2), config=config,
-                                            rollout_log_prob=rollout)
-    _close(loss, (-2.0 - 1.0) / 2)
-    with pytest.raises(ValueError, match="rollout_log_prob"):
-        get_policy_loss_fn("gpg")(old, new, torch.ones(1, 2), torch.ones(1, 2), config=config)
-    loss, _ = get_policy_loss_fn("vanilla")(old, new, torch.ones(1, 2), torch.ones(1, 2),
-                                            config=replace(config, tis_imp_ratio_cap=-1.0), rollout_log_prob=rollout)
-    _close(loss, -1.0)
+@pytest.mark.parametrize("name", ["vanilla", "gspo", "gpg", "cispo", "clip_cov", "kl_cov", "geo_mean"])
+@pytest.mark.parametrize("mode", AGG_LOSS_MODES)
+def test_rollout_is_weights_scale_every_loss(name, mode):
+    """``rollout_is_weights`` multiplies the per-token losses: all-ones weights change nothing,
+    a constant weight c scales the loss by c (per-token weights: test_rollout_correction.py)."""
+    old, new, adv, mask = _random_policy_batch(6)
+    fn = get_policy_loss_fn(name)
+    losses = []
+    for weights in (None, torch.ones_like(old), torch.full_like(old, 2.5)):
+        torch.manual_seed(0)  # clip_cov draws its detached tokens at random
+        losses.append(fn(old, new, adv, mask, loss_agg_mode=mode, rollout_is_weights=weights)[0])
+    _close(losses[1], losses[0].item())
+    _close(losses[2], 2.5 * losses[0].item())

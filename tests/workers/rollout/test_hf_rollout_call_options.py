@@ -47,7 +47,7 @@ def test_response_length_per_call_sets_the_width_and_keeps_the_same_tokens(model
 @pytest.mark.parametrize("length", [0, 13])
 def test_response_length_outside_the_configured_range_is_an_error(model_and_tokenizer, length):
     model, tokenizer = model_and_tokenizer
-    with pytest.raises(ValueError, match="must be between 1 and rollout.response_length=12"):
+    with pytest.raises(ValueError, match="must be in \\[1, rollout.response_length=12\\]"):
         engine(model, tokenizer).generate_sequences(prompts(tokenizer, response_length=length))
 
 

@@ -1,0 +1,263 @@
+"""Rollout correction: the rollout engine's log-probs against the actor's (pure torch).
+
+The rollout engine (vLLM in bf16, other kernels, a stale copy of the weights) samples from a policy
+``pi_rollout`` that is not exactly the actor's ``pi_old``. This module measures the gap every step
+and, if asked, corrects for it, under verl's names (``algorithm.rollout_correction``):
+
+- **Mismatch metrics** (:func:`compute_rollout_mismatch_metrics`, every step, any engine): max and
+  mean ``|log pi_rollout - log pi_old|`` and ``|pi_rollout - pi_old|`` on response tokens, the KL
+  between the two, the share of tokens over a threshold.
+- **Truncated importance sampling** (``rollout_is``; Yao et al. 2025, "Your Efficient RL Framework
+  Secretly Brings You Off-Policy RL Training"): each token's policy loss is multiplied by
+  ``min(rho, rollout_is_threshold)`` (no gradient), where ``rho = pi_old / pi_rollout`` at the chosen
+  level (token, sequence product, or sequence geometric mean).
+- **Masked importance sampling / rejection** (``rollout_rs``; Liu, Li et al. 2025, "When Speed
+  Kills Stability: Demystifying RL Collapse from the Training-Inference Mismatch"; token level is
+  IcePop's masking, Ling Team 2025, arXiv:2510.18855): tokens or whole sequences whose ratio leaves
+  ``[rollout_rs_threshold_lower, rollout_rs_threshold]`` are dropped from the loss (their
+  ``response_mask`` becomes 0, so they leave the loss's denominator too).
+
+The level of a ratio comes from a registry (``token``, ``sequence``, ``geometric``; register more
+with :func:`register_rollout_ratio_level`). The weights reach the loss through the policy losses'
+``rollout_is_weights`` argument (``pg_losses * rollout_is_weights``), as in verl.
+
+All inputs are ``[batch, response_len]``; computed in float32; ratios are formed in log space and
+clamped to ``exp(+-20)`` before ``exp``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from rlvr.protocol import DataProto
+from rlvr.utils.registry import Registry
+from rlvr.utils.torch_functional import masked_mean, masked_sum
+
+__all__ = [
+    "ROLLOUT_RATIO_LEVELS", "SAFETY_BOUND", "register_rollout_ratio_level", "get_rollout_ratio_level",
+    "compute_rollout_correction_weights", "compute_rollout_rejection_mask",
+    "compute_rollout_correction_and_rejection_mask", "compute_rollout_correction_and_add_to_batch",
+    "compute_rollout_mismatch_metrics",
+]
+
+SAFETY_BOUND = 20.0
+"""Log-ratios are clamped to ``[-20, 20]`` before ``exp`` (weights stay in ``[2e-9, 5e8]``)."""
+
+RatioLevelFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+ROLLOUT_RATIO_LEVELS: Registry[RatioLevelFn] = Registry("rollout correction level")
+
+
+def register_rollout_ratio_level(name: str) -> Callable[[RatioLevelFn], RatioLevelFn]:
+    """Register ``fn(log_ratio [B, R], response_mask [B, R]) -> [B, R]``: the log-ratio at this
+    level, broadcast to every token of its sequence."""
+    return ROLLOUT_RATIO_LEVELS.register(name)
+
+
+def get_rollout_ratio_level(name: str) -> RatioLevelFn:
+    """The level registered as ``name``; a miss raises ``KeyError`` listing the valid names."""
+    return ROLLOUT_RATIO_LEVELS.get(name)
+
+
+@register_rollout_ratio_level("token")
+def token_log_ratio(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Each token's own ``log rho_t`` (biased, low variance)."""
+    return log_ratio
+
+
+@register_rollout_ratio_level("sequence")
+def sequence_log_ratio(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``sum_t log rho_t`` over the sequence's valid tokens: the sequence likelihood ratio (unbiased,
+    high variance)."""
+    return masked_sum(log_ratio, response_mask, axis=-1).unsqueeze(-1).expand_as(log_ratio)
+
+
+@register_rollout_ratio_level("geometric")
+def geometric_log_ratio(log_ratio: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``mean_t log rho_t`` over the valid tokens: the geometric mean of the token ratios
+    (length-normalised; verl's ``seq_mean_k1``)."""
+    return masked_mean(log_ratio, response_mask, axis=-1).unsqueeze(-1).expand_as(log_ratio)
+
+
+def _valid_min_max(values: torch.Tensor, valid: torch.Tensor) -> tuple[float, float]:
+    picked = values[valid]
+    return (picked.min().item(), picked.max().item()) if picked.numel() else (0.0, 0.0)
+
+
+def compute_rollout_correction_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor,
+                                       rollout_is: str = "token", rollout_is_threshold: float = 2.0
+                                       ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Truncated importance-sampling weights ``min(rho, rollout_is_threshold)`` (TIS).
+
+    Args:
+        log_ratio: ``[B, R]`` ``log pi_old - log pi_rollout`` per token.
+        response_mask: ``[B, R]`` 1 on the tokens that count.
+        rollout_is: ratio level from :data:`ROLLOUT_RATIO_LEVELS`.
+        rollout_is_threshold: the cap (> 0).
+
+    Returns:
+        ``(weights [B, R] float32, detached, 0 on padding; metrics)`` with ``rollout_is_mean``
+        (mean applied weight), ``rollout_is_min`` / ``rollout_is_max`` (before the cap),
+        ``rollout_is_ratio_fraction_high`` (share of tokens whose weight was capped) and
+        ``rollout_is_eff_sample_size`` (``1 / mean((w / mean w)^2)``, as a fraction of the tokens).
+    """
+    if rollout_is_threshold <= 0:
+        raise ValueError(f"rollout_is_threshold must be > 0, got {rollout_is_threshold}")
+    mask = response_mask.float()
+    level = get_rollout_ratio_level(rollout_is)(log_ratio.float(), mask)
+    raw = torch.exp(level.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask
+    weights = raw.clamp(max=rollout_is_threshold).detach()
+    valid = mask > 0
+    raw_min, raw_max = _valid_min_max(raw, valid)
+    mean = masked_mean(weights, mask)
+    normalised = weights / mean.clamp(min=1e-8)
+    metrics = {
+        "rollout_is_mean": mean.item(),
+        "rollout_is_min": raw_min,
+        "rollout_is_max": raw_max,
+        "rollout_is_ratio_fraction_high": masked_mean((raw > rollout_is_threshold).float(), mask).item(),
+        "rollout_is_eff_sample_size": 1.0 / masked_mean(normalised.square(), mask).clamp(min=1e-8).item(),
+    }
+    return weights, metrics
+
+
+def compute_rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str = "token",
+                                   rollout_rs_threshold: float = 2.0, rollout_rs_threshold_lower: float | None = None
+                                   ) -> tuple[torch.Tensor, dict[str, float]]:
+    """Masked importance sampling: drop tokens (or whole sequences) whose ratio leaves the band.
+
+    A token is kept when ``lower <= rho <= upper`` for its ``rollout_rs``-level ratio ``rho``; with
+    a sequence level all tokens of a sequence share the verdict.
+
+    Args:
+        log_ratio: ``[B, R]`` ``log pi_old - log pi_rollout`` per token.
+        response_mask: ``[B, R]``.
+        rollout_rs: ratio level from :data:`ROLLOUT_RATIO_LEVELS`.
+        rollout_rs_threshold: upper bound of the band (> 1).
+        rollout_rs_threshold_lower: lower bound (``None`` = ``1 / upper``; must be < upper).
+
+    Returns:
+        ``(modified_response_mask [B, R] (the input's dtype); metrics)`` with
+        ``rollout_rs_masked_fraction`` (share of valid tokens dropped) and
+        ``rollout_rs_seq_masked_fraction`` (share of sequences with at least one dropped token).
+    """
+    lower = 1.0 / rollout_rs_threshold if rollout_rs_threshold_lower is None else rollout_rs_threshold_lower
+    if not 0 < lower < rollout_rs_threshold:
+        raise ValueError(f"the rejection band needs 0 < lower < upper, got [{lower}, {rollout_rs_threshold}]")
+    mask = response_mask.float()
+    level = get_rollout_ratio_level(rollout_rs)(log_ratio.float(), mask)
+    keep = (level >= math.log(lower)) & (level <= math.log(rollout_rs_threshold))
+    valid = mask > 0
+    dropped = valid & ~keep
+    seq_valid = valid.any(dim=-1)
+    seq_dropped = dropped.any(dim=-1)
+    metrics = {
+        "rollout_rs_masked_fraction": masked_mean(dropped.float(), mask).item(),
+        "rollout_rs_seq_masked_fraction": (seq_dropped.sum() / seq_valid.sum().clamp(min=1)).item(),
+    }
+    return (response_mask * keep.to(response_mask.dtype)), metrics
+
+
+def compute_rollout_correction_and_rejection_mask(
+        old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+        rollout_is: str | None = None, rollout_is_threshold: float = 2.0, rollout_rs: str | None = None,
+        rollout_rs_threshold: float | None = None, rollout_rs_threshold_lower: float | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """IS weights and the rejection mask in one call (verl's entry point, tensors in and out).
+
+    Args:
+        old_log_prob: ``[B, R]`` the actor's log-probs of the sampled tokens.
+        rollout_log_prob: ``[B, R]`` the rollout engine's log-probs of the same tokens.
+        response_mask: ``[B, R]``.
+        rollout_is: IS level (``None`` = no weights).
+        rollout_is_threshold: cap of the IS weights.
+        rollout_rs: rejection level (``None`` = no rejection).
+        rollout_rs_threshold: upper bound of the rejection band (``None`` = ``rollout_is_threshold``).
+        rollout_rs_threshold_lower: lower bound (``None`` = ``1 / upper``).
+
+    Returns:
+        ``(rollout_is_weights [B, R] or None, modified_response_mask [B, R], metrics)``; metric
+        names carry verl's ``rollout_corr/`` prefix.
+    """
+    if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
+        raise ValueError(f"old_log_prob {tuple(old_log_prob.shape)}, rollout_log_prob "
+                         f"{tuple(rollout_log_prob.shape)} and response_mask {tuple(response_mask.shape)} "
+                         "must have the same [batch, response_len] shape")
+    log_ratio = old_log_prob.float() - rollout_log_prob.float()
+    weights, metrics = None, {}
+    if rollout_is is not None:
+        weights, is_metrics = compute_rollout_correction_weights(log_ratio, response_mask, rollout_is,
+                                                                 rollout_is_threshold)
+        metrics.update(is_metrics)
+    modified_mask = response_mask
+    if rollout_rs is not None:
+        upper = rollout_is_threshold if rollout_rs_threshold is None else rollout_rs_threshold
+        modified_mask, rs_metrics = compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, upper,
+                                                                   rollout_rs_threshold_lower)
+        metrics.update(rs_metrics)
+    return weights, modified_mask, {f"rollout_corr/{name}": value for name, value in metrics.items()}
+
+
+def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_config
+                                                ) -> tuple[DataProto, dict[str, float]]:
+    """Apply ``algorithm.rollout_correction`` to a batch (verl's decoupled mode), in place.
+
+    Reads ``old_log_probs``, ``rollout_log_probs`` and ``response_mask``; adds ``rollout_is_weights``
+    (with ``rollout_is``) and replaces ``response_mask`` by the one without the rejected tokens (with
+    ``rollout_rs``), so that everything after this stage (advantages, losses, ``response_length``
+    metrics) sees only the kept tokens. Nothing happens when both are off.
+
+    Returns:
+        ``(batch, metrics)``.
+    """
+    rc, tensors = rollout_corr_config, batch.batch
+    if rc.rollout_is is None and rc.rollout_rs is None:
+        return batch, {}
+    weights, tensors["response_mask"], metrics = compute_rollout_correction_and_rejection_mask(
+        tensors["old_log_probs"], tensors["rollout_log_probs"], tensors["response_mask"],
+        rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold, rollout_rs=rc.rollout_rs,
+        rollout_rs_threshold=rc.rollout_rs_threshold, rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower)
+    if weights is not None:
+        tensors["rollout_is_weights"] = weights
+    return batch, metrics
+
+
+def compute_rollout_mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
+                                     response_mask: torch.Tensor, threshold: float) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the actor's, on the response tokens.
+
+    Names follow verl: ``training/rollout_probs_diff_{valid,max,mean,std}`` (``|p_rollout - p_old|``,
+    probabilities), ``rollout_corr/kl`` (``mean(log p_rollout - log p_old)``, the direct estimate of
+    ``KL(pi_rollout || pi_old)`` on the rollout's own samples) and ``rollout_corr/k3_kl``
+    (``mean(rho - 1 - log rho)``, ``rho = p_old / p_rollout``, non-negative). Added here:
+    ``training/rollout_log_probs_diff_{max,mean}`` (``|log p_rollout - log p_old|``) and
+    ``training/rollout_log_probs_diff_frac_over`` (share of tokens where that exceeds ``threshold``).
+    An engine whose log-probs are the actor's own (reused) reports exactly 0 everywhere.
+
+    Args:
+        old_log_prob, rollout_log_prob, response_mask: ``[B, R]``.
+        threshold: the per-token ``|log-prob difference|`` counted as a mismatch.
+
+    Returns:
+        The metrics; with no valid token only ``training/rollout_probs_diff_valid = 0``.
+    """
+    valid = response_mask > 0
+    if not bool(valid.any()):
+        return {"training/rollout_probs_diff_valid": 0.0}
+    old, rollout = old_log_prob.float()[valid], rollout_log_prob.float()[valid]
+    log_diff = (rollout - old).abs()
+    prob_diff = (rollout.exp() - old.exp()).abs()
+    log_ratio = (old - rollout).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+    return {
+        "training/rollout_probs_diff_valid": 1.0,
+        "training/rollout_probs_diff_max": prob_diff.max().item(),
+        "training/rollout_probs_diff_mean": prob_diff.mean().item(),
+        "training/rollout_probs_diff_std": prob_diff.std(unbiased=False).item(),
+        "training/rollout_log_probs_diff_max": log_diff.max().item(),
+        "training/rollout_log_probs_diff_mean": log_diff.mean().item(),
+        "training/rollout_log_probs_diff_frac_over": (log_diff > threshold).float().mean().item(),
+        "rollout_corr/kl": (rollout - old).mean().item(),
+        "rollout_corr/k3_kl": (log_ratio.exp() - 1.0 - log_ratio).mean().item(),
+    }

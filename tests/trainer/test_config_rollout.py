@@ -1,0 +1,56 @@
+"""Config validation of the vLLM engine's keys and of the rollout correction."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from trainer_helpers import tiny_overrides
+
+from rlvr.trainer.config import load_config, validate_config
+from rlvr.utils.errors import ConfigError
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture
+def config(tiny_model_dir, tiny_data, tmp_path):
+    def make(**extra):
+        return load_config("grpo", tiny_overrides(tiny_model_dir, tiny_data, tmp_path / "run", **extra))
+
+    return make
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="this Python has vLLM")
+def test_vllm_without_vllm_names_the_install_command(config):
+    with pytest.raises(ConfigError, match="rollout.name.*make setup-vllm.*rlvr\\[vllm\\]"):
+        validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm"}))
+
+
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (make setup-vllm)")
+def test_vllm_keys_are_checked(config):
+    validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm"}))
+    bad = {"tensor_model_parallel_size": 2, "dtype": "float16", "gpu_memory_utilization": 1.5,
+           "load_format": "safetensors", "max_num_seqs": 0}
+    with pytest.raises(ConfigError, match="trainer.n_gpus_per_node.*one worker"):
+        validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm", "trainer.backend": "ray",
+                                  "trainer.n_gpus_per_node": 2}))
+    for key, value in bad.items():
+        with pytest.raises(ConfigError, match=f"actor_rollout_ref.rollout.{key}"):
+            validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm", f"actor_rollout_ref.rollout.{key}": value}))
+
+
+def test_rollout_correction_settings_are_checked(config):
+    key = "algorithm.rollout_correction"
+    validate_config(config(**{f"{key}.rollout_is": "sequence", f"{key}.rollout_rs": "token",
+                              f"{key}.rollout_rs_threshold": 3.0, f"{key}.rollout_rs_threshold_lower": 0.2}))
+    with pytest.raises(ConfigError, match="rollout_is.*valid names: geometric, sequence, token"):
+        validate_config(config(**{f"{key}.rollout_is": "seq"}))
+    with pytest.raises(ConfigError, match="rollout_rs.*valid names"):
+        validate_config(config(**{f"{key}.rollout_rs": "tok"}))
+    with pytest.raises(ConfigError, match="rollout_is_threshold"):
+        validate_config(config(**{f"{key}.rollout_is_threshold": 0.0}))
+    with pytest.raises(ConfigError, match="rollout_rs_threshold.*0 < lower < upper"):
+        validate_config(config(**{f"{key}.rollout_rs": "token", f"{key}.rollout_rs_threshold": 2.0,
+                                  f"{key}.rollout_rs_threshold_lower": 3.0}))

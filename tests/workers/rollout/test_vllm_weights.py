@@ -1,0 +1,35 @@
+"""The actor's weights as a vLLM engine loads them: checkpoint names, tied weights under both
+names, LoRA adapters merged (pure torch and peft; no vLLM needed)."""
+
+from __future__ import annotations
+
+import torch
+from peft import LoraConfig, get_peft_model
+
+from rlvr.utils.testing import tiny_causal_lm
+from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
+
+
+def test_tied_embedding_is_sent_under_both_names():
+    model, _ = tiny_causal_lm()
+    names = PolicyWeightNames(model)
+    assert names.aliases == {"model.embed_tokens.weight": ["lm_head.weight"]}
+    sent = dict(names.policy_weights(model.named_parameters()))
+    assert set(sent) == set(model.state_dict())
+    assert sent["lm_head.weight"] is sent["model.embed_tokens.weight"]
+
+
+def test_lora_adapters_are_merged_into_plain_names():
+    model, _ = tiny_causal_lm(seed=1)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_()  # peft starts B at 0: make the adapters change the weights
+    sent = dict(PolicyWeightNames(peft_model).policy_weights(peft_model.named_parameters()))
+    merged = peft_model.merge_and_unload().state_dict()
+    assert set(sent) == set(merged)
+    for name, tensor in merged.items():
+        torch.testing.assert_close(sent[name], tensor, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(sent["model.layers.0.self_attn.q_proj.weight"],
+                           tiny_causal_lm(seed=1)[0].state_dict()["model.layers.0.self_attn.q_proj.weight"])
