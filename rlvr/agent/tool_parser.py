@@ -10,6 +10,10 @@ the agent loop shows it to the model as the tool's output and counts it, it neve
     <tool_call>
     {"name": "calculator", "arguments": {"expression": "123 * 456"}}
     </tool_call>
+
+One tag may also hold a JSON list of calls, the format SmolLM2-Instruct was trained on
+(``<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>``, run in order; ``[]`` is no
+call). A list with one malformed entry is one error and none of its calls run.
 """
 
 from __future__ import annotations
@@ -79,12 +83,18 @@ def get_tool_parser(name: str) -> ToolParser:
     return TOOL_PARSERS.get(name)()
 
 
-def _call_from_json(body: str) -> ToolCall:
-    """A call from the JSON between the tags; ``ValueError`` says what is wrong with it."""
+def _calls_from_json(body: str) -> list[ToolCall]:
+    """The calls in the JSON between the tags: one call object, or a list of them (SmolLM2's
+    function-calling format; ``[]`` is no call); ``ValueError`` says what is wrong with it."""
     try:
         payload = json.loads(body)
     except json.JSONDecodeError as err:
         raise ValueError(f"the tool call is not valid JSON ({err.msg} at character {err.pos})") from None
+    return [_call_from_object(item) for item in payload] if isinstance(payload, list) else [_call_from_object(payload)]
+
+
+def _call_from_object(payload: Any) -> ToolCall:
+    """One call from a decoded JSON value; ``ValueError`` says what is wrong with it."""
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str) or not payload["name"]:
         raise ValueError('the tool call must be a JSON object with a "name" and "arguments"')
     arguments = payload.get("arguments", {})
@@ -112,7 +122,7 @@ class HermesToolParser:
         calls, errors = [], []
         for match in self._CALL.finditer(text):
             try:
-                calls.append(_call_from_json(match.group(1).strip()))
+                calls += _calls_from_json(match.group(1).strip())
             except ValueError as err:
                 errors.append(f"{err}. Write {self.START}{{\"name\": ..., \"arguments\": {{...}}}}{self.END}")
         content = self._CALL.sub("", text)

@@ -216,3 +216,13 @@ def test_tool_agent_needs_a_tools_file(tok):
     cfg.agent.default_agent_loop = "tool_agent"
     with pytest.raises(ValueError, match="tool_config_path"):
         AgentLoopManager(cfg, tok)
+
+
+def test_python_tool_runs_in_the_sandbox_through_the_loop(tok, tmp_path):
+    eos = tok.eos_token_id
+    p = prompt(tok, "py")
+    code = '{"code": "print(6 * 7)"}'
+    scripts = [(p, [enc(tok, call("python", code)), enc(tok, "42") + [eos]])]
+    out, _ = run(tok, tmp_path, scripts, "rlvr.agent.tools.python_interpreter.PythonInterpreterTool", response_length=300)
+    assert "<|im_start|>tool\n42\n<|im_end|>" in text_of(tok, out, 0)
+    assert out.meta_info["metrics"]["agent/tool_errors"] == 0.0

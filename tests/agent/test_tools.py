@@ -122,6 +122,18 @@ def test_hermes_parser_reads_calls_and_reports_malformed_ones():
         assert broken.wants_tools
 
 
+def test_hermes_parser_reads_a_json_list_of_calls_in_one_tag():
+    parser = get_tool_parser("hermes")
+    turn = parser.parse('<tool_call>[\n{"name": "calculator", "arguments": {"expression": "625 * 958"}},\n'
+                        '{"name": "python", "arguments": {"code": "print(2)"}}\n]</tool_call>')
+    assert turn.calls == [ToolCall("calculator", {"expression": "625 * 958"}), ToolCall("python", {"code": "print(2)"})]
+    assert turn.errors == [] and turn.content == "" and turn.wants_tools
+    empty = parser.parse("<tool_call>[]</tool_call>")  # SmolLM2's "no call needed"
+    assert empty.calls == [] and empty.errors == [] and not empty.wants_tools
+    mixed = parser.parse('<tool_call>[{"name": "calculator", "arguments": {"expression": "1+1"}}, {"args": 1}]</tool_call>')
+    assert mixed.calls == [] and len(mixed.errors) == 1 and 'with a "name"' in mixed.errors[0] and mixed.wants_tools
+
+
 def test_unknown_parser_lists_the_valid_names():
     with pytest.raises(KeyError, match="valid names: hermes"):
         get_tool_parser("nope")

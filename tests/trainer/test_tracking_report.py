@@ -74,6 +74,8 @@ def test_progress_time_budget():
     assert not progress.out_of_time()  # 60 s elapsed + a 30 s step fits in 100 s
     progress.update(60.0, {})
     assert progress.out_of_time()  # 60 s + the 45 s mean step would overrun 100 s
+    progress.restart_clock()  # e.g. after the validation before training
+    assert not progress.out_of_time() and progress.elapsed_s() < 1.0
     progress.close()
 
 

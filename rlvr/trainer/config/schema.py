@@ -293,7 +293,7 @@ class TrainerConfig:
     n_gpus_per_node: int = _f(1, "workers per node (GPUs, or CPU processes when device=cpu)")
     total_epochs: int = _f(1, "passes over the training data")
     total_training_steps: Optional[int] = _f(None, "stop after this many steps (None = epochs x batches)")
-    max_time_s: Optional[float] = _f(None, "stop training after this wall time (checkpoint + report still written)")
+    max_time_s: Optional[float] = _f(None, "stop training after this wall time of the training loop (the validation before training is not counted; checkpoint + report still written)")
     critic_warmup: int = _f(0, "steps that train only the critic before the actor starts")
     test_freq: int = _f(-1, "validate every N steps (-1 = only at the end)")
     val_before_train: bool = _f(True, "validate before the first step")

@@ -218,6 +218,7 @@ class RayPPOTrainer:
                                 console_write=progress.write)
         if self.val_reward_fn is not None and cfg.val_before_train and self.global_steps == 0:
             self._log(self._validate(), step=0)
+            progress.restart_clock()  # max_time_s budgets the training loop
         last_val_step = last_save_step = self.global_steps
         while self.global_steps < self.total_training_steps and not progress.out_of_time():
             self.global_steps += 1
