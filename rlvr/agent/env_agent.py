@@ -98,7 +98,7 @@ class RetryEnvironment:
         return last_user_content(row)
 
     def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
-        from rlvr.utils.reward_score import default_compute_score
+        from rlvr.reward.scorers import default_compute_score
 
         result = default_compute_score(self.row["data_source"], text, self.row["reward_model"]["ground_truth"],
                                        dict(self.row.get("extra_info") or {}))

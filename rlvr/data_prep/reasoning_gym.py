@@ -4,7 +4,7 @@ Each row: ``data_source = "reasoning_gym/<task>"``, ``prompt`` = chat messages (
 message, optional worked examples as earlier user/assistant turns, then ``question + instruction``),
 ``reward_model.ground_truth`` = the task's answer, and ``extra_info`` with the question and the
 generator's metadata (the task's own checker scores the answer, see
-:mod:`rlvr.utils.reward_score.reasoning_gym`: the last non-empty line of the response must be the
+:mod:`rlvr.reward.scorers.reasoning_gym`: the last non-empty line of the response must be the
 answer). The held-out set is a plain sample of the task's distinct questions (so its difficulty is
 the task's); training items whose question is in the held-out set, or is a worked example, are
 dropped, so the held-out set is really held out. (Dropping test items that occur in the train set
@@ -16,8 +16,8 @@ generator is drawn from lazily until enough questions pass. (The held-out set is
 questions because with a few hundred possible questions a plain sample would count some twice.)
 
 The default recipe ``addition`` is the main job's data: two-number addition with operands 1-20 (the
-issue's reference task, from ``basic_arithmetic``), one worked example ``"14 + 9 = 23\\n23"``-style,
-2000 train and 100 held-out prompts::
+reference task of a plain PyTorch GRPO loop, from ``basic_arithmetic``), one worked example
+``"14 + 9 = 23\\n23"``-style, 2000 train and 100 held-out prompts::
 
     python -m rlvr.data_prep.reasoning_gym --out data/arith
     python -m rlvr.data_prep.reasoning_gym --task chain_sum --config '{"max_digits": 3}' --out data/chain
@@ -42,7 +42,7 @@ ADDITION = {"min_terms": 2, "max_terms": 2, "min_digits": 2, "max_digits": 2, "o
 0-100 (``randint(0, 10**2)``); :data:`ADDITION_OPERANDS` then narrows it."""
 
 ADDITION_OPERANDS = (1, 20)
-"""Operand range of the main job: the reference task of the main-job issue (a plain PyTorch GRPO loop
+"""Operand range of the main job: the reference task of a plain PyTorch GRPO loop (which
 went from 40% to 95% on it). 400 distinct problems, uniform; the untrained model gets about half of
 them right greedily with the worked example. (With operands 0-100 it starts near 30% and gained
 23-36 points in four 15-minute runs, mostly in the first 20 steps: too hard for a 135M model to

@@ -125,6 +125,9 @@ class LocalSandbox:
         full = _Isolation(netns=True, pidns=True, mountns=True, drop_uid=True)
         basic = _Isolation(netns=False, pidns=False, mountns=False, drop_uid=is_root)
         python = given or sys.executable
+        if not (os.path.isfile(python) and os.access(python, os.X_OK)):
+            raise ConfigError("sandbox.python_executable", f"{python!r} is not an executable file; give the path "
+                              "of a Python interpreter (e.g. /usr/bin/python3) or leave it empty for the current one")
         if mode != "basic" and is_root:
             probe = self._probe(python, full)
             if probe.passed:

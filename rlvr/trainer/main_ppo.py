@@ -1,9 +1,13 @@
 """Entry point of a training run: ``python -m rlvr.trainer.main_ppo [--preset NAME] key=value ...``
 (also the ``rlvr`` console command).
 
-Loads and validates the whole config before anything starts, then builds the tokenizer, the
-reward managers, the role -> worker mapping and resource pools, the datasets and the
+The command loads and checks the whole config before it imports torch, Ray or transformers (which
+take seconds), so a wrong key, value or batch size is reported at once, with a suggestion for a
+misspelt key. It then prints the derived settings (prompts and samples per step, optimizer steps
+per rollout, micro-batches per rank, token budget, where each role runs), builds the tokenizer,
+the reward managers, the role -> worker mapping and resource pools, the datasets and the
 :class:`~rlvr.trainer.ppo.ray_trainer.RayPPOTrainer`, and runs ``init_workers(); fit()``.
+SIGINT/SIGTERM stop after the current step with a checkpoint; the command prints how to resume.
 
 Example (GRPO on the embedded SmolLM2-135M-Instruct, CPU, in-process workers)::
 
@@ -15,18 +19,24 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shlex
 import sys
 from collections.abc import Sequence
-import ray
-from omegaconf import DictConfig
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rlvr.single_controller import get_worker_group_cls, init_ray
-from rlvr.trainer.config import help_config, list_presets, load_config, use_reference, validate_config
-from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager, Role
-from rlvr.trainer.ppo.reward import load_reward_manager
-from rlvr.utils.errors import RlvrError
-from rlvr.utils.seed import set_seed
-from rlvr.utils.tokenizer import hf_tokenizer
+from omegaconf import DictConfig, OmegaConf
+
+from rlvr.trainer.config import check_config, check_names, help_config, list_presets, load_config, use_reference
+from rlvr.trainer.config.builtin_names import BUILTIN_NAMES
+from rlvr.trainer.graceful_stop import StopNow
+from rlvr.trainer.ppo.utils import Role
+from rlvr.trainer.run_settings import describe_run
+from rlvr.utils.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer
 
 GLOBAL_POOL = "global_pool"
 
@@ -51,30 +61,47 @@ def _uses_gpu(cfg: DictConfig) -> bool:
     return cfg.trainer.device == "cuda"
 
 
-def run_ppo(cfg: DictConfig) -> RayPPOTrainer:
+def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None, reward_fn: Any = None) -> RayPPOTrainer:
     """Run a validated config end to end; returns the (shut down) trainer, whose
-    ``metrics_history`` holds the logged metrics. Ray is started and stopped here for
-    ``trainer.backend=ray`` unless it was already running."""
+    ``metrics_history`` holds the logged metrics. The datasets are read (and checked) before Ray
+    starts; Ray is started and stopped here for ``trainer.backend=ray`` unless it was already running.
+
+    Args:
+        cfg: the run config.
+        role_worker_mapping: worker class per role (default :func:`build_role_worker_mapping`).
+        reward_fn: the training reward function (default: the reward manager the config names).
+    """
+    # Imported here: the command checks the config before paying for torch, Ray and transformers.
+    from rlvr.single_controller import get_worker_group_cls, init_ray
+    from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
+    from rlvr.trainer.ppo.reward import load_reward_manager
+    from rlvr.utils.seed import set_seed
+    from rlvr.utils.tokenizer import hf_tokenizer
+
     set_seed(cfg.trainer.seed)
     model = cfg.actor_rollout_ref.model
     tokenizer = hf_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code)
     use_gpu = _uses_gpu(cfg)
-    workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    started_ray = False
-    if cfg.trainer.backend == "ray" and not ray.is_initialized():
-        init_ray(num_cpus=None if use_gpu else max(workers, 1))
-        started_ray = True
-    try:
-        role_worker_mapping, mapping = build_role_worker_mapping(cfg)
-        spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}
-        pools = ResourcePoolManager(resource_pool_spec=spec, mapping=mapping, use_gpu=use_gpu,
-                                    backend=cfg.trainer.backend)
-        reward_fn = load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
+    default_mapping, pool_of_role = build_role_worker_mapping(cfg)
+    spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}
+    pools = ResourcePoolManager(resource_pool_spec=spec, mapping=pool_of_role, use_gpu=use_gpu,
+                                backend=cfg.trainer.backend)
+    val_reward_fn = None  # with reward.routes the trainer routes rewards through reward workers
+    if not cfg.reward.routes:
+        reward_fn = reward_fn or load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
         val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0) if cfg.data.val_files else None
-        trainer = RayPPOTrainer(cfg, tokenizer, role_worker_mapping, pools,
-                                ray_worker_group_cls=get_worker_group_cls(cfg.trainer.backend),
-                                reward_fn=reward_fn, val_reward_fn=val_reward_fn,
-                                device_name="cuda" if use_gpu else "cpu")
+    trainer = RayPPOTrainer(cfg, tokenizer, role_worker_mapping or default_mapping, pools,
+                            ray_worker_group_cls=get_worker_group_cls(cfg.trainer.backend),
+                            reward_fn=reward_fn, val_reward_fn=val_reward_fn, device_name="cuda" if use_gpu else "cpu")
+    started_ray = False
+    if cfg.trainer.backend == "ray":
+        import ray
+
+        if not ray.is_initialized():
+            workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+            init_ray(num_cpus=None if use_gpu else max(workers, 1))
+            started_ray = True
+    try:
         try:
             trainer.init_workers()
             trainer.fit()
@@ -94,29 +121,61 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", default=None, help="a preset name or a YAML file, applied before the overrides")
     parser.add_argument("--help-config", action="store_true", help="print every config key with its help and exit")
     parser.add_argument("--print-config", action="store_true", help="print the final config and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="check the config, print the derived settings and exit (nothing heavy is imported)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. algorithm.adv_estimator=grpo")
     return parser
 
 
+def resume_command(argv: Sequence[str]) -> str:
+    """The shell command that continues this run from its newest whole checkpoint: the same
+    command, from the same directory, with ``trainer.resume_mode=auto``."""
+    program = ["rlvr"] if Path(sys.argv[0]).name == "rlvr" else [sys.executable, "-m", "rlvr.trainer.main_ppo"]
+    kept = [a for a in argv if not a.startswith(("trainer.resume_mode=", "trainer.resume_from_path="))]
+    return f"cd {shlex.quote(os.getcwd())} && {shlex.join([*program, *kept, 'trainer.resume_mode=auto'])}"
+
+
+def _stopped_message(trainer: RayPPOTrainer, argv: Sequence[str]) -> str:
+    where = trainer.checkpoints.last_whole()
+    saved = f"the checkpoint of step {trainer.global_steps} is {where}" if where else "no checkpoint was written"
+    return (f"rlvr: stopped by {trainer.stop.signal_name} after step {trainer.global_steps}; {saved}.\n"
+            f"Resume with:\n  {resume_command(argv)}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``rlvr`` command; returns the exit code (2 for a config error)."""
+    """The ``rlvr`` command; returns the exit code (2 for a config or data error, 128 + the signal
+    number after a stop signal)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.help_config:
         sys.stdout.write(help_config())
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_config(args.preset, args.overrides)
-        validate_config(cfg)
-    except RlvrError as err:
+        check_config(cfg)
+        check_names(cfg, BUILTIN_NAMES)
+    except ConfigError as err:
         print(f"rlvr: {err}", file=sys.stderr)
         return 2
     if args.print_config:
-        from omegaconf import OmegaConf
-
         sys.stdout.write(OmegaConf.to_yaml(cfg))
         return 0
-    run_ppo(cfg)
+    print(describe_run(cfg), flush=True)
+    if args.dry_run:
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        trainer = run_ppo(cfg)
+    except (ConfigError, DataError) as err:
+        print(f"rlvr: {err}", file=sys.stderr)
+        return 2
+    except StopNow as stop:
+        print(f"rlvr: {stop}; a resume takes the newest whole checkpoint in "
+              f"{Path(cfg.trainer.default_local_dir) / 'checkpoints'}:\n  {resume_command(argv)}", file=sys.stderr)
+        return 128 + stop.signum
+    if trainer.stop.requested and trainer.global_steps < trainer.total_training_steps:
+        print(_stopped_message(trainer, argv), file=sys.stderr)
+        return 128 + trainer.stop.signum
     return 0
 
 

@@ -62,6 +62,12 @@ class TrainingProgress:
         """Mean wall time of the steps so far (0 before the first)."""
         return sum(self.step_times) / len(self.step_times) if self.step_times else 0.0
 
+    def rewind(self, step: int) -> None:
+        """Training went back to ``step`` (a restart restored its checkpoint); the time budget keeps
+        counting the wall time spent."""
+        self.bar.n = step
+        self.bar.refresh()
+
     def write(self, line: str) -> None:
         """Print a line above the bar."""
         tqdm.write(line)

@@ -90,8 +90,42 @@ def _summary_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def metric_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Headline numbers of a run's metric rows: the first and last ``val/acc`` (and, for tool-using
+    runs, the share of samples that called a tool and of correct answers that did) and the mean step
+    time."""
+    summary: dict[str, Any] = {}
+    for key in ("val/acc", "val/agent/tool_use_rate", "val/agent/correct_with_tool"):
+        val_rows = [r for r in rows if key in r]
+        if val_rows:
+            summary[f"{key} before (step {val_rows[0]['step']})"] = val_rows[0][key]
+            summary[f"{key} after (step {val_rows[-1]['step']})"] = val_rows[-1][key]
+    step_times = [r["timing/step"] for r in rows if "timing/step" in r]
+    if step_times:
+        summary["mean step time (s)"] = sum(step_times) / len(step_times)
+    return summary
+
+
+def first_and_last_generations(generations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sample generations of the first and the last step that has any."""
+    steps = sorted({g["step"] for g in generations})
+    return [g for g in generations if g["step"] in (steps[:1] + steps[-1:])]
+
+
+def restarts_table(restarts: Sequence[dict[str, Any]]) -> str:
+    """A markdown table of worker restarts (rows from ``Recovery.report_rows``)."""
+    lines = ["| failed at step | worker group | method | rank | cause | restored step | steps redone | "
+             "recovery (s) |", "|---|---|---|---|---|---|---|---|"]
+    for r in restarts:
+        restored = "— (group restarted alone)" if r["restored_step"] is None else r["restored_step"]
+        lines.append(f"| {r['failed_step']} | {_cell(r['group'])} | {r['method']} | {r['rank']} | {r['cause']} | "
+                     f"{restored} | {r['steps_redone']} | {r['seconds']:.1f} |")
+    return "\n".join(lines)
+
+
 def write_report(run_dir: str | os.PathLike, rows: Sequence[dict[str, Any]],
-                 generations: Sequence[dict[str, Any]], summary: dict[str, Any]) -> Path:
+                 generations: Sequence[dict[str, Any]], summary: dict[str, Any],
+                 restarts: Sequence[dict[str, Any]] = ()) -> Path:
     """Write ``<run_dir>/report.md`` and its PNGs (in ``<run_dir>/plots``).
 
     Args:
@@ -99,6 +133,7 @@ def write_report(run_dir: str | os.PathLike, rows: Sequence[dict[str, Any]],
         rows: metric rows (``{"step": k, name: value, ...}``), e.g. from ``metrics.jsonl``.
         generations: sample generations for the table (validation samples, first and last).
         summary: headline numbers (accuracy before/after, steps, wall time, ...).
+        restarts: the worker restarts of the run (a section is written when there are any).
 
     Returns:
         The path of ``report.md``.
@@ -107,6 +142,8 @@ def write_report(run_dir: str | os.PathLike, rows: Sequence[dict[str, Any]],
     plots = plot_metrics(rows, run_dir / "plots")
     parts = ["# rlvr run report", "", "## Summary", "", _summary_table(summary), "", "## Curves", ""]
     parts += [f"![{p.stem}](plots/{p.name})" for p in plots] or ["(no metrics were logged)"]
+    if restarts:
+        parts += ["", "## Worker restarts", "", restarts_table(restarts)]
     parts += ["", "## Sample generations", "", generations_table(generations) if generations else "(none)", ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(parts), encoding="utf-8")

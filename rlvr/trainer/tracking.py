@@ -7,6 +7,7 @@ error that says what to install.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.utils.errors import RlvrError
+
+logger = logging.getLogger(__name__)
 
 CONSOLE_KEYS = (
     ("critic/score/mean", "score"),
@@ -49,6 +52,9 @@ class ConsoleLogger:
         parts += [f"{key}={_fmt(value)}" for key, value in sorted(data.items()) if key.startswith("val/")]
         self.write(" | ".join(parts))
 
+    def rewind(self, step: int) -> None:
+        """Printed lines stay printed."""
+
     def finish(self) -> None:
         """Nothing to close."""
 
@@ -68,8 +74,17 @@ class JsonlLogger:
         if resume_step is None:
             self.path.write_text("")
         elif self.path.exists():
-            kept = [line for line in read_metrics(self.path) if line["step"] <= resume_step]
-            self.path.write_text("".join(json.dumps(line) + "\n" for line in kept))
+            self._keep_up_to(resume_step)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def _keep_up_to(self, step: int) -> None:
+        kept = [line for line in read_metrics(self.path) if line["step"] <= step]
+        self.path.write_text("".join(json.dumps(line) + "\n" for line in kept))
+
+    def rewind(self, step: int) -> None:
+        """Remove the rows after ``step`` (training went back to that step's checkpoint)."""
+        self._file.close()
+        self._keep_up_to(step)
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, data: dict[str, float], step: int) -> None:
@@ -97,6 +112,9 @@ class TensorboardLogger:
         for key, value in data.items():
             self.writer.add_scalar(key, value, step)
 
+    def rewind(self, step: int) -> None:
+        """Event files are append-only: TensorBoard shows the redone steps as a second set of points."""
+
     def finish(self) -> None:
         self.writer.close()
 
@@ -114,6 +132,9 @@ class WandbLogger:
 
     def log(self, data: dict[str, float], step: int) -> None:
         self.run.log(data, step=step)
+
+    def rewind(self, step: int) -> None:
+        """A W&B run only moves forward: it drops the redone steps up to the step reached before."""
 
     def finish(self) -> None:
         self.run.finish()
@@ -152,12 +173,24 @@ class Tracking:
         for logger in self.loggers.values():
             logger.log(data, step)
 
+    def rewind(self, step: int) -> None:
+        """Training went back to the checkpoint of ``step``: sinks that can, forget the later rows."""
+        for logger in self.loggers.values():
+            logger.rewind(step)
+
     def finish(self) -> None:
         for logger in self.loggers.values():
             logger.finish()
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """The rows of a ``metrics.jsonl`` file."""
-    with Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a ``metrics.jsonl`` file; a last line cut short (the process was killed while
+    writing it) is left out with a warning."""
+    lines = [line for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines[:-1]]
+    if lines:
+        try:
+            rows.append(json.loads(lines[-1]))
+        except json.JSONDecodeError:
+            logger.warning("%s: the last line is incomplete and is left out: %.80s", path, lines[-1])
+    return rows

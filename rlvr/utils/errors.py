@@ -21,7 +21,13 @@ class ConfigError(RlvrError, ValueError):
 
     def __init__(self, key: str, message: str) -> None:
         self.key = key
+        self.message = message
         super().__init__(f"config error at '{key}': {message}")
+
+
+class DataError(RlvrError, ValueError):
+    """A training or validation file that cannot be used: unreadable, a malformed row (the message
+    names the file and the row), a missing field, or no prompts left after filtering."""
 
 
 class WorkerError(RlvrError):
@@ -46,6 +52,22 @@ class RewardError(RlvrError):
 
 class StaleRolloutError(RlvrError):
     """The rollout engine generated with other weights than the actor's current ones."""
+
+
+class ConfigAssertionError(ConfigError, AssertionError):
+    """A config value that verl checks with ``assert`` (e.g. a dual-clip bound <= 1): rlvr names the
+    key and the fix, and the type is also an ``AssertionError`` so that verl-style code catching it
+    keeps working."""
+
+
+class UnsupportedConfigError(ConfigError, NotImplementedError):
+    """A config value naming something that is not implemented (an unknown KL estimator or KL
+    controller type), where verl raises ``NotImplementedError``."""
+
+
+class ArgumentAssertionError(RlvrError, ValueError, AssertionError):
+    """A bad argument to a function where verl checks the same condition with ``assert``: a
+    ``ValueError`` with a message saying what is wrong, and an ``AssertionError`` for verl-style code."""
 
 
 class ProtocolError(RlvrError, ValueError, AssertionError):

@@ -1,23 +1,34 @@
 """Tensor helpers shared by the algorithms and the workers: masked statistics, log-probs and
-entropy from logits (chunked, float32), masks and position ids.
+entropy from logits (chunked, float32), masks, padding and position ids.
 
-All functions are pure torch and work on any device.
+All functions are pure torch and work on any device. Names and signatures follow verl's
+``verl.utils.torch_functional`` where verl has the same function.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from rlvr.utils.errors import ArgumentAssertionError
 
 __all__ = [
     "masked_sum",
     "masked_mean",
     "masked_var",
     "masked_whiten",
+    "clip_by_value",
+    "gather_from_labels",
     "logprobs_from_logits",
     "entropy_from_logits",
+    "entropy_from_logits_with_chunking",
+    "calculate_sum_pi_squared_from_logits",
+    "expand_as_nested",
     "compute_position_ids",
     "get_response_mask",
-    "pad_to_length",
+    "pad_sequence_to_length",
+    "pad_2d_list_to_length",
 ]
 
 DEFAULT_CHUNK_ROWS = 512
@@ -99,7 +110,17 @@ def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = T
     return whitened if shift_mean else whitened + mean
 
 
+def clip_by_value(x: torch.Tensor, tensor_min: torch.Tensor | float, tensor_max: torch.Tensor | float) -> torch.Tensor:
+    """``x`` clipped elementwise to ``[tensor_min, tensor_max]``, whose bounds may be tensors
+    broadcastable to ``x`` (``torch.clamp`` with tensor bounds)."""
+    return torch.clamp(x, min=tensor_min, max=tensor_max)
+
+
 # ----------------------------------------------------------------------------- log-probs and entropy
+def gather_from_labels(data: torch.Tensor, label: torch.Tensor) -> torch.Tensor:
+    """``data[..., label]`` per position: ``[..., vocab]`` and ``[...]`` ids -> ``[...]``."""
+    return torch.gather(data, -1, label.unsqueeze(-1)).squeeze(-1)
+
 def _row_chunks(rows: int, chunk_size: int) -> list[tuple[int, int]]:
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
@@ -211,6 +232,47 @@ def entropy_from_logits(logits: torch.Tensor, chunk_size: int = DEFAULT_CHUNK_RO
     return flat.view(logits.shape[:-1])
 
 
+def entropy_from_logits_with_chunking(logits: torch.Tensor, chunk_size: int = 2048) -> torch.Tensor:
+    """verl's name for :func:`entropy_from_logits` with an explicit chunk of rows (``[rows, vocab]``
+    -> ``[rows]``); rlvr's entropy is always computed ``chunk_size`` rows at a time."""
+    return entropy_from_logits(logits, chunk_size)
+
+
+def calculate_sum_pi_squared_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """``sum_v softmax(logits)_v^2`` per position, ``[..., vocab] -> [...]``, computed stably as
+    ``exp(logsumexp(2 z) - 2 logsumexp(z))`` (the ``||pi||^2`` term of the optimal token baseline's
+    per-token variance proxy, verl's ``optimal_token_baseline`` estimator)."""
+    return torch.exp(torch.logsumexp(2.0 * logits, dim=-1) - 2.0 * torch.logsumexp(logits, dim=-1))
+
+
+def expand_as_nested(tensor: torch.Tensor, nested_tensor: torch.Tensor) -> torch.Tensor:
+    """Broadcast one value per row over a jagged nested tensor.
+
+    Args:
+        tensor: ``[batch]``.
+        nested_tensor: a jagged nested tensor ``[batch, j]`` (``torch.nested``, ``layout=torch.jagged``).
+
+    Returns:
+        a jagged nested tensor with ``nested_tensor``'s row lengths whose row ``i`` is ``tensor[i]``
+        repeated.
+
+    Raises:
+        ArgumentAssertionError: ``nested_tensor`` is not nested or not 2-D, ``tensor`` is not 1-D,
+            or their batch sizes differ (an ``AssertionError`` as in verl, and a ``ValueError``).
+    """
+    if not nested_tensor.is_nested:
+        raise ArgumentAssertionError("expand_as_nested: nested_tensor must be a nested (jagged) tensor")
+    if tensor.dim() != 1 or nested_tensor.dim() != 2:
+        raise ArgumentAssertionError(f"expand_as_nested: need tensor [batch] and nested_tensor [batch, j], got "
+                                     f"{tensor.dim()}-D and {nested_tensor.dim()}-D")
+    if tensor.shape[0] != nested_tensor.size(0):
+        raise ArgumentAssertionError(f"expand_as_nested: the batch sizes differ: {tensor.shape[0]} vs "
+                                     f"{nested_tensor.size(0)}")
+    offsets = nested_tensor.offsets()
+    values = torch.repeat_interleave(tensor, offsets.diff(), dim=0)
+    return torch.nested.nested_tensor_from_jagged(values=values, offsets=offsets)
+
+
 # ----------------------------------------------------------------------------- masks and positions
 def compute_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     """Position ids for left-padded sequences: ``cumsum(mask) - 1`` clamped at 0.
@@ -224,39 +286,46 @@ def compute_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp_min(0)
 
 
-def get_response_mask(
-    response_ids: torch.Tensor, eos_token_id: int | list[int], dtype: torch.dtype = torch.int64
-) -> torch.Tensor:
+def get_response_mask(response_id: torch.Tensor, eos_token: int | Sequence[int] = 2,
+                      dtype: torch.dtype = torch.int64) -> torch.Tensor:
     """Mask of the generated tokens: 1 up to and including the first EOS, 0 after it.
 
     Args:
-        response_ids: ``[batch, response_len]``.
-        eos_token_id: one EOS id or a list of them (any of them ends the response).
+        response_id: ``[batch, response_len]``.
+        eos_token: one EOS id or a list of them (any of them ends the response).
         dtype: dtype of the returned mask.
 
     Returns:
         ``[batch, response_len]``; rows without EOS are all 1.
     """
-    eos_ids = torch.as_tensor(
-        [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=response_ids.device
-    )
-    is_eos = torch.isin(response_ids, eos_ids).long()
+    eos_ids = torch.as_tensor([eos_token] if isinstance(eos_token, int) else list(eos_token),
+                             device=response_id.device)
+    is_eos = torch.isin(response_id, eos_ids).long()
     eos_before = is_eos.cumsum(dim=-1) - is_eos
     return (eos_before == 0).to(dtype)
 
 
-def pad_to_length(tensor: torch.Tensor, length: int, pad_value: float, left: bool = False) -> torch.Tensor:
-    """Pad the last dimension of ``tensor`` to ``length`` with ``pad_value``.
+def pad_sequence_to_length(tensors: torch.Tensor, max_seq_len: int, pad_token_id: float,
+                           left_pad: bool = False) -> torch.Tensor:
+    """Pad the last dimension of ``tensors`` to ``max_seq_len`` with ``pad_token_id``.
 
     Args:
-        tensor: ``[..., seq_len]``.
-        length: target length; a tensor already this long or longer is returned unchanged.
-        left: pad on the left (prompts) instead of the right (responses).
+        tensors: ``[..., seq_len]``.
+        max_seq_len: target length; a tensor already this long or longer is returned unchanged.
+        left_pad: pad on the left (prompts) instead of the right (responses).
 
     Returns:
-        ``[..., max(seq_len, length)]``.
+        ``[..., max(seq_len, max_seq_len)]``.
     """
-    missing = length - tensor.shape[-1]
+    missing = max_seq_len - tensors.shape[-1]
     if missing <= 0:
-        return tensor
-    return torch.nn.functional.pad(tensor, (missing, 0) if left else (0, missing), value=pad_value)
+        return tensors
+    return torch.nn.functional.pad(tensors, (missing, 0) if left_pad else (0, missing), value=pad_token_id)
+
+
+def pad_2d_list_to_length(response: Sequence[Sequence[int]], pad_token_id: int,
+                          max_length: int | None = None) -> torch.Tensor:
+    """Right-pad lists of ids into a ``[len(response), L]`` tensor, ``L`` = the longest list, or
+    ``max_length`` when that is longer."""
+    length = max([len(row) for row in response] + [max_length or 0])
+    return torch.tensor([list(row) + [pad_token_id] * (length - len(row)) for row in response])

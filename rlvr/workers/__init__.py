@@ -1,14 +1,17 @@
-"""Model workers (seed 001): the hybrid actor/rollout/reference worker, the critic and reference
-training workers, and their parts.
+"""Model workers: the actor/rollout/reference worker, the critic worker, and their parts.
 
-- ``rlvr.workers.engine_workers``: ``ActorRolloutRefWorker``, ``TrainingWorker``, ``CriticWorker``.
-- ``rlvr.workers.actor.dp_actor``: ``DataParallelPPOActor`` (log-probs, policy update).
-- ``rlvr.workers.critic.dp_critic``: ``DataParallelPPOCritic`` (values, value update).
+- ``rlvr.workers.engine_workers``: ``TrainingWorker`` (the shared base), ``ActorRolloutRefWorker``
+  (actor, rollout and/or reference by role), ``CriticWorker``.
+- ``rlvr.workers.actor.dp_actor``: ``DataParallelPPOActor`` (log-probs, the policy loss).
+- ``rlvr.workers.critic.dp_critic``: ``DataParallelPPOCritic`` (values, the value loss).
+- ``rlvr.workers.ppo_update``: the update loop both train with (epochs, mini-batches, gradient
+  accumulation, the optimizer step).
 - ``rlvr.workers.rollout``: the rollout-engine protocol and registry, ``HFRollout`` (``"hf"``).
-- ``rlvr.workers.models``, ``rlvr.workers.fsdp``, ``rlvr.workers.checkpoint``,
-  ``rlvr.workers.batching``: model building, FSDP2 sharding and optimizers, checkpoints, batching.
-- ``rlvr.workers.reward_manager`` and ``rlvr.workers.reward``: reward computation.
+- ``rlvr.workers.models`` (building models), ``fsdp`` (FSDP2 sharding, full weights, offload),
+  ``optimizer`` (AdamW, lr schedule), ``checkpoint``, ``batching`` (micro-batches, rows that share a
+  prompt), ``kv_cache`` (KV-cache row selection), ``collectives`` (all-reduce helpers),
+  ``worker_utils`` (threads, timing, placement).
 
-Import from the submodules; this package module stays light so that importing the reward parts
-does not load the model stack.
+Reward computation (managers, reward workers, scorers, routing) lives in :mod:`rlvr.reward`.
+Import from the submodules; this package module stays light.
 """

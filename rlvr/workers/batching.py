@@ -1,4 +1,4 @@
-"""Splitting a worker's batch into mini-batches and micro-batches.
+"""Splitting a worker's batch into micro-batches, and finding the rows that share a prompt.
 
 A micro-batch is a list of row indices into the worker's local batch. Two ways to size them:
 
@@ -8,55 +8,29 @@ A micro-batch is a list of row indices into the worker's local batch. Two ways t
   group must run the same number of forward passes (FSDP2 all-gathers parameters in each one), so
   the count is raised to the largest count of any rank by splitting the biggest micro-batches.
 
-The loss of a micro-batch is weighted by its share of the *global* mini-batch (all ranks), see
-:func:`loss_share`, so that gradient accumulation over micro-batches and averaging over ranks give
-exactly the gradient of one big batch.
+How micro-batch losses add up to the mini-batch's gradient is :mod:`rlvr.workers.ppo_update`.
 
 Rows that share a prompt (``rollout.n`` responses per prompt) are found by :func:`distinct_prompts`,
 so that the prompt is run once (prefill in the rollout, shared forward in the actor) and micro-batches
 keep a prompt's rows together (:func:`prompt_grouped_order`); the prompt's KV cache rows are then
-copied out to its rows by :func:`select_cache_rows`.
+copied out to its rows by :func:`rlvr.workers.kv_cache.select_cache_rows`.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
-import torch.distributed as dist
-from transformers.cache_utils import Cache, DynamicLayer
+
+from rlvr.workers.collectives import all_reduce_max
 
 __all__ = [
     "distinct_prompts",
     "prompt_grouped_order",
-    "select_cache_rows",
     "micro_batch_indices",
     "token_budget_partitions",
-    "loss_share",
-    "all_reduce_sum",
-    "all_reduce_max",
     "select_batch_keys",
-    "run_mini_batch_epochs",
 ]
-
-
-def all_reduce_sum(value: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Sum of ``value`` over the data-parallel group (identity when ``world_size == 1``)."""
-    if world_size == 1:
-        return value
-    out = value.clone()
-    dist.all_reduce(out, op=dist.ReduceOp.SUM)
-    return out
-
-
-def all_reduce_max(value: torch.Tensor, world_size: int) -> torch.Tensor:
-    """Maximum of ``value`` over the data-parallel group (identity when ``world_size == 1``)."""
-    if world_size == 1:
-        return value
-    out = value.clone()
-    dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return out
 
 
 def token_budget_partitions(seq_lens: list[int], max_token_len: int, min_parts: int = 1) -> list[list[int]]:
@@ -121,25 +95,6 @@ def micro_batch_indices(
     return token_budget_partitions(lens, max_token_len, min_parts=parts)
 
 
-def loss_share(response_mask: torch.Tensor, global_tokens: float, global_seqs: float, loss_agg_mode: str,
-               world_size: int) -> float:
-    """Weight of a micro-batch's aggregated loss inside the global mini-batch.
-
-    ``agg_loss`` averages over the micro-batch (tokens for ``token-mean``, non-empty sequences for
-    the ``seq-mean-*`` modes). Multiplying by ``micro count / global count`` turns the sum over
-    micro-batches and ranks into the average over the whole mini-batch; the factor ``world_size``
-    undoes FSDP's averaging of gradients over ranks.
-
-    Args:
-        response_mask: ``[micro_rows, response_len]`` of the micro-batch.
-        global_tokens: valid tokens in the mini-batch over all ranks.
-        global_seqs: sequences with at least one valid token in the mini-batch over all ranks.
-    """
-    if loss_agg_mode == "token-mean":
-        return float(response_mask.sum()) / max(global_tokens, 1.0) * world_size
-    return float((response_mask.sum(-1) > 0).sum()) / max(global_seqs, 1.0) * world_size
-
-
 def select_batch_keys(batch: Mapping[str, torch.Tensor], keys: Sequence[str], method: str) -> dict[str, torch.Tensor]:
     """The tensors ``keys`` of ``batch`` (e.g. ``DataProto.batch``); a clear ``KeyError`` naming
     ``method`` and the missing keys when some are absent."""
@@ -147,29 +102,6 @@ def select_batch_keys(batch: Mapping[str, torch.Tensor], keys: Sequence[str], me
     if missing:
         raise KeyError(f"{method} needs the batch keys {missing}; got {sorted(batch.keys())}")
     return {key: batch[key] for key in keys}
-
-
-def run_mini_batch_epochs(
-    batch: dict[str, torch.Tensor],
-    train_mini_batch: Callable[[dict[str, torch.Tensor]], dict[str, float]],
-    *,
-    epochs: int,
-    mini_batch_size: int,
-    shuffle: bool,
-) -> dict[str, list[float]]:
-    """``epochs`` passes over ``batch`` (tensors ``[rows, ...]``) in mini-batches of
-    ``mini_batch_size`` rows (in a fresh random order each epoch when ``shuffle``), calling
-    ``train_mini_batch`` on each; returns metric name -> one value per mini-batch."""
-    rows = next(iter(batch.values())).shape[0]
-    metrics: dict[str, list[float]] = defaultdict(list)
-    for _ in range(epochs):
-        order = torch.randperm(rows) if shuffle else torch.arange(rows)
-        for start in range(0, rows, mini_batch_size):
-            index = order[start : start + mini_batch_size]
-            mini = {key: value[index] for key, value in batch.items()}
-            for name, value in train_mini_batch(mini).items():
-                metrics[name].append(value)
-    return dict(metrics)
 
 
 def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,21 +136,3 @@ def prompt_grouped_order(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) ->
     return torch.argsort(inverse, stable=True).tolist()
 
 
-def select_cache_rows(cache: Cache, rows: torch.Tensor) -> None:
-    """Keep, in place, cache rows ``rows`` (``[b]`` indices into the cache's batch dimension; repeats
-    allowed) with a deterministic backward.
-
-    Every layer that selects rows as transformers' ``DynamicLayer`` does (sliding-window layers
-    included; keys and values ``[u, heads, seq, head_dim]`` -> ``[b, heads, seq, head_dim]``) is
-    selected with ``index_select``; a layer with its own selection (quantized, indexed, ...) keeps
-    its ``batch_select_indices``, which is
-    correct but, for gradients on CPU, not bit-reproducible: its advanced indexing has an
-    ``index_put_(accumulate=True)`` backward whose threads add into a shared row in a varying order.
-    """
-    for layer in cache.layers:
-        plain = type(layer).batch_select_indices is DynamicLayer.batch_select_indices
-        if plain and getattr(layer, "keys", None) is not None and layer.keys.numel() > 0:
-            layer.keys = layer.keys.index_select(0, rows)
-            layer.values = layer.values.index_select(0, rows)
-        else:
-            layer.batch_select_indices(rows)

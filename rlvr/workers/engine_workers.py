@@ -1,10 +1,14 @@
-"""The role workers: ``ActorRolloutRefWorker`` (hybrid), ``TrainingWorker`` and ``CriticWorker``.
+"""The model workers: ``TrainingWorker`` (what they share), ``ActorRolloutRefWorker`` and ``CriticWorker``.
 
 Every worker receives the whole run config (``RlvrConfig`` as an OmegaConf DictConfig) and runs
 as a Ray actor or inside the driver (local backend); methods are called through a worker group.
 
-Hybrid worker (``role="actor_rollout_ref"``, seed 001): one process holds the actor, the rollout
-and the reference.
+``ActorRolloutRefWorker`` plays the actor, the rollout and/or the reference, by ``role``; a
+standalone reference policy is ``ActorRolloutRefWorker(config, role="ref")``. ``CriticWorker``
+holds the value model.
+
+Hybrid worker (``role="actor_rollout_ref"``): one process holds the actor, the rollout and the
+reference.
 
 - Weights actor -> rollout, in-process, versioned. With one rank the HF engine *shares* the actor's
   module: nothing is copied. With several ranks the actor is FSDP2-sharded and the HF engine keeps
@@ -44,8 +48,9 @@ from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_lora, save_training_state
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
-from rlvr.workers.fsdp import build_lr_scheduler, build_optimizer, full_parameters, full_state_dict, shard_module
+from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
 from rlvr.workers.models import build_causal_lm, build_critic
+from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
 from rlvr.workers.worker_utils import (
     Placement,
@@ -58,18 +63,18 @@ from rlvr.workers.worker_utils import (
 __all__ = ["ActorRolloutRefWorker", "TrainingWorker", "CriticWorker"]
 
 HYBRID_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
-TRAINING_ROLES = ("critic", "ref")
 
 
-class _RoleWorker(Worker):
-    """What every model worker shares: config, role checks, threads, process group, RNG states."""
+class TrainingWorker(Worker):
+    """What every model worker shares: config, threads, process group, seeding, replies, RNG states.
 
-    def __init__(self, config, role: str, roles: tuple[str, ...]) -> None:
-        if role not in roles:
-            raise ValueError(f"{type(self).__name__} role must be one of {roles}, got {role!r}")
+    Args:
+        config: the whole run config.
+    """
+
+    def __init__(self, config) -> None:
         super().__init__(config)
         self.config = config
-        self.role = role
         if self.device == "cpu":
             set_cpu_threads(config.trainer.num_threads, self.world_size)
 
@@ -82,13 +87,6 @@ class _RoleWorker(Worker):
         if self.world_size > 1:
             self.init_process_group(timeout_s=float(self.config.trainer.call_timeout_s))
         set_seed(int(self.config.trainer.seed))
-
-    def _require(self, present: bool, method: str, part: str) -> None:
-        if not present:
-            raise RuntimeError(
-                f"{type(self).__name__}(role={self.role!r}) has no {part}, so it cannot run {method}(); "
-                f"create the worker with a role that includes the {part}"
-            )
 
     def _reply(self, tensors: dict[str, torch.Tensor] | None, metrics: dict, timer: StageTimer,
                stage: str) -> DataProto:
@@ -116,7 +114,7 @@ class _RoleWorker(Worker):
         self._load_extra_rng_state(state)
 
 
-class ActorRolloutRefWorker(_RoleWorker):
+class ActorRolloutRefWorker(TrainingWorker):
     """Actor, rollout and/or reference in one worker.
 
     Args:
@@ -125,7 +123,10 @@ class ActorRolloutRefWorker(_RoleWorker):
     """
 
     def __init__(self, config, role: str) -> None:
-        super().__init__(config, role, HYBRID_ROLES)
+        if role not in HYBRID_ROLES:
+            raise ValueError(f"{type(self).__name__} role must be one of {HYBRID_ROLES}, got {role!r}")
+        super().__init__(config)
+        self.role = role
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
@@ -134,6 +135,13 @@ class ActorRolloutRefWorker(_RoleWorker):
         self._rollout_replica = None
         self._rollout_shares_actor = False
         self._ref_shares_actor = False
+
+    def _require(self, present: bool, method: str, part: str) -> None:
+        if not present:
+            raise RuntimeError(
+                f"{type(self).__name__}(role={self.role!r}) has no {part}, so it cannot run {method}(); "
+                f"create the worker with a role that includes the {part}"
+            )
 
     # ------------------------------------------------------------------ construction
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -366,29 +374,22 @@ class ActorRolloutRefWorker(_RoleWorker):
             self.rollout.set_rng_state(state["rollout"])
 
 
-class TrainingWorker(_RoleWorker):
-    """A critic or a reference policy running as its own worker group.
+class CriticWorker(TrainingWorker):
+    """The value model (``critic`` section) and its PPO value update, as its own worker group.
 
     Args:
         config: the whole run config.
-        role: ``"critic"`` (value model from ``critic``) or ``"ref"`` (frozen policy from
-            ``actor_rollout_ref.model``).
     """
 
-    def __init__(self, config, role: str) -> None:
-        super().__init__(config, role, TRAINING_ROLES)
-        self.critic = self.ref = None
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.critic = None
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Load the model of this worker's role."""
+        """Load the value model and build its optimizer and schedule."""
         self._setup()
-        if self.role == "critic":
-            self._init_critic(self.config.critic)
-        else:
-            self._init_ref(self.config.actor_rollout_ref)
-
-    def _init_critic(self, cfg) -> None:
+        cfg = self.config.critic
         path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
         module = build_critic(cfg.model, path).to(self.device)
         module = shard_module(module, self.world_size, self._device_type(), cfg.fsdp_config.reshard_after_forward)
@@ -402,30 +403,14 @@ class TrainingWorker(_RoleWorker):
         self.placement = Placement(module, optimizer, self.device)
         self._rest()
 
-    def _init_ref(self, cfg) -> None:
-        module = build_causal_lm(cfg.model, trainable=False).to(self.device)
-        module = shard_module(module, self.world_size, self._device_type(), cfg.ref.fsdp_config.reshard_after_forward)
-        self.ref = DataParallelPPOActor(
-            cfg.actor, module, None, mini_batch_size=1,
-            log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
-            world_size=self.world_size, device=self.device,
-        )
-        self.placement = Placement(module, None, self.device)
-        self._rest()
-
-    def _fsdp_config(self):
-        if self.role == "critic":
-            return self.config.critic.fsdp_config
-        return self.config.actor_rollout_ref.ref.fsdp_config
-
     def _rest(self) -> None:
-        fsdp = self._fsdp_config()
+        """Placement between phases (CPU when offload is configured; GPU only)."""
+        fsdp = self.config.critic.fsdp_config
         self.placement.place(params=not fsdp.param_offload, optimizer=not fsdp.optimizer_offload)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values [B, R]`` of the response positions."""
-        self._require(self.critic is not None, "compute_values", "critic")
         timer = self._timer()
         with timer.stage("values"):
             self.placement.place(params=True, optimizer=self.placement.optimizer_on_device)
@@ -436,7 +421,6 @@ class TrainingWorker(_RoleWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss update on the batch; one LR-schedule step."""
-        self._require(self.critic is not None, "update_critic", "critic")
         timer = self._timer()
         with timer.stage("update_critic"):
             self.placement.place(params=True, optimizer=True)
@@ -446,22 +430,9 @@ class TrainingWorker(_RoleWorker):
             self._rest()
         return self._reply(None, metrics, timer, "update_critic")
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
-        """``ref_log_prob [B, R]`` under the frozen reference policy."""
-        self._require(self.ref is not None, "compute_ref_log_prob", "reference")
-        timer = self._timer()
-        data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
-        with timer.stage("ref"):
-            self.placement.place(params=True, optimizer=False)
-            log_probs, _ = self.ref.compute_log_prob(data)
-            self._rest()
-        return self._reply({"ref_log_prob": log_probs}, {}, timer, "ref")
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
         """Write the critic's model, optimizer and LR-scheduler states to the folder ``path``."""
-        self._require(self.critic is not None, "save_checkpoint", "critic (the reference is frozen)")
         self.placement.place(params=True, optimizer=True)
         save_training_state(path, self.critic_module, self.critic.optimizer, self.lr_scheduler, self.rank,
                             self.world_size)
@@ -470,15 +441,7 @@ class TrainingWorker(_RoleWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> None:
         """Restore what :meth:`save_checkpoint` wrote."""
-        self._require(self.critic is not None, "load_checkpoint", "critic (the reference is frozen)")
         self.placement.place(params=True, optimizer=True)
         load_training_state(path, self.critic_module, self.critic.optimizer, self.lr_scheduler, self.rank,
                             self.world_size)
         self._rest()
-
-
-class CriticWorker(TrainingWorker):
-    """``TrainingWorker`` in the critic role."""
-
-    def __init__(self, config) -> None:
-        super().__init__(config, "critic")

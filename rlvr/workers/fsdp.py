@@ -1,4 +1,5 @@
-"""FSDP2 sharding, optimizer and schedule builders, and CPU offload helpers for the workers.
+"""FSDP2 sharding for the workers: wrapping, the gradient norm over shards, full (unsharded) weights
+and states, and moving a model and its optimizer state between devices (offload).
 
 With one rank (the local backend, or a Ray group of one) the module stays a plain ``nn.Module``
 and no process group is needed. With several ranks every decoder layer and then the root are
@@ -9,8 +10,7 @@ reduce-scattered (averaged over ranks).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -27,14 +27,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
-from rlvr.workers.batching import all_reduce_sum, loss_share
-
 __all__ = [
     "shard_module",
-    "build_optimizer",
-    "build_lr_scheduler",
     "clip_grad_norm",
-    "accumulate_and_step",
     "full_parameters",
     "full_state_dict",
     "load_full_state_dict",
@@ -85,51 +80,6 @@ def shard_module(module: nn.Module, world_size: int, device_type: str, reshard_a
     return module
 
 
-def build_optimizer(module: nn.Module, optim_config) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters (``optim_config``: lr, betas, eps, weight_decay)."""
-    params = [p for p in module.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError(f"{type(module).__name__} has no trainable parameter")
-    return torch.optim.AdamW(
-        params,
-        lr=optim_config.lr,
-        betas=tuple(optim_config.betas),
-        eps=optim_config.eps,
-        weight_decay=optim_config.weight_decay,
-    )
-
-
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup then a constant or cosine schedule, stepped once per training step.
-
-    ``warmup_steps`` (when > 0) or ``warmup_steps_ratio x total_training_steps`` warm up linearly
-    from ``lr / warmup`` to ``lr``; cosine then decays to ``min_lr_ratio x lr`` at
-    ``total_training_steps`` (which must then be set, > 0).
-    """
-    total = int(optim_config.total_training_steps)
-    warmup = int(optim_config.warmup_steps)
-    if warmup <= 0 and optim_config.warmup_steps_ratio > 0:
-        if total <= 0:
-            raise ValueError("optim.warmup_steps_ratio needs optim.total_training_steps > 0 (the trainer sets it)")
-        warmup = int(optim_config.warmup_steps_ratio * total)
-    kind = optim_config.lr_scheduler_type
-    if kind not in ("constant", "cosine"):
-        raise ValueError(f"optim.lr_scheduler_type must be 'constant' or 'cosine', got {kind!r}")
-    if kind == "cosine" and total <= 0:
-        raise ValueError("the cosine schedule needs optim.total_training_steps > 0 (the trainer sets it)")
-    floor = float(optim_config.min_lr_ratio)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        if kind == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 def clip_grad_norm(module: nn.Module, max_norm: float) -> float:
     """Clip the global gradient norm (over all shards) to ``max_norm``; returns the norm before
     clipping (``inf``/``nan`` when a gradient is not finite; nothing is clipped then)."""
@@ -138,55 +88,6 @@ def clip_grad_norm(module: nn.Module, max_norm: float) -> float:
     if isinstance(norm, DTensor):
         norm = norm.full_tensor()
     return float(norm)
-
-
-def accumulate_and_step(
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    mini: dict[str, torch.Tensor],
-    micro_batches: list[list[int]],
-    micro_loss: Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]],
-    num_metrics: int,
-    *,
-    loss_agg_mode: str,
-    grad_clip: float,
-    world_size: int,
-    device: torch.device,
-) -> tuple[torch.Tensor, float, bool]:
-    """One optimizer step over a mini-batch: gradient accumulation over its micro-batches, a
-    clipped step, and the step skipped when the gradient norm is not finite.
-
-    Each micro-batch loss is weighted by :func:`~rlvr.workers.batching.loss_share` so that the
-    accumulated gradient equals that of the mini-batch loss aggregated over all ranks.
-
-    Args:
-        mini: the mini-batch, tensors ``[b, ...]`` with ``response_mask [b, R]`` (on any device).
-        micro_batches: row indices of ``mini`` per micro-batch.
-        micro_loss: ``micro -> (loss, metrics [num_metrics])``; ``micro`` is on ``device``.
-        num_metrics: length of the metric vector ``micro_loss`` returns.
-
-    Returns:
-        ``(metric sums [num_metrics] (float64, CPU, share-weighted and summed over ranks),
-        grad norm before clipping, whether the step was taken)``.
-    """
-    mask = mini["response_mask"]
-    counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
-    global_tokens, global_seqs = all_reduce_sum(counts.to(device), world_size).tolist()
-    sums = torch.zeros(num_metrics, dtype=torch.float64)
-    optimizer.zero_grad(set_to_none=True)
-    for idx in micro_batches:
-        index = torch.tensor(idx)
-        micro = {key: value[index].to(device) for key, value in mini.items()}
-        share = loss_share(micro["response_mask"], global_tokens, global_seqs, loss_agg_mode, world_size)
-        loss, values = micro_loss(micro)
-        (loss * share).backward()
-        sums += values.double() * (share / world_size)
-    grad_norm = clip_grad_norm(module, grad_clip)
-    finite = bool(torch.isfinite(torch.tensor(grad_norm)))
-    if finite:
-        optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return all_reduce_sum(sums.to(device), world_size).cpu(), grad_norm, finite
 
 
 def full_parameters(module: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from rlvr.utils.errors import ConfigError
-from rlvr.workers.batching import all_reduce_max
+from rlvr.workers.collectives import all_reduce_max
 from rlvr.workers.fsdp import move_module, move_optimizer_state
 
 __all__ = ["set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement", "peak_memory_metrics"]

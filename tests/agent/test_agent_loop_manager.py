@@ -13,7 +13,8 @@ from omegaconf import OmegaConf
 from rlvr.agent import AGENT_LOOPS, AgentLoopManager
 from rlvr.agent.chat import render_prompt_ids
 from rlvr.trainer.config.schema import ActorConfig
-from rlvr.trainer.ppo.core_algos import AdvantageConfig, get_adv_estimator_fn
+from rlvr.trainer.config import AlgorithmConfig
+from rlvr.trainer.ppo.core_algos import get_adv_estimator_fn
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.rollout import HFRollout
 
@@ -123,7 +124,7 @@ def test_multi_turn_batches_go_through_the_advantage_estimators(multi_turn_batch
     advantages, returns = get_adv_estimator_fn(estimator)(
         token_level_rewards=scores, response_mask=mask, index=np.repeat(np.arange(4), 2), values=values,
         reward_baselines=None, old_log_prob=None, rollout_log_prob=None, gamma=1.0, lam=1.0,
-        config=AdvantageConfig(gamma=1.0, lam=1.0))
+        config=AlgorithmConfig(gamma=1.0, lam=1.0))
     assert advantages.shape == mask.shape
     assert advantages[mask == 0].abs().sum() == 0  # inserted tokens and padding carry no advantage
     assert advantages[mask == 1].abs().sum() > 0

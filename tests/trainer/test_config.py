@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from rlvr.trainer.config import help_config, list_presets, load_config, validate_config
+from rlvr.trainer.config import check_config, help_config, list_presets, load_config, validate_config
 from rlvr.utils.errors import ConfigError
 
 from trainer_helpers import tiny_overrides
 
 PPO_N1 = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
           "critic.ppo_micro_batch_size_per_gpu": 4}
-PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "main_job", "ppo", "reinforce_pp", "remax", "rloo", "tool_job"]
+PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo", "rlvr_mixed",
+           "tool_job"]
 
 
 @pytest.fixture
@@ -30,6 +31,8 @@ def test_every_preset_is_shipped_and_valid(overrides, tmp_path):
         extra = PPO_N1 if preset == "ppo" else {"reward_model.overlong_buffer.len": 4}
         if preset == "tool_job":
             extra["actor_rollout_ref.rollout.multi_turn.tool_config_path"] = str(tools)
+        if preset == "rlvr_mixed":  # the tiny data's domain needs a route too
+            extra = {**extra, "reward.routes.tiny": "naive"}
         cfg = load_config(preset, overrides(**extra))
         validate_config(cfg)
         assert cfg.trainer.backend == "local"
@@ -45,6 +48,8 @@ def test_preset_values_and_inheritance(overrides):
     assert drgrpo.actor_rollout_ref.actor.loss_agg_mode == "seq-mean-token-sum-norm"
     ppo = load_config("ppo", overrides())
     assert ppo.algorithm.adv_estimator == "gae" and ppo.critic.enable is True
+    gspo = load_config("gspo", overrides()).actor_rollout_ref.actor
+    assert (gspo.policy_loss.loss_mode, gspo.clip_ratio_low, gspo.clip_ratio_high) == ("gspo", 3e-4, 4e-4)
 
 
 def test_derived_fields(overrides):
@@ -89,13 +94,14 @@ CASES = [
     ({"algorithm.adv_estimator": "gae", "critic.enable": False}, "critic.enable",
      "adv_estimator=gae needs a critic; set critic.enable=True"),
     ({"algorithm.adv_estimator": "grpo_typo"}, "algorithm.adv_estimator",
-     "unknown advantage estimator 'grpo_typo'; valid names: egpo, gae, gpg, grpo"),
+     r"'grpo_typo' is not valid \(did you mean 'grpo'\?\); use one of egpo, gae, gpg, grpo"),
     ({"actor_rollout_ref.actor.policy_loss.loss_mode": "nope"}, "actor_rollout_ref.actor.policy_loss.loss_mode",
-     "unknown policy loss 'nope'; valid names: .*vanilla"),
+     "'nope' is not valid; use one of .*vanilla"),
     ({"reward_model.reward_manager": "nope"}, "reward_model.reward_manager",
-     "unknown reward manager 'nope'; valid names: batch, dapo, naive"),
+     "'nope' is not valid; use one of batch, dapo, naive"),
     ({"actor_rollout_ref.rollout.name": "vllm_x"}, "actor_rollout_ref.rollout.name", "'vllm_x'.*hf"),
     ({"trainer.backend": "slurm"}, "trainer.backend", "'slurm' is not valid; use one of ray, local"),
+    ({"trainer.backend": "rey"}, "trainer.backend", r"'rey' is not valid \(did you mean 'ray'\?\); use one of"),
     ({"data.train_files": "/nonexistent/train.jsonl"}, "data.train_files",
      "data file '/nonexistent/train.jsonl' does not exist"),
     ({"data.val_files": "/nonexistent/val.parquet"}, "data.val_files", "does not exist"),
@@ -116,6 +122,21 @@ CASES = [
     ({"reward_model.overlong_buffer.enable": True, "reward_model.overlong_buffer.len": 9},
      "reward_model.overlong_buffer.len", r"use a length in \(0, data.max_response_length=8\], got 9"),
     ({"custom_reward_function.path": "/nonexistent.py"}, "custom_reward_function.path", "does not exist"),
+    # loss and estimator knobs
+    ({"algorithm.singleton_advantage": "raw"}, "algorithm.singleton_advantage", "'raw' is not valid"),
+    ({"algorithm.gpg_alpha_count": "all"}, "algorithm.gpg_alpha_count", "use one of nonzero_score, informative"),
+    ({"algorithm.egpo_alpha": 1.5}, "algorithm.egpo_alpha", r"must be in \[0, 1\]"),
+    ({"algorithm.egpo_uncertainty_norm": "token"}, "algorithm.egpo_uncertainty_norm", "use one of group, batch"),
+    ({"actor_rollout_ref.actor.policy_loss.kl_cov_ratio": 0.0}, "actor_rollout_ref.actor.policy_loss.kl_cov_ratio",
+     "must be > 0"),
+    ({"actor_rollout_ref.actor.policy_loss.clip_cov_lb": 6.0}, "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
+     "must be below clip_cov_ub=5.0"),
+    # keys a verl config sets: validated
+    ({"actor_rollout_ref.hybrid_engine": False}, "actor_rollout_ref.hybrid_engine", "set hybrid_engine=true"),
+    ({"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy",
+     "'megatron' is not supported; rlvr trains with PyTorch FSDP2: use fsdp or fsdp2"),
+    ({"actor_rollout_ref.actor.global_batch_info.dp_size": 2}, "actor_rollout_ref.actor.global_batch_info",
+     "filled in by the actor worker"),
 ]
 
 
@@ -141,3 +162,72 @@ def test_missing_train_files(overrides):
         validate_config(cfg)
     assert info.value.key == "data.train_files"
     validate_config(cfg, require_data_files=False)
+
+
+@pytest.fixture
+def user_estimators():
+    """Two user-registered estimators (a value baseline that needs a critic, a group mean that needs
+    groups), removed again afterwards."""
+    from rlvr.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
+
+    @register_adv_est("test_value_baseline", needs_critic=True)
+    def value_baseline(token_level_rewards, response_mask, values=None, **kwargs):
+        adv = (token_level_rewards.sum(-1, keepdim=True) - values) * response_mask
+        return adv, adv
+
+    @register_adv_est("test_group_mean", needs_groups=True)
+    def group_mean(token_level_rewards, response_mask, index=None, **kwargs):
+        return token_level_rewards, token_level_rewards
+
+    yield
+    for name in ("test_value_baseline", "test_group_mean"):
+        del ADV_ESTIMATOR_REGISTRY[name]
+
+
+def test_user_estimator_that_needs_a_critic_is_handled_like_gae(overrides, user_estimators):
+    ppo = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+           "critic.ppo_micro_batch_size_per_gpu": 4}
+    for estimator in ("gae", "test_value_baseline"):
+        cfg = load_config(None, overrides(**ppo, **{"algorithm.adv_estimator": estimator}))
+        assert cfg.critic.enable is True  # unset: the registry entry says it needs one
+        validate_config(cfg)
+        cfg = load_config(None, overrides(**ppo, **{"algorithm.adv_estimator": estimator, "critic.enable": False}))
+        with pytest.raises(ConfigError, match=f"adv_estimator={estimator} needs a critic; set critic.enable=True"
+                           ) as info:
+            validate_config(cfg)
+        assert info.value.key == "critic.enable"
+
+
+def test_user_estimator_that_needs_groups_is_handled_like_grpo(overrides, user_estimators):
+    for estimator in ("grpo", "test_group_mean"):
+        cfg = load_config(None, overrides(**{"algorithm.adv_estimator": estimator}))
+        assert cfg.critic.enable is False
+        validate_config(cfg)
+        cfg = load_config("grpo", overrides(**{"algorithm.adv_estimator": estimator,
+                                               "actor_rollout_ref.rollout.n": 1}))
+        with pytest.raises(ConfigError, match=f"adv_estimator={estimator} compares the samples of one prompt"):
+            validate_config(cfg)
+
+
+def test_verl_strategies_are_accepted_and_critic_strategy_checked(overrides):
+    for strategy in ("fsdp", "fsdp2"):
+        validate_config(load_config("grpo", overrides(**{"actor_rollout_ref.actor.strategy": strategy})))
+    ppo = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+           "critic.ppo_micro_batch_size_per_gpu": 4}
+    validate_config(load_config("ppo", overrides(**ppo, **{"critic.strategy": "fsdp"})))
+    with pytest.raises(ConfigError, match="'deepspeed' is not supported") as info:
+        validate_config(load_config("ppo", overrides(**ppo, **{"critic.strategy": "deepspeed"})))
+    assert info.value.key == "critic.strategy"
+
+
+def test_a_routed_code_sandbox_that_cannot_run_is_a_config_error():
+    """The local code sandbox is started with the config check, not at the first reward."""
+    routed = ["reward.routes.code=code_sandbox"]
+    check_config(load_config("grpo", routed), require_data_files=False)  # this machine's sandbox works
+    bad = [*routed, "reward.workers.code_sandbox.sandbox.python_executable=/nonexistent/python3"]
+    with pytest.raises(ConfigError, match=r"reward.workers.code_sandbox.sandbox.python_executable.*"
+                                          r"'/nonexistent/python3' is not an executable file"):
+        check_config(load_config("grpo", bad), require_data_files=False)
+    # a remote sandbox service is not probed here
+    check_config(load_config("grpo", [*bad, "reward.workers.code_sandbox.sandbox_url=http://127.0.0.1:9"]),
+                 require_data_files=False)

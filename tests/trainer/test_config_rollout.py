@@ -45,9 +45,9 @@ def test_rollout_correction_settings_are_checked(config):
     key = "algorithm.rollout_correction"
     validate_config(config(**{f"{key}.rollout_is": "sequence", f"{key}.rollout_rs": "token",
                               f"{key}.rollout_rs_threshold": 3.0, f"{key}.rollout_rs_threshold_lower": 0.2}))
-    with pytest.raises(ConfigError, match="rollout_is.*valid names: geometric, sequence, token"):
+    with pytest.raises(ConfigError, match="rollout_is.*use one of geometric, sequence, token"):
         validate_config(config(**{f"{key}.rollout_is": "seq"}))
-    with pytest.raises(ConfigError, match="rollout_rs.*valid names"):
+    with pytest.raises(ConfigError, match="rollout_rs.*use one of"):
         validate_config(config(**{f"{key}.rollout_rs": "tok"}))
     with pytest.raises(ConfigError, match="rollout_is_threshold"):
         validate_config(config(**{f"{key}.rollout_is_threshold": 0.0}))

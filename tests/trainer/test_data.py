@@ -3,7 +3,9 @@ order and a resumable batch position."""
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 
 import numpy as np
 import pytest
@@ -20,6 +22,7 @@ from rlvr.trainer.data import (
     read_rows,
     write_rows,
 )
+from rlvr.utils.errors import DataError
 from rlvr.utils.testing import tiny_tokenizer
 
 
@@ -55,20 +58,77 @@ def test_overlong_prompts_are_filtered_with_a_count(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         ds = RLHFDataset(str(path), tiny_tokenizer(), cfg)
     assert (len(ds), ds.num_filtered) == (10, 2)
-    assert "dropped 2 of 12 prompts longer than data.max_prompt_length=26" in caplog.text
+    assert "dropped 2 of 12 prompts longer than data.max_prompt_length=26 tokens" in caplog.text
     cfg = load_config(None, ["data.max_prompt_length=26", "data.filter_overlong_prompts=False",
                              "data.truncation=left"]).data
     ds = RLHFDataset(str(path), tiny_tokenizer(), cfg)
     assert len(ds) == 12 and ds.prompt_length == 26
     cfg = load_config(None, ["data.max_prompt_length=26", "data.filter_overlong_prompts=False"]).data
-    with pytest.raises(ValueError, match="prompt has 27 tokens > data.max_prompt_length=26"):
+    with pytest.raises(DataError, match=r"d\.jsonl, line 11: the prompt has 27 tokens > data\.max_prompt_length=26"):
         RLHFDataset(str(path), tiny_tokenizer(), cfg)
 
 
-def test_missing_column_is_reported(tmp_path, data_cfg):
-    write_rows([{"prompt": [{"role": "user", "content": "hi"}]}], tmp_path / "bad.jsonl")
-    with pytest.raises(ValueError, match=r"lacks the column\(s\) \['data_source', 'reward_model'\]"):
-        RLHFDataset(str(tmp_path / "bad.jsonl"), tiny_tokenizer(), data_cfg)
+GOOD = {"data_source": "tiny", "prompt": [{"role": "user", "content": "hi"}], "reward_model": {"ground_truth": "1"}}
+
+
+BAD_ROWS = [
+    ({"prompt": None}, "field 'prompt' must be a non-empty list of chat messages"),
+    ({"prompt": []}, "field 'prompt' must be a non-empty list of chat messages"),
+    ({"prompt": [{"role": "user"}]}, "field 'prompt' must be a non-empty list of chat messages"),
+    ({"data_source": None}, "has no 'data_source' string field"),
+    ({"reward_model": {"style": "rule"}}, "has no 'reward_model.ground_truth' field"),
+]
+
+
+@pytest.mark.parametrize(("suffix", "change", "message"), [
+    *[(".jsonl", *case) for case in BAD_ROWS],
+    *[(".parquet", *case) for case in BAD_ROWS],
+    (".jsonl", {"reward_model": "7"}, "has no 'reward_model.ground_truth' field"),  # a parquet column has one type
+])
+def test_a_bad_row_names_file_row_and_field(tmp_path, data_cfg, suffix, change, message):
+    path = tmp_path / f"bad{suffix}"
+    write_rows([dict(GOOD), dict(GOOD), {**GOOD, **change}], path)
+    where = "line 3" if suffix == ".jsonl" else "row 2"
+    with pytest.raises(DataError, match=re.escape(f"{path}, {where} {message}")):
+        RLHFDataset(str(path), tiny_tokenizer(), data_cfg)
+
+
+def test_a_missing_prompt_field_is_named(tmp_path, data_cfg):
+    write_rows([GOOD, {"question": "hi", "data_source": "x", "reward_model": {"ground_truth": 1}}], tmp_path / "d.jsonl")
+    with pytest.raises(DataError, match=r"d\.jsonl, line 2 has no 'prompt' field \(the prompt; data\.prompt_key"):
+        RLHFDataset(str(tmp_path / "d.jsonl"), tiny_tokenizer(), data_cfg)
+    cfg = load_config(None, ["data.prompt_key=question", "data.apply_chat_template=False"]).data
+    write_rows([{**GOOD, "question": "hi"}], tmp_path / "q.jsonl")
+    assert len(RLHFDataset(str(tmp_path / "q.jsonl"), tiny_tokenizer(), cfg)) == 1  # a plain string prompt
+
+
+def test_malformed_json_names_file_and_line(tmp_path, data_cfg):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n\n" + '{"prompt": [1, 2\n')
+    with pytest.raises(DataError, match=r"d\.jsonl, line 3: not valid JSON \(.* at column \d+\)"):
+        RLHFDataset(str(path), tiny_tokenizer(), data_cfg)
+    path.write_text(json.dumps(GOOD) + "\n[1, 2]\n")
+    with pytest.raises(DataError, match=r"d\.jsonl, line 2 is not an object with fields but a list"):
+        RLHFDataset(str(path), tiny_tokenizer(), data_cfg)
+
+
+def test_unreadable_parquet_is_reported(tmp_path, data_cfg):
+    path = tmp_path / "d.parquet"
+    write_rows([GOOD] * 3, path)
+    path.write_bytes(path.read_bytes()[:40])  # truncated file
+    with pytest.raises(DataError, match=r"d\.parquet: not a readable parquet file"):
+        RLHFDataset(str(path), tiny_tokenizer(), data_cfg)
+
+
+def test_no_prompts_left_is_an_error(tmp_path):
+    path = write_tiny_dataset(tmp_path / "d.jsonl", 4)
+    cfg = load_config(None, ["data.max_prompt_length=10"]).data
+    with pytest.raises(DataError, match=r"no prompts left in .*: all 4 prompts are longer than "
+                                        r"data\.max_prompt_length=10 tokens \(the shortest has 26\)"):
+        RLHFDataset(str(path), tiny_tokenizer(), cfg)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="the files have no rows"):
+        RLHFDataset(str(tmp_path / "empty.jsonl"), tiny_tokenizer(), cfg)
 
 
 def test_collate_builds_a_dataproto(tmp_path, data_cfg):
@@ -110,7 +170,7 @@ def test_batch_iterator_resumes_at_the_saved_position():
 
 
 def test_batch_iterator_needs_one_full_batch():
-    with pytest.raises(ValueError, match="fewer than one batch of data.train_batch_size=4"):
+    with pytest.raises(DataError, match="fewer than one batch of data.train_batch_size=4"):
         StatefulBatchIterator([1, 2], 4, SeededRandomSampler([1, 2], seed=0), collate_fn=list)
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from rlvr.data_prep import gsm8k
 from rlvr.data_prep import reasoning_gym as rg_prep
 from rlvr.trainer.data import read_rows
-from rlvr.utils.reward_score import default_compute_score
+from rlvr.reward.scorers import default_compute_score
 
 
 def test_reasoning_gym_addition_rows_are_held_out_and_scorable(tmp_path):
@@ -103,7 +104,7 @@ def test_gsm8k_from_local_files(tmp_path):
     assert row["reward_model"]["ground_truth"] == "1203"
     assert row["data_source"] == "openai/gsm8k"
     assert row["prompt"][0]["content"].startswith("Tom has 1,200 apples") and '"####"' in row["prompt"][0]["content"]
-    assert default_compute_score("openai/gsm8k", "so #### 1203", "1203", row["extra_info"])["score"] == 1.0
+    assert default_compute_score("openai/gsm8k", "so #### 1203", "1203", row["extra_info"]) == 1.0
     with pytest.raises(ValueError, match="without '####'"):
         gsm8k.extract_solution("no marker")
 
@@ -132,3 +133,30 @@ def test_tool_use_rows_show_the_tool_in_smollm2_format_and_hold_out_the_test_set
     assert scored["acc"] == 1.0
     held_out = {r["extra_info"]["metadata"]["expression"] for r in test_rows} | {expression}
     assert not held_out & {r["extra_info"]["metadata"]["expression"] for r in train_rows}
+
+
+def test_mixed_domains_rows_carry_checkable_ground_truths(tmp_path):
+    from rlvr.data_prep import mixed
+    from rlvr.reward.scorers.code import build_task
+    from rlvr.reward.scorers.ifeval import evaluate, parse_ground_truth
+
+    train, test = mixed.build(tmp_path, train_size=30, test_size=6, seed=3)
+    rows = read_rows(train)
+    assert [r["data_source"] for r in rows[:6]] == ["math", "ifeval", "code"] * 2
+    assert len(read_rows(test)) == 6 and read_rows(test)[0]["prompt"] != rows[0]["prompt"]
+    solutions = {"doubled": "x * 2", "squared": "x * x", "plus": "x + {k}", "remainder": "x % {k}"}
+    for row in rows:
+        question, truth = row["prompt"][0]["content"], row["reward_model"]["ground_truth"]
+        if row["data_source"] == "math":
+            a, b = map(int, question.removeprefix("What is ").split("?")[0].split(" + "))
+            assert truth == str(a + b) and "\\boxed{}" in question
+        elif row["data_source"] == "ifeval":
+            ids, kwargs = parse_ground_truth(truth)
+            assert all(evaluate("the sea is calm", ids, kwargs).strict)  # a compliant answer passes
+        else:
+            word = next(w for w in solutions if w in question)
+            k = re.search(r"(?:plus|by) (\d)", question)
+            body = solutions[word].format(k=k.group(1) if k else "")
+            task = build_task(f"def f(x):\n    return {body}\n", truth)
+            namespace: dict = {}
+            exec(task.jobs[0].code, namespace)  # noqa: S102 - our generated asserts against a known-correct f

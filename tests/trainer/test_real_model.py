@@ -35,7 +35,7 @@ def test_grpo_raises_the_reward_on_the_real_model(tmp_path):
 
 
 def test_one_seed_gives_identical_metrics_on_the_real_model(tmp_path):
-    """Item 7 of the main job with its defaults (the shared-prompt forward on, two threads): two runs
+    """The main job with its defaults (the shared-prompt forward on, two threads): two runs
     of one seed agree on every metric, bit for bit, for 3 steps. Before the cache rows were selected
     with ``index_select`` the runs drifted apart in the last bits from the second step on."""
     train, _ = rg_prep.build("basic_arithmetic", tmp_path / "data", train_size=24, test_size=8, seed=0,

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import math
 
 import pytest
 
 from rlvr.trainer.progress import TrainingProgress
-from rlvr.trainer.report import generations_table, write_report
+from rlvr.trainer.report import generations_table, metric_summary, write_report
 from rlvr.trainer.tracking import ConsoleLogger, JsonlLogger, Tracking, read_metrics
 from rlvr.utils.errors import RlvrError
 
@@ -24,6 +25,22 @@ def test_jsonl_logger_writes_rows_and_truncates_on_resume(tmp_path):
     resumed.log({"a": 30.0}, 3)
     resumed.finish()
     assert [row["a"] for row in read_metrics(path)] == [1.0, 2.0, 30.0]
+
+
+def test_jsonl_rewind_and_a_line_cut_short(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    tracking = Tracking("p", "e", ["console", "jsonl"], tmp_path, console_write=lambda line: None)
+    for step in (1, 2, 3):
+        tracking.log({"a": float(step)}, step)
+    tracking.rewind(1)  # training went back to the step-1 checkpoint
+    tracking.log({"a": 20.0}, 2)
+    tracking.finish()
+    assert read_metrics(path) == [{"step": 1, "a": 1.0}, {"step": 2, "a": 20.0}]
+    with path.open("a") as f:
+        f.write('{"step": 3, "a"')  # the process was killed while writing
+    with caplog.at_level(logging.WARNING):
+        assert [row["step"] for row in read_metrics(path)] == [1, 2]
+    assert "the last line is incomplete and is left out" in caplog.text
 
 
 def test_console_logger_line():
@@ -92,3 +109,15 @@ def test_progress_total_follows_the_time_budget():
     assert unlimited.expected_last_step() == 12
     progress.close()
     unlimited.close()
+
+
+def test_metric_summary_shows_accuracy_and_tool_use_before_and_after():
+    rows = [{"step": 0, "val/acc": 0.28, "val/agent/tool_use_rate": 0.28, "val/agent/correct_with_tool": 1.0},
+            {"step": 1, "timing/step": 40.0}, {"step": 2, "timing/step": 60.0},
+            {"step": 2, "val/acc": 0.7, "val/agent/tool_use_rate": 0.75, "val/agent/correct_with_tool": 1.0}]
+    assert metric_summary(rows) == {
+        "val/acc before (step 0)": 0.28, "val/acc after (step 2)": 0.7,
+        "val/agent/tool_use_rate before (step 0)": 0.28, "val/agent/tool_use_rate after (step 2)": 0.75,
+        "val/agent/correct_with_tool before (step 0)": 1.0, "val/agent/correct_with_tool after (step 2)": 1.0,
+        "mean step time (s)": 50.0}
+    assert metric_summary([{"step": 0, "val/acc": 0.5}]) == {"val/acc before (step 0)": 0.5, "val/acc after (step 0)": 0.5}

@@ -114,3 +114,23 @@ def test_a_failing_stage_is_named(run, tiny_data, tmp_path):
     with pytest.raises(Exception, match="scorer exploded") as info:
         run("grpo", **{"custom_reward_function.path": str(bad), "trainer.val_before_train": False})
     assert "(raised during the trainer stage 'reward')" in info.value.__notes__
+
+
+def test_a_user_estimator_that_needs_a_greedy_baseline_gets_one(run):
+    """The trainer reads the registry entry, not the estimator's name: a user estimator registered
+    with ``needs_greedy_baseline=True`` receives the greedy responses' rewards as ReMax does."""
+    from rlvr.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, compute_remax_outcome_advantage, register_adv_est
+
+    received = []
+
+    @register_adv_est("test_greedy_baseline", needs_greedy_baseline=True)
+    def greedy_baseline(token_level_rewards, response_mask, reward_baselines=None, **kwargs):
+        received.append(reward_baselines)
+        return compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask)
+
+    try:
+        run("grpo", **{"algorithm.adv_estimator": "test_greedy_baseline", "trainer.total_training_steps": 1,
+                       "trainer.val_before_train": False, "trainer.report": False})
+    finally:
+        del ADV_ESTIMATOR_REGISTRY["test_greedy_baseline"]
+    assert len(received) == 1 and received[0] is not None and received[0].shape == (16,)  # 4 prompts x n=4

@@ -1,4 +1,4 @@
-"""Tests of rlvr.utils.torch_functional with hand-computed values."""
+"""Tests of rlvr.utils.torch_functional with hand-computed values (verl's names and signatures)."""
 
 import math
 
@@ -6,15 +6,21 @@ import pytest
 import torch
 
 from rlvr.utils.torch_functional import (
+    calculate_sum_pi_squared_from_logits,
+    clip_by_value,
     compute_position_ids,
     entropy_from_logits,
+    entropy_from_logits_with_chunking,
+    expand_as_nested,
+    gather_from_labels,
     get_response_mask,
     logprobs_from_logits,
     masked_mean,
     masked_sum,
     masked_var,
     masked_whiten,
-    pad_to_length,
+    pad_2d_list_to_length,
+    pad_sequence_to_length,
 )
 
 VALUES = torch.tensor([[1.0, 2.0, 3.0, 100.0], [4.0, 5.0, float("nan"), 7.0]])
@@ -136,22 +142,68 @@ def test_compute_position_ids_left_padding():
 
 def test_get_response_mask_first_eos_inclusive():
     ids = torch.tensor([[5, 6, 2, 0, 2], [5, 2, 9, 9, 9], [5, 6, 7, 8, 9], [9, 9, 3, 2, 0]])
-    assert get_response_mask(ids, eos_token_id=2).tolist() == [
+    assert get_response_mask(ids, eos_token=2).tolist() == [
         [1, 1, 1, 0, 0],
         [1, 1, 0, 0, 0],
         [1, 1, 1, 1, 1],
         [1, 1, 1, 1, 0],
     ]
-    multi = get_response_mask(ids, eos_token_id=[3, 2], dtype=torch.float32)
+    assert get_response_mask(response_id=ids).tolist() == get_response_mask(ids, 2).tolist()  # verl's default 2
+    multi = get_response_mask(ids, eos_token=[3, 2], dtype=torch.float32)
     assert multi.dtype == torch.float32
     assert multi[3].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
 
 
-def test_pad_to_length():
+def test_pad_sequence_to_length():
     x = torch.tensor([[1, 2], [3, 4]])
-    assert pad_to_length(x, 4, pad_value=0).tolist() == [[1, 2, 0, 0], [3, 4, 0, 0]]
-    assert pad_to_length(x, 3, pad_value=9, left=True).tolist() == [[9, 1, 2], [9, 3, 4]]
-    assert pad_to_length(x, 2, pad_value=0) is x
+    assert pad_sequence_to_length(x, 4, 0).tolist() == [[1, 2, 0, 0], [3, 4, 0, 0]]
+    assert pad_sequence_to_length(x, 3, pad_token_id=9, left_pad=True).tolist() == [[9, 1, 2], [9, 3, 4]]
+    assert pad_sequence_to_length(x, max_seq_len=2, pad_token_id=0) is x
+
+
+def test_pad_2d_list_to_length():
+    assert pad_2d_list_to_length([[1, 2, 3], [4]], 0).tolist() == [[1, 2, 3], [4, 0, 0]]
+    assert pad_2d_list_to_length([[1, 2, 3], [4]], 7, max_length=5).tolist() == [[1, 2, 3, 7, 7], [4, 7, 7, 7, 7]]
+    assert pad_2d_list_to_length([[1, 2, 3]], 0, max_length=2).tolist() == [[1, 2, 3]]  # never truncates
+
+
+def test_clip_by_value_with_tensor_bounds():
+    x = torch.tensor([0.0, 5.0, -5.0])
+    lo, hi = torch.tensor([-1.0, 1.0, -2.0]), torch.tensor([1.0, 2.0, 3.0])
+    assert clip_by_value(x, lo, hi).tolist() == [0.0, 2.0, -2.0]
+
+
+def test_gather_from_labels():
+    data = torch.arange(12.0).view(2, 2, 3)
+    assert gather_from_labels(data, torch.tensor([[2, 0], [1, 1]])).tolist() == [[2.0, 3.0], [7.0, 10.0]]
+
+
+def test_entropy_from_logits_with_chunking_matches_unchunked():
+    logits = torch.randn(7, 11, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(entropy_from_logits_with_chunking(logits, chunk_size=3), entropy_from_logits(logits))
+
+
+def test_calculate_sum_pi_squared_from_logits():
+    # uniform over 3: 3 * (1/3)^2 = 1/3; probabilities [0.5, 0.25, 0.25]: 0.25 + 2 * 0.0625 = 0.375
+    logits = torch.stack([torch.zeros(3), torch.tensor([0.5, 0.25, 0.25]).log()])
+    torch.testing.assert_close(calculate_sum_pi_squared_from_logits(logits), torch.tensor([1 / 3, 0.375]))
+    shifted = logits + 60.0  # exp(2 * 60) would overflow float32; the log-sum-exp form does not
+    torch.testing.assert_close(calculate_sum_pi_squared_from_logits(shifted), torch.tensor([1 / 3, 0.375]))
+
+
+def test_expand_as_nested():
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3), torch.zeros(1)], layout=torch.jagged)
+    out = expand_as_nested(torch.tensor([1.0, 2.0, 3.0]), nested)
+    assert out.is_nested
+    assert [row.tolist() for row in out.unbind()] == [[1.0, 1.0], [2.0, 2.0, 2.0], [3.0]]
+    for bad_tensor, bad_nested, message in [
+        (torch.ones(3), torch.zeros(3, 2), "must be a nested"),
+        (torch.ones(2), nested, "batch sizes differ"),
+        (torch.ones(3, 1), nested, "need tensor"),
+    ]:
+        for error in (ValueError, AssertionError):  # verl asserts
+            with pytest.raises(error, match=message):
+                expand_as_nested(bad_tensor, bad_nested)
 
 
 def test_backward_keeps_no_float32_copy_of_the_logits():

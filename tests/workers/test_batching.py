@@ -1,9 +1,9 @@
-"""Micro-batch splitting and loss weights (rlvr.workers.batching)."""
+"""Micro-batch splitting (rlvr.workers.batching)."""
 
 import pytest
 import torch
 
-from rlvr.workers.batching import loss_share, micro_batch_indices, token_budget_partitions
+from rlvr.workers.batching import micro_batch_indices, token_budget_partitions
 
 
 def test_token_budget_packs_longest_first_within_budget():
@@ -30,12 +30,3 @@ def test_token_budget_rejects_more_parts_than_rows():
 def test_micro_batch_indices_by_count():
     assert micro_batch_indices(torch.tensor([3, 3, 3, 3, 3]), 2, False, 0, 1) == [[0, 1], [2, 3], [4]]
 
-
-def test_loss_share_token_mean_and_seq_mean():
-    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])  # 3 tokens, 2 sequences in this micro-batch
-    # token-mean: 3 of 12 global tokens, times world size 2
-    assert loss_share(mask, 12.0, 8.0, "token-mean", 2) == pytest.approx(0.5)
-    # seq-mean: 2 of 8 global sequences
-    assert loss_share(mask, 12.0, 8.0, "seq-mean-token-mean", 1) == pytest.approx(0.25)
-    empty_row = torch.tensor([[1, 1, 0], [0, 0, 0]])
-    assert loss_share(empty_row, 12.0, 4.0, "seq-mean-token-sum", 1) == pytest.approx(0.25)

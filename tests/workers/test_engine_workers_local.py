@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup
 from rlvr.utils.testing import save_tiny_model
-from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker, TrainingWorker
+from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder
 
 
@@ -152,7 +152,7 @@ def test_non_finite_gradient_skips_the_step(model_dir):
 
 def test_lora_reference_equals_the_base_model(model_dir):
     group = hybrid(model_dir, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.actor.optim.lr=0.05")
-    ref = local_group(TrainingWorker, make_config(model_dir), "ref")
+    ref = local_group(ActorRolloutRefWorker, make_config(model_dir), "ref")
     out = group.generate_sequences(prompt_batch())
     old = group.compute_log_prob(out).batch["old_log_probs"]
     group.update_actor(with_advantages(out, [1.0, -1.0, 1.0, -1.0], old))
@@ -283,11 +283,12 @@ def test_sampling_is_seeded_and_the_rng_state_round_trips(model_dir):
 
 
 def test_role_without_the_part_raises_a_clear_error(model_dir):
-    ref = local_group(TrainingWorker, make_config(model_dir), "ref")
-    with pytest.raises(Exception, match="has no critic, so it cannot run compute_values"):
-        ref.compute_values(prompt_batch())
+    ref = local_group(ActorRolloutRefWorker, make_config(model_dir), "ref")
+    message = r"ActorRolloutRefWorker\(role='ref'\) has no rollout, so it cannot run generate_sequences"
+    with pytest.raises(Exception, match=message):
+        ref.generate_sequences(prompt_batch())
     with pytest.raises(ValueError, match="role must be one of"):
-        TrainingWorker(make_config(model_dir), "actor")
+        ActorRolloutRefWorker(make_config(model_dir), "critic")
 
 
 def test_gradient_checkpointing_gives_the_same_update(model_dir):

@@ -44,6 +44,8 @@ RayClassWithInitArgs = ClassWithInitArgs
 create_colocated_worker_cls_fused = create_colocated_worker_cls
 
 WORKER_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_DEBUG": "WARN"}
+PEER_DEATH_GRACE_S = 5.0
+"""After a rank raises, how long to look for another rank of the same call that died (the cause)."""
 
 
 def init_ray(
@@ -247,7 +249,8 @@ class RayWorkerGroup(WorkerGroup):
         return getattr(self._workers[rank], method).remote(*args, **kwargs)
 
     def _wait(self, handles: list, ranks: list[int], method: str, timeout_s: float) -> list:
-        """Results in order; the first failing rank raises as soon as it fails."""
+        """Results in order; the first failing rank raises as soon as it fails (as a death when
+        another rank of the call dies within ``PEER_DEATH_GRACE_S``)."""
         deadline = time.monotonic() + timeout_s
         position = {ref: i for i, ref in enumerate(handles)}
         outputs: list[Any] = [None] * len(handles)
@@ -266,8 +269,33 @@ class RayWorkerGroup(WorkerGroup):
                     )
                 )
             i = position[ready[0]]
-            outputs[i] = self._get(ready[0], ranks[i], method)
+            try:
+                outputs[i] = self._get(ready[0], ranks[i], method)
+            except WorkerDiedError:
+                raise
+            except WorkerError as err:
+                died = self._peer_death(pending, ranks, position, method, deadline)
+                if died is None:
+                    raise
+                raise died from err
         return outputs
+
+    def _peer_death(self, pending: list, ranks: list[int], position: dict, method: str,
+                    deadline: float) -> WorkerDiedError | None:
+        """A rank of ``pending`` that dies within ``PEER_DEATH_GRACE_S``, or None. When a rank dies in a
+        collective, the other ranks fail too (the connection to it closed); the death is the cause."""
+        grace_end = min(time.monotonic() + PEER_DEATH_GRACE_S, deadline)
+        while pending and time.monotonic() < grace_end:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(grace_end - time.monotonic(), 0.0))
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except RayActorError as err:
+                    return self._fail(WorkerDiedError(self.name, method, ranks[position[ref]],
+                                                      f"the worker process died: {err}"))
+                except RayTaskError:
+                    continue
+        return None
 
     def _get(self, ref: ray.ObjectRef, rank: int, method: str) -> Any:
         try:

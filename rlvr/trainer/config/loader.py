@@ -17,10 +17,16 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from rlvr.trainer.config.schema import RlvrConfig
+from rlvr.trainer.config.suggest import suggest_key
 from rlvr.utils.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent / "presets"
 _BASE_KEY = "base"
+VERL_KEYS_WITHOUT_MEANING = {
+    "data.dataloader_num_workers": "rlvr tokenizes the prompts once when the dataset loads and builds each "
+                                   "batch in the driver, so there are no DataLoader workers to set; remove the key",
+}
+"""Keys of verl's config that rlvr has no use for, with what to do instead."""
 
 
 def list_presets() -> list[str]:
@@ -56,7 +62,10 @@ def _merge(layers: Sequence[DictConfig], origin: str) -> DictConfig:
     try:
         return OmegaConf.merge(*layers)
     except ConfigKeyError as err:
-        raise ConfigError(_dotted_key(err), f"unknown key (from {origin}); `rlvr --help-config` lists "
+        key = _dotted_key(err)
+        if key in VERL_KEYS_WITHOUT_MEANING:
+            raise ConfigError(key, f"{VERL_KEYS_WITHOUT_MEANING[key]} (from {origin})") from None
+        raise ConfigError(key, f"unknown key (from {origin}){suggest_key(key)}; `rlvr --help-config` lists "
                           "every valid key") from None
     except ValidationError as err:
         raise ConfigError(_dotted_key(err), f"wrong value type (from {origin}): {str(err.msg).splitlines()[0]}") from None
@@ -74,7 +83,8 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
 
 def finalize_config(cfg: DictConfig) -> DictConfig:
     """Fill the derived fields: rollout lengths from ``data``, the data seed from ``trainer.seed``,
-    critic model fields from the actor's, ``critic.enable`` from the estimator."""
+    critic model fields from the actor's, ``critic.enable`` from what the estimator's registry
+    entry needs (an unknown estimator leaves it off; validation then names the estimator)."""
     rollout = cfg.actor_rollout_ref.rollout
     rollout.response_length = cfg.data.max_response_length
     rollout.prompt_length = cfg.data.max_prompt_length
@@ -85,7 +95,11 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
         critic_model.path = actor_model.path
         critic_model.tokenizer_path = actor_model.tokenizer_path
     if cfg.critic.enable is None:
-        cfg.critic.enable = cfg.algorithm.adv_estimator == "gae"
+        from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
+
+        estimator = cfg.algorithm.adv_estimator
+        cfg.critic.enable = (estimator in ADV_ESTIMATOR_REGISTRY
+                             and ADV_ESTIMATOR_REGISTRY.metadata(estimator).needs_critic)
     return cfg
 
 

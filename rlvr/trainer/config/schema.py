@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlvr.reward.config import RewardConfig
+
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
     """A dataclass field with a default (lists/dicts copied per instance) and a help string."""
@@ -41,7 +43,6 @@ class DataConfig:
     filter_overlong_prompts: bool = _f(True, "drop prompts longer than max_prompt_length (count is logged)")
     truncation: str = _f("error", "if a prompt is still too long: error | left | right")
     apply_chat_template: bool = _f(True, "render the prompt messages with the tokenizer's chat template")
-    dataloader_num_workers: int = _f(0, "DataLoader worker processes (0 = in the driver)")
 
 
 # ---------------------------------------------------------------------------------- model / optim
@@ -81,18 +82,34 @@ class FSDPConfig:
 
 # ------------------------------------------------------------------------------------------ actor
 @dataclass
-class PolicyLossSection:
+class PolicyLossConfig:
+    """The loss-specific knobs of the registered policy losses; the clip ratios they share are
+    fields of the actor section (a loss is called with ``config`` = the whole actor section)."""
+
     loss_mode: str = _f("vanilla", "policy loss from the registry: vanilla | gspo | gpg | cispo | clip_cov | kl_cov | geo_mean")
-    clip_cov_ratio: float = _f(0.0002, "clip_cov: fraction of tokens whose gradient is detached")
-    clip_cov_lb: float = _f(1.0, "clip_cov: lower covariance bound")
-    clip_cov_ub: float = _f(5.0, "clip_cov: upper covariance bound")
-    kl_cov_ratio: float = _f(0.0002, "kl_cov: fraction of tokens that get the KL penalty")
-    ppo_kl_coef: float = _f(0.1, "kl_cov: coefficient of the per-token KL penalty")
+    clip_cov_ratio: float = _f(0.0002, "clip_cov: fraction of valid tokens whose gradient is cut (> 0)")
+    clip_cov_lb: float = _f(1.0, "clip_cov: lower covariance bound of the candidate tokens")
+    clip_cov_ub: float = _f(5.0, "clip_cov: upper covariance bound of the candidate tokens")
+    kl_cov_ratio: float = _f(0.0002, "kl_cov: fraction of valid tokens that get the |log-ratio| penalty (> 0)")
+    ppo_kl_coef: float = _f(0.1, "kl_cov: coefficient of the per-token |log-ratio| penalty")
+
+
+STRATEGIES = ("fsdp", "fsdp2")
+"""Training backends a verl config may name; both run PyTorch FSDP2 over the worker group."""
+
+AGG_LOSS_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+"""The loss aggregation modes of ``agg_loss`` (``actor.loss_agg_mode``, ``critic.loss_agg_mode``)."""
+
+SINGLETON_CHOICES = ("score", "zero")
+"""What a group estimator gives a prompt's only sample (``algorithm.singleton_advantage``)."""
+
+GPG_ALPHA_COUNTS = ("nonzero_score", "informative")
+"""How GPG counts the samples of its alpha correction (``algorithm.gpg_alpha_count``)."""
 
 
 @dataclass
 class ActorConfig:
-    strategy: str = _f("fsdp2", "training backend: fsdp2 (sharded over the worker group)")
+    strategy: str = _f("fsdp2", "training backend: fsdp | fsdp2 (both shard with PyTorch FSDP2 over the worker group)")
     ppo_mini_batch_size: int = _f(8, "prompts per optimizer step (times rollout.n sequences)")
     ppo_micro_batch_size_per_gpu: int = _f(8, "sequences per forward/backward on one worker (gradient accumulation)")
     use_dynamic_bsz: bool = _f(False, "size micro-batches by token budget instead of sequence count")
@@ -100,16 +117,17 @@ class ActorConfig:
     ppo_epochs: int = _f(1, "passes over each batch")
     shuffle: bool = _f(False, "shuffle sequences between mini-batches")
     grad_clip: float = _f(1.0, "max global gradient norm; a step with a non-finite norm is skipped")
-    clip_ratio: float = _f(0.2, "PPO clip epsilon (default for low and high)")
-    clip_ratio_low: Optional[float] = _f(None, "lower clip epsilon (None = clip_ratio)")
-    clip_ratio_high: Optional[float] = _f(None, "upper clip epsilon (None = clip_ratio; DAPO uses 0.28)")
+    clip_ratio: float = _f(0.2, "clip epsilon of every loss that clips (default for low and high)")
+    clip_ratio_low: Optional[float] = _f(None, "lower clip epsilon (None = clip_ratio); gspo: sequence ratio, cispo: IS weight, geo_mean: log-ratio")
+    clip_ratio_high: Optional[float] = _f(None, "upper clip epsilon (None = clip_ratio; DAPO uses 0.28, GSPO 4e-4)")
     clip_ratio_c: float = _f(3.0, "dual-clip lower bound for negative advantages (> 1)")
-    loss_agg_mode: str = _f("token-mean", "token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm")
+    loss_agg_mode: str = _f("token-mean", "token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm")
     entropy_coeff: float = _f(0.0, "entropy bonus coefficient")
     use_kl_loss: bool = _f(False, "add a KL(actor || ref) term to the loss (GRPO style); needs the reference")
     kl_loss_coef: float = _f(0.001, "coefficient of the KL loss")
-    kl_loss_type: str = _f("low_var_kl", "KL estimator of the loss: kl | abs | mse | low_var_kl | full (+ variants)")
-    policy_loss: PolicyLossSection = _sub(PolicyLossSection, "policy-loss registry settings")
+    kl_loss_type: str = _f("low_var_kl", "KL estimator of the loss: kl | abs | mse | low_var_kl (k1 | k2 | k3, '+' = k2 gradient)")
+    policy_loss: PolicyLossConfig = _sub(PolicyLossConfig, "policy-loss registry settings")
+    global_batch_info: dict = _f({}, "set by the worker, not by users: agg_loss's dp_size/batch_num_tokens/global_batch_size ({} = per micro-batch)")
     optim: OptimConfig = _sub(OptimConfig, "optimizer and schedule")
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
     share_prompt_forward: bool = _f(True, "on one rank, run each distinct prompt of a micro-batch once and its responses on its KV cache (exact; about n times less prompt compute)")
@@ -184,7 +202,7 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = _f(True, "actor, rollout (and ref) share one worker and one copy of the weights")
+    hybrid_engine: bool = _f(True, "actor, rollout and reference share one worker group (the only layout rlvr runs; false is rejected)")
     model: ModelConfig = _sub(ModelConfig, "the policy model")
     actor: ActorConfig = _sub(ActorConfig, "policy training")
     ref: RefConfig = _sub(RefConfig, "reference policy")
@@ -199,7 +217,8 @@ class CriticModelConfig(ModelConfig):
 
 @dataclass
 class CriticConfig:
-    enable: Optional[bool] = _f(None, "use a critic (None = only when the estimator needs one, e.g. gae)")
+    enable: Optional[bool] = _f(None, "use a critic (None = when the estimator's registry entry needs one, e.g. gae)")
+    strategy: str = _f("fsdp2", "training backend: fsdp | fsdp2 (both shard with PyTorch FSDP2 over the worker group)")
     model: CriticModelConfig = _sub(CriticModelConfig, "critic model; unset fields follow the actor's model")
     optim: OptimConfig = _sub(OptimConfig, "critic optimizer")
     ppo_mini_batch_size: int = _f(8, "prompts per critic optimizer step")
@@ -207,7 +226,7 @@ class CriticConfig:
     ppo_epochs: int = _f(1, "critic passes over each batch")
     cliprange_value: float = _f(0.5, "value clipping range")
     grad_clip: float = _f(1.0, "max gradient norm of the critic")
-    loss_agg_mode: str = _f("token-mean", "aggregation of the value loss")
+    loss_agg_mode: str = _f("token-mean", "aggregation of the value loss (see actor.loss_agg_mode)")
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
 
 
@@ -268,9 +287,11 @@ class RolloutCorrectionConfig:
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = _f("grpo", "advantage estimator from the registry: gae | grpo | rloo | reinforce_plus_plus | ...")
-    gamma: float = _f(1.0, "discount factor")
+    gamma: float = _f(1.0, "discount factor (gae, reinforce_plus_plus)")
     lam: float = _f(1.0, "GAE lambda")
-    norm_adv_by_std_in_grpo: bool = _f(True, "divide GRPO advantages by the group std (False = Dr.GRPO)")
+    norm_adv_by_std_in_grpo: bool = _f(True, "divide GRPO/EGPO advantages by the group std (False = Dr.GRPO)")
+    singleton_advantage: Optional[str] = _f(None, "advantage of a sample alone in its group: score (baseline 0) | zero | None (verl's per estimator)")
+    gpg_alpha_count: str = _f("nonzero_score", "GPG alpha = batch size / M, M = rows with a nonzero_score (verl) | informative rows (the paper)")
     use_kl_in_reward: bool = _f(False, "subtract kl_coef * KL(actor || ref) from the token rewards")
     kl_penalty: str = _f("kl", "KL estimator used in the reward")
     kl_ctrl: KLControlConfig = _sub(KLControlConfig, "KL coefficient controller (use_kl_in_reward)")
@@ -308,6 +329,7 @@ class TrainerConfig:
     report: bool = _f(True, "write <run dir>/report.md with PNG curves and sample generations at the end")
     seed: int = _f(1, "one seed for init, sampling and data order")
     call_timeout_s: float = _f(3600.0, "time limit of one worker call; a call over it raises naming stage/worker")
+    max_restarts: int = _f(3, "Ray backend: restarts after a dead or hung worker (all groups restart, the last whole checkpoint is restored); 0 = stop at the first")
     progress_bar: bool = _f(True, "show a progress bar with ETA")
     num_threads: Optional[int] = _f(None, "torch intra-op threads per worker on CPU (None = cores / workers)")
 
@@ -320,6 +342,7 @@ class RlvrConfig:
     actor_rollout_ref: ActorRolloutRefConfig = _sub(ActorRolloutRefConfig, "policy: model, training, reference, rollout")
     critic: CriticConfig = _sub(CriticConfig, "value model (PPO with GAE)")
     reward_model: RewardModelConfig = _sub(RewardModelConfig, "reward manager")
+    reward: RewardConfig = _sub(RewardConfig, "reward routing: each domain scored by its reward worker group or manager")
     custom_reward_function: CustomRewardFunctionConfig = _sub(CustomRewardFunctionConfig, "user scoring function")
     algorithm: AlgorithmConfig = _sub(AlgorithmConfig, "advantage estimator and KL")
     trainer: TrainerConfig = _sub(TrainerConfig, "loop, schedule, checkpoints, logging")

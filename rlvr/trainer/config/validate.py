@@ -1,29 +1,36 @@
 """Check a whole run configuration before any worker or model starts.
 
 Each check raises :class:`~rlvr.utils.errors.ConfigError` naming the key and saying what to change.
-Names that come from a registry (advantage estimator, policy loss, reward manager, rollout engine)
-are looked up in that registry, so the error lists the names that are valid today.
+Names that come from a registry (advantage estimator, policy loss, reward manager, rollout engine,
+KL estimator, rollout-correction level) are looked up in that registry, so the error lists the
+names that are valid today.
+
+:func:`check_config` runs every check that needs no registry and imports neither torch nor Ray, so
+the ``rlvr`` command reports a wrong key, value or batch size within a second or two (registry
+names and what a built-in estimator needs are checked there against
+:mod:`~rlvr.trainer.config.builtin_names`); :func:`validate_config` adds the registry lookups
+(which import the algorithm code), what the registered estimator needs, and the reward routes.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, NULLABLE_NAMES, EstimatorNeeds
+from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
+from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.utils.errors import ConfigError
 
 BACKENDS = ("ray", "local")
 DEVICES = ("auto", "cpu", "cuda")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 LOGGERS = {"console": None, "jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 RESUME_MODES = ("auto", "disable", "resume_path")
 FILTER_METRICS = ("acc", "score")
-GROUP_ESTIMATORS = ("grpo", "rloo", "opo", "gpg", "egpo", "reinforce_plus_plus_baseline")
-"""Estimators whose baseline is the other samples of the same prompt: they need ``rollout.n > 1``."""
 
 
 def world_size(cfg: DictConfig) -> int:
@@ -43,24 +50,16 @@ def _require(condition: bool, key: str, message: str) -> None:
         raise ConfigError(key, message)
 
 
-def _check_one_of(cfg_value: Any, key: str, choices: tuple[str, ...]) -> None:
-    _require(cfg_value in choices, key, f"{cfg_value!r} is not valid; use one of {', '.join(choices)}")
+def _check_one_of(cfg_value: Any, key: str, choices: Collection[str]) -> None:
+    _require(cfg_value in choices, key, f"{cfg_value!r} is not valid{did_you_mean(cfg_value, choices)}; "
+             f"use one of {', '.join(choices)}")
 
 
 def _check_token_kl(cfg_value: Any, key: str) -> None:
-    """A KL estimator that works on per-token log-probs (the workers send no full-vocabulary ones)."""
-    from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
-
+    """A KL estimator that works on per-token log-probs (the workers send no full-vocabulary ones);
+    its name is checked with the other registry names (:func:`check_names`)."""
     _require(cfg_value != "full", key, "'full' needs full-vocabulary log-probs, which the workers do not send "
              "(they send the sampled tokens' log-probs); use low_var_kl (k3) or kl (k1)")
-    _check_one_of(cfg_value, key, TOKEN_KL_PENALTY_NAMES)
-
-
-def _check_registered(key: str, name: str, lookup: Callable[[str], Any]) -> None:
-    try:
-        lookup(name)
-    except KeyError as err:
-        raise ConfigError(key, str(err.args[0]) if err.args else f"unknown name {name!r}") from None
 
 
 def _paths(value: Any) -> list[str]:
@@ -86,11 +85,6 @@ def _check_trainer(cfg: DictConfig) -> None:
     t = cfg.trainer
     _check_one_of(t.backend, "trainer.backend", BACKENDS)
     _check_one_of(t.device, "trainer.device", DEVICES)
-    if t.device == "cuda":
-        import torch
-
-        _require(torch.cuda.is_available(), "trainer.device", "cuda was asked for but no CUDA device is "
-                 "visible; set trainer.device=cpu (or auto)")
     _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1, "trainer.n_gpus_per_node",
              "nnodes and n_gpus_per_node must be >= 1")
     _require(t.backend == "ray" or t.nnodes * t.n_gpus_per_node == 1, "trainer.n_gpus_per_node",
@@ -104,6 +98,7 @@ def _check_trainer(cfg: DictConfig) -> None:
     _require(t.save_freq == -1 or t.save_freq > 0, "trainer.save_freq", "use -1 (only at the end) or a step count > 0")
     _require(t.critic_warmup >= 0, "trainer.critic_warmup", "must be >= 0")
     _require(t.call_timeout_s > 0, "trainer.call_timeout_s", "must be > 0 seconds")
+    _require(t.max_restarts >= 0, "trainer.max_restarts", "must be >= 0 (0 = stop at the first worker failure)")
     _require(t.max_actor_ckpt_to_keep is None or t.max_actor_ckpt_to_keep >= 1, "trainer.max_actor_ckpt_to_keep",
              "keep at least 1 checkpoint (or null to keep all)")
     _check_one_of(t.resume_mode, "trainer.resume_mode", RESUME_MODES)
@@ -149,10 +144,19 @@ def _check_batch_sizes(section: DictConfig, prefix: str, cfg: DictConfig, dynami
                  f"use a micro-batch size that divides {sequences // workers}")
 
 
-def _check_actor(cfg: DictConfig) -> None:
-    from rlvr.trainer.ppo.core_algos import get_policy_loss_fn
+def _check_strategy(value: str, key: str) -> None:
+    _require(value in STRATEGIES, key, f"{value!r} is not supported; rlvr trains with PyTorch FSDP2: use "
+             f"{' or '.join(STRATEGIES)} (both mean FSDP2; megatron is not available)")
 
+
+def _check_actor(cfg: DictConfig) -> None:
+    _require(cfg.actor_rollout_ref.hybrid_engine, "actor_rollout_ref.hybrid_engine",
+             "rlvr always runs actor, rollout and reference in one worker group that shares the weights; "
+             "set hybrid_engine=true (separate rollout workers are not available)")
     actor = cfg.actor_rollout_ref.actor
+    _check_strategy(actor.strategy, "actor_rollout_ref.actor.strategy")
+    _require(not actor.global_batch_info, "actor_rollout_ref.actor.global_batch_info",
+             "is filled in by the actor worker; remove it from the config")
     _check_batch_sizes(actor, "actor_rollout_ref.actor", cfg, actor.use_dynamic_bsz)
     _require(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs", "must be >= 1")
     _require(actor.clip_ratio > 0, "actor_rollout_ref.actor.clip_ratio", "must be > 0 (typically 0.2)")
@@ -160,18 +164,20 @@ def _check_actor(cfg: DictConfig) -> None:
     _require(actor.grad_clip > 0, "actor_rollout_ref.actor.grad_clip", "must be > 0")
     _require(actor.optim.lr > 0, "actor_rollout_ref.actor.optim.lr", "must be > 0")
     _check_one_of(actor.optim.lr_scheduler_type, "actor_rollout_ref.actor.optim.lr_scheduler_type", ("constant", "cosine"))
-    _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES)
+    _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", AGG_LOSS_MODES)
     _check_token_kl(actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type")
-    _check_registered("actor_rollout_ref.actor.policy_loss.loss_mode", actor.policy_loss.loss_mode, get_policy_loss_fn)
+    loss = actor.policy_loss
+    for key, value in (("clip_cov_ratio", loss.clip_cov_ratio), ("kl_cov_ratio", loss.kl_cov_ratio)):
+        _require(value > 0, f"actor_rollout_ref.actor.policy_loss.{key}",
+                 f"must be > 0 (a fraction of the valid tokens, e.g. 0.0002), got {value}")
+    _require(loss.clip_cov_lb < loss.clip_cov_ub, "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
+             f"clip_cov_lb={loss.clip_cov_lb} must be below clip_cov_ub={loss.clip_cov_ub}")
     _check_one_of(cfg.actor_rollout_ref.model.dtype, "actor_rollout_ref.model.dtype", ("float32", "bfloat16"))
     _require(cfg.actor_rollout_ref.model.lora_rank >= 0, "actor_rollout_ref.model.lora_rank", "must be >= 0 (0 = no LoRA)")
 
 
 def _check_rollout(cfg: DictConfig) -> None:
-    from rlvr.workers.rollout import get_rollout_engine
-
     rollout = cfg.actor_rollout_ref.rollout
-    _check_registered("actor_rollout_ref.rollout.name", rollout.name, get_rollout_engine)
     _require(rollout.n >= 1, "actor_rollout_ref.rollout.n", "must be >= 1 sample per prompt")
     _require(not rollout.do_sample or rollout.temperature > 0, "actor_rollout_ref.rollout.temperature",
              "sampling needs temperature > 0; for greedy decoding set rollout.do_sample=False")
@@ -183,13 +189,10 @@ def _check_rollout(cfg: DictConfig) -> None:
 
 
 def _check_agent(rollout: DictConfig) -> None:
-    """The default agent loop and the multi-turn settings it needs."""
-    from rlvr.agent import ENVIRONMENTS, get_agent_loop, get_tool_parser
-
+    """The multi-turn settings the default agent loop needs (its name, the parser's and the
+    environment's are registry names: :func:`check_names`)."""
     key = "actor_rollout_ref.rollout.multi_turn"
     loop, mt = rollout.agent.default_agent_loop, rollout.multi_turn
-    _check_registered("actor_rollout_ref.rollout.agent.default_agent_loop", loop, get_agent_loop)
-    _check_registered(f"{key}.format", mt.format, get_tool_parser)
     _require(mt.max_assistant_turns >= 1, f"{key}.max_assistant_turns", "must be >= 1 model turn")
     _require(mt.max_tool_response_tokens >= 1, f"{key}.max_tool_response_tokens", "must be >= 1 token")
     _require(mt.max_parallel_calls >= 1, f"{key}.max_parallel_calls", "must be >= 1 call per turn")
@@ -198,10 +201,10 @@ def _check_agent(rollout: DictConfig) -> None:
         _require(mt.tool_config_path is not None and Path(mt.tool_config_path).is_file(), f"{key}.tool_config_path",
                  f"the tool_agent loop needs a YAML file of tools (see rlvr.agent.tools); {mt.tool_config_path!r} "
                  "is not a file")
-    if mt.env_name is not None or loop == "env_agent":
+    if loop == "env_agent":
         _require(mt.env_name is not None, f"{key}.env_name",
-                 f"the env_agent loop needs an environment; use one of {', '.join(ENVIRONMENTS.names())}")
-        _check_registered(f"{key}.env_name", str(mt.env_name), ENVIRONMENTS.get)
+                 "the env_agent loop needs an environment: set it to a registered one (built in: retry; "
+                 "add one with rlvr.agent.register_environment)")
 
 
 def _check_vllm(rollout: DictConfig, workers: int) -> None:
@@ -227,17 +230,27 @@ def _check_vllm(rollout: DictConfig, workers: int) -> None:
     _check_one_of(rollout.load_format, f"{key}.load_format", ("auto", "dummy"))
 
 
-def _check_algorithm(cfg: DictConfig) -> None:
-    from rlvr.trainer.ppo.core_algos import get_adv_estimator_fn
-
+def _check_estimator_needs(cfg: DictConfig, needs: EstimatorNeeds) -> None:
+    """What the estimator's registry entry says it needs: groups (``n > 1``), a critic."""
     algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
-    _check_registered("algorithm.adv_estimator", algo.adv_estimator, get_adv_estimator_fn)
-    _require(algo.adv_estimator not in GROUP_ESTIMATORS or n > 1, "actor_rollout_ref.rollout.n",
+    _require(not needs.needs_groups or n > 1, "actor_rollout_ref.rollout.n",
              f"algorithm.adv_estimator={algo.adv_estimator} compares the samples of one prompt, so it needs "
              f"rollout.n > 1 (got {n}); set actor_rollout_ref.rollout.n=8 for example")
-    _require(algo.adv_estimator != "gae" or cfg.critic.enable, "critic.enable",
-             "algorithm.adv_estimator=gae needs a critic; set critic.enable=True or pick a critic-free "
-             "estimator such as grpo or rloo")
+    _require(not needs.needs_critic or cfg.critic.enable, "critic.enable",
+             f"algorithm.adv_estimator={algo.adv_estimator} needs a critic; set critic.enable=True or pick a "
+             "critic-free estimator such as grpo or rloo")
+
+
+def _check_algorithm(cfg: DictConfig, needs: EstimatorNeeds | None) -> None:
+    algo, n = cfg.algorithm, cfg.actor_rollout_ref.rollout.n
+    if needs is not None:
+        _check_estimator_needs(cfg, needs)
+    _require(algo.singleton_advantage is None or algo.singleton_advantage in SINGLETON_CHOICES,
+             "algorithm.singleton_advantage", f"{algo.singleton_advantage!r} is not valid; use score, zero or null")
+    _check_one_of(algo.gpg_alpha_count, "algorithm.gpg_alpha_count", GPG_ALPHA_COUNTS)
+    _check_one_of(algo.egpo_uncertainty_norm, "algorithm.egpo_uncertainty_norm", ("group", "batch"))
+    _require(0 <= algo.egpo_alpha <= 1, "algorithm.egpo_alpha", f"must be in [0, 1], got {algo.egpo_alpha}")
+    _require(algo.egpo_beta >= 0, "algorithm.egpo_beta", f"must be >= 0, got {algo.egpo_beta}")
     _check_token_kl(algo.kl_penalty, "algorithm.kl_penalty")
     _check_one_of(algo.kl_ctrl.type, "algorithm.kl_ctrl.type", ("fixed", "adaptive"))
     if algo.kl_ctrl.type == "adaptive":
@@ -253,14 +266,9 @@ def _check_algorithm(cfg: DictConfig) -> None:
 
 
 def _check_rollout_correction(rc: DictConfig) -> None:
-    from rlvr.trainer.ppo.rollout_correction import get_rollout_ratio_level
-
     key = "algorithm.rollout_correction"
-    if rc.rollout_is is not None:
-        _check_registered(f"{key}.rollout_is", rc.rollout_is, get_rollout_ratio_level)
     _require(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold", "the IS weight cap must be > 0 (typically 2)")
     if rc.rollout_rs is not None:
-        _check_registered(f"{key}.rollout_rs", rc.rollout_rs, get_rollout_ratio_level)
         upper = rc.rollout_is_threshold if rc.rollout_rs_threshold is None else rc.rollout_rs_threshold
         lower = 1.0 / upper if rc.rollout_rs_threshold_lower is None else rc.rollout_rs_threshold_lower
         _require(0 < lower < upper, f"{key}.rollout_rs_threshold",
@@ -271,17 +279,15 @@ def _check_rollout_correction(rc: DictConfig) -> None:
 def _check_critic(cfg: DictConfig) -> None:
     if not cfg.critic.enable:
         return
+    _check_strategy(cfg.critic.strategy, "critic.strategy")
     _check_batch_sizes(cfg.critic, "critic", cfg, dynamic_bsz=False)
     _require(cfg.critic.optim.lr > 0, "critic.optim.lr", "must be > 0")
     _require(cfg.critic.cliprange_value > 0, "critic.cliprange_value", "must be > 0")
-    _check_one_of(cfg.critic.loss_agg_mode, "critic.loss_agg_mode", LOSS_AGG_MODES)
+    _check_one_of(cfg.critic.loss_agg_mode, "critic.loss_agg_mode", AGG_LOSS_MODES)
 
 
 def _check_reward(cfg: DictConfig) -> None:
-    from rlvr.workers.reward_manager import get_reward_manager_cls
-
     rm = cfg.reward_model
-    _check_registered("reward_model.reward_manager", rm.reward_manager, get_reward_manager_cls)
     _check_one_of(rm.on_error, "reward_model.on_error", ("raise", "fallback"))
     _require(rm.timeout_s > 0, "reward_model.timeout_s", "must be > 0 seconds")
     buffer, max_len = rm.overlong_buffer, cfg.data.max_response_length
@@ -291,6 +297,77 @@ def _check_reward(cfg: DictConfig) -> None:
     custom = cfg.custom_reward_function
     _require(custom.path is None or Path(custom.path).is_file(), "custom_reward_function.path",
              f"file {custom.path!r} does not exist; give the path of a .py file defining {custom.name}()")
+    _check_code_sandbox(cfg)
+
+
+def _check_code_sandbox(cfg: DictConfig) -> None:
+    """A routed ``code_sandbox`` reward worker without ``sandbox_url`` runs programs in the local
+    sandbox: start it now (it probes the kernel's isolation and an interpreter the sandbox can run,
+    once per process), so that a sandbox that cannot work is a config error, not a failure at the
+    first reward."""
+    from rlvr.sandbox.local import LocalSandbox
+
+    if "code_sandbox" not in cfg.reward.routes.values():
+        return
+    section = cfg.reward.workers.code_sandbox
+    if section.sandbox_url:
+        return
+    try:
+        LocalSandbox(OmegaConf.to_object(section.sandbox))
+    except ConfigError as err:
+        raise ConfigError(f"reward.workers.code_sandbox.{err.key}", err.message) from None
+
+
+def registered_names() -> dict[str, list[str]]:
+    """Config key -> the names its registry holds now (imports the registries, hence torch)."""
+    from rlvr.agent import AGENT_LOOPS, ENVIRONMENTS, TOOL_PARSERS
+    from rlvr.reward.managers import REWARD_MANAGER_REGISTRY
+    from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
+    from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
+    from rlvr.trainer.ppo.policy_loss import POLICY_LOSS_REGISTRY
+    from rlvr.trainer.ppo.rollout_correction import ROLLOUT_RATIO_LEVELS
+    from rlvr.workers.rollout import ROLLOUT_ENGINES
+
+    return {
+        "algorithm.adv_estimator": ADV_ESTIMATOR_REGISTRY.names(),
+        "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_REGISTRY.names(),
+        "actor_rollout_ref.rollout.name": ROLLOUT_ENGINES.names(),
+        "reward_model.reward_manager": REWARD_MANAGER_REGISTRY.names(),
+        "actor_rollout_ref.actor.kl_loss_type": sorted(TOKEN_KL_PENALTY_NAMES),
+        "algorithm.kl_penalty": sorted(TOKEN_KL_PENALTY_NAMES),
+        "algorithm.rollout_correction.rollout_is": ROLLOUT_RATIO_LEVELS.names(),
+        "algorithm.rollout_correction.rollout_rs": ROLLOUT_RATIO_LEVELS.names(),
+        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOPS.names(),
+        "actor_rollout_ref.rollout.multi_turn.format": TOOL_PARSERS.names(),
+        "actor_rollout_ref.rollout.multi_turn.env_name": ENVIRONMENTS.names(),
+    }
+
+
+def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
+    """Each registry-backed value of ``cfg`` is one of ``names[key]`` (see :func:`registered_names`);
+    the keys of :data:`~rlvr.trainer.config.builtin_names.NULLABLE_NAMES` may also be null (off)."""
+    for key, valid in names.items():
+        value = OmegaConf.select(cfg, key)
+        if value is None and key in NULLABLE_NAMES:
+            continue
+        _require(value in valid, key, f"{value!r} is not valid{did_you_mean(value, valid)}; "
+                 f"use one of {', '.join(valid)}")
+
+
+def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_needs: EstimatorNeeds | None = None
+                 ) -> None:
+    """Every check of :func:`validate_config` that needs no registry; imports neither torch nor Ray.
+
+    ``estimator_needs`` is what the estimator's registry entry says it needs; without it a built-in
+    estimator's needs come from :data:`~rlvr.trainer.config.builtin_names.BUILTIN_ESTIMATOR_NEEDS`
+    (another estimator's are checked by :func:`validate_config`)."""
+    _check_trainer(cfg)
+    _check_data(cfg, require_data_files)
+    _check_rollout(cfg)
+    _check_algorithm(cfg, estimator_needs or BUILTIN_ESTIMATOR_NEEDS.get(cfg.algorithm.adv_estimator))
+    _check_actor(cfg)
+    _check_critic(cfg)
+    _check_reward(cfg)
 
 
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
@@ -300,14 +377,23 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     a dataset object); files that are named must still exist.
 
     Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
-    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators, agent loop,
-    tool-call parser, environment), the tools file of tool_agent,
-    group estimators with ``n == 1``, GAE without a critic, resume settings, dynamic sampling.
+    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators,
+    rollout-correction levels, agent loop, tool-call parser, environment), the tools file of tool_agent,
+    what the estimator's registry entry needs (groups: ``n > 1``; a
+    critic: ``critic.enable``), loss and estimator knobs, reward routes (their names, and a route for
+    every domain in the data files), strategy and hybrid engine, resume settings, dynamic sampling,
+    and that a CUDA device is visible when ``trainer.device=cuda``.
     """
-    _check_trainer(cfg)
-    _check_data(cfg, require_data_files)
-    _check_rollout(cfg)
-    _check_algorithm(cfg)
-    _check_actor(cfg)
-    _check_critic(cfg)
-    _check_reward(cfg)
+    from rlvr.reward.routing import check_reward_routes
+    from rlvr.trainer.ppo.advantage import get_adv_estimator_needs
+
+    names = registered_names()
+    check_names(cfg, {key: names[key] for key in ("algorithm.adv_estimator",)})
+    check_config(cfg, require_data_files, get_adv_estimator_needs(cfg.algorithm.adv_estimator))
+    check_names(cfg, names)
+    check_reward_routes(cfg)
+    if cfg.trainer.device == "cuda":
+        import torch
+
+        _require(torch.cuda.is_available(), "trainer.device", "cuda was asked for but no CUDA device is "
+                 "visible; set trainer.device=cpu (or auto)")

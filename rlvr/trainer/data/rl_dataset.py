@@ -26,22 +26,55 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from rlvr.utils.errors import DataError
 from rlvr.utils.torch_functional import compute_position_ids
 
 logger = logging.getLogger(__name__)
 
-REQUIRED_COLUMNS = ("data_source", "reward_model")
+
+def _read_jsonl(path: Path) -> list[tuple[str, Any]]:
+    """``(location, row)`` for every non-blank line; a line that is not JSON names file and line."""
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((f"line {number}", json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise DataError(f"{path}, line {number}: not valid JSON ({err.msg} at column {err.colno}); "
+                                "every line of a .jsonl file must be one JSON object") from None
+    return rows
+
+
+def _read_parquet(path: Path) -> list[tuple[str, Any]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(f"{path}: not a readable parquet file ({err}); rewrite it, e.g. with "
+                        "rlvr.trainer.data.write_rows") from None
+    return [(f"row {i}", row) for i, row in enumerate(table.to_pylist())]
+
+
+def read_located_rows(path: str | Path) -> list[tuple[str, Any]]:
+    """``(location, row)`` pairs of a ``.parquet`` or ``.jsonl`` file; the location (``"line 7"`` of a
+    JSONL file, counted from 1; ``"row 6"`` of a parquet file, counted from 0) is for messages."""
+    path = Path(path)
+    return _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
 
 
 def read_rows(path: str | Path) -> list[dict[str, Any]]:
     """Rows of a ``.parquet`` or ``.jsonl`` file as dicts."""
-    path = Path(path)
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+    return [row for _, row in read_located_rows(path)]
 
-        return pq.read_table(path).to_pylist()
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+
+def row_tag(row: dict[str, Any]) -> Any:
+    """A row's domain tag (what ``reward.route_key=tag`` routes on): its ``tag`` column, else its
+    data source."""
+    return row["tag"] if "tag" in row else row["data_source"]
 
 
 def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
@@ -59,6 +92,33 @@ def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+def _is_messages(prompt: Any) -> bool:
+    return (isinstance(prompt, list) and bool(prompt)
+            and all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                    for m in prompt))
+
+
+def row_problem(row: Any, prompt_key: str, chat_template: bool) -> str | None:
+    """What makes ``row`` unusable (naming the field), or None. A row needs the prompt under
+    ``prompt_key`` (chat messages; a plain string too without the chat template), a ``data_source``
+    string and a ``reward_model`` dict with a ``ground_truth`` that is not None."""
+    if not isinstance(row, dict):
+        return f"is not an object with fields but a {type(row).__name__}"
+    if prompt_key not in row:
+        return f"has no {prompt_key!r} field (the prompt; data.prompt_key names the field to read)"
+    prompt = row[prompt_key]
+    if not (_is_messages(prompt) or (not chat_template and isinstance(prompt, str) and prompt)):
+        return (f"field {prompt_key!r} must be a non-empty list of chat messages "
+                f"[{{'role': ..., 'content': ...}}]{'' if chat_template else ' or a string'}, got {prompt!r:.80}")
+    if not isinstance(row.get("data_source"), str):
+        return "has no 'data_source' string field (it selects the reward scorer)"
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+        return ("has no 'reward_model.ground_truth' field (the reference answer the reward compares against; "
+                "a parquet file stores a missing one as null)")
+    return None
+
+
 class RLHFDataset(Dataset):
     """Prompts for RL training, tokenised once at construction.
 
@@ -71,47 +131,52 @@ class RLHFDataset(Dataset):
         max_samples: keep only the first N rows (None = all).
 
     Each item is a dict with ``input_ids``, ``attention_mask``, ``position_ids`` (``[prompt_len]``,
-    left-padded) and the non-tensor fields ``raw_prompt``, ``data_source``, ``ability``,
-    ``reward_model``, ``extra_info``, ``index``, ``agent_name`` (None when the row has none).
+    left-padded) and the non-tensor fields ``raw_prompt``, ``data_source``, ``tag`` (the row's
+    ``tag`` column, else its data source), ``ability``, ``reward_model``, ``extra_info``, ``index``,
+    ``agent_name`` (None when the row has none).
+
+    Raises:
+        DataError: an unreadable file, a malformed row or a missing field (naming the file, the row
+            and the field), an over-long prompt when neither filtering nor truncation is configured,
+            or no prompt left after filtering.
     """
 
     def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any, processor: Any = None,
                  max_samples: int | None = None) -> None:
         files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
-        rows = [row for path in files for row in read_rows(path)]
+        located = [(f"{path}, {where}", row) for path in files for where, row in read_located_rows(path)]
         if max_samples is not None:
-            rows = rows[:max_samples]
+            located = located[:max_samples]
         self.tokenizer = tokenizer
         self.config = config
         self.processor = processor
         self.prompt_key = config.prompt_key
         self.rows: list[dict[str, Any]] = []
         self.prompt_ids: list[list[int]] = []
-        dropped = 0
-        for row in rows:
-            self._check_row(row, files)
+        overlong = []
+        for where, row in located:
+            problem = row_problem(row, self.prompt_key, config.apply_chat_template)
+            if problem is not None:
+                raise DataError(f"{where} {problem}")
             ids = self._tokenize(row[self.prompt_key])
             if len(ids) > config.max_prompt_length:
                 if config.filter_overlong_prompts:
-                    dropped += 1
+                    overlong.append(len(ids))
                     continue
-                ids = self._truncate(ids)
+                ids = self._truncate(ids, where)
             self.rows.append(row)
             self.prompt_ids.append(ids)
-        if dropped:
-            logger.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d tokens",
-                           dropped, len(rows), config.max_prompt_length)
-        self.num_filtered = dropped
+        self.num_filtered = len(overlong)
+        if overlong:
+            logger.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d tokens "
+                           "(data.filter_overlong_prompts=True) from %s", len(overlong), len(located),
+                           config.max_prompt_length, files)
         if not self.rows:
-            raise ValueError(f"no prompts left in {files} (after dropping {dropped} over-long ones); "
-                             "raise data.max_prompt_length or check the files")
+            reason = (f"all {len(located)} prompts are longer than data.max_prompt_length="
+                      f"{config.max_prompt_length} tokens (the shortest has {min(overlong)}); raise the limit"
+                      if overlong else "the files have no rows")
+            raise DataError(f"no prompts left in {files}: {reason}")
         self.prompt_length = max(len(ids) for ids in self.prompt_ids)
-
-    def _check_row(self, row: dict[str, Any], files: list) -> None:
-        missing = [key for key in (self.prompt_key, *REQUIRED_COLUMNS) if key not in row]
-        if missing:
-            raise ValueError(f"a row of {files} lacks the column(s) {missing}; every row needs "
-                             f"{self.prompt_key!r}, 'data_source' and 'reward_model' (see rlvr.trainer.data)")
 
     def _tokenize(self, prompt: Any) -> list[int]:
         if self.config.apply_chat_template:
@@ -120,14 +185,15 @@ class RLHFDataset(Dataset):
             text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _truncate(self, ids: list[int]) -> list[int]:
+    def _truncate(self, ids: list[int], where: str) -> list[int]:
         limit = self.config.max_prompt_length
         if self.config.truncation == "left":
             return ids[-limit:]
         if self.config.truncation == "right":
             return ids[:limit]
-        raise ValueError(f"a prompt has {len(ids)} tokens > data.max_prompt_length={limit}; set "
-                         "data.filter_overlong_prompts=True, data.truncation=left|right, or raise the limit")
+        raise DataError(f"{where}: the prompt has {len(ids)} tokens > data.max_prompt_length={limit}; set "
+                        "data.filter_overlong_prompts=True (drop such prompts), data.truncation=left|right, "
+                        "or raise the limit")
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -143,6 +209,7 @@ class RLHFDataset(Dataset):
             "position_ids": compute_position_ids(attention_mask.unsqueeze(0))[0],
             "raw_prompt": list(row[self.prompt_key]),
             "data_source": row["data_source"],
+            "tag": row_tag(row),
             "ability": row.get("ability", "unknown"),
             "reward_model": dict(row["reward_model"]),
             "extra_info": dict(row.get("extra_info") or {}),

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
+from rlvr.utils.errors import DataError
+
 
 class SeededRandomSampler(Sampler[int]):
     """A random permutation per epoch, determined by ``seed`` and the epoch number.
@@ -58,12 +60,12 @@ class StatefulBatchIterator:
         collate_fn: turns a list of items into a batch.
 
     Raises:
-        ValueError: the dataset has fewer items than one batch.
+        DataError: the dataset has fewer items than one batch.
     """
 
     def __init__(self, dataset: Any, batch_size: int, sampler: Sampler, collate_fn: Callable[[list], Any]) -> None:
         if len(sampler) < batch_size:
-            raise ValueError(f"the training set has {len(sampler)} prompts, fewer than one batch of "
+            raise DataError(f"the training set has {len(sampler)} prompts, fewer than one batch of "
                              f"data.train_batch_size={batch_size}; lower the batch size or add data")
         self.dataset = dataset
         self.batch_size = batch_size

@@ -1,40 +1,57 @@
 """Advantage estimators and their registry.
 
-One calling convention (the trainer never special-cases an estimator)::
+One calling convention, so the trainer never names an estimator::
 
     advantages, returns = get_adv_estimator_fn(name)(
         token_level_rewards=..., response_mask=..., index=..., values=..., reward_baselines=...,
-        old_log_prob=..., rollout_log_prob=..., gamma=..., lam=..., config=..., epsilon=1e-6)
+        old_log_prob=..., rollout_log_prob=..., config=algorithm_section)
+
+``config`` is the run's ``algorithm`` config section (the schema's
+:class:`~rlvr.trainer.config.schema.AlgorithmConfig` or its OmegaConf node; None = the schema's
+defaults): every knob an estimator has (``gamma``, ``lam``, ``norm_adv_by_std_in_grpo``,
+``singleton_advantage``, ``gpg_alpha_count``, ``egpo_*``) is read from it. The leading positional
+parameters of each estimator follow verl 0.9's order, so a positional verl-style call gives verl's
+numbers; every estimator takes what it needs and ignores the rest (``**kwargs``).
 
 Shapes: ``token_level_rewards``, ``response_mask``, ``values``, ``old_log_prob``,
 ``rollout_log_prob`` are ``[batch, response_len]``; ``reward_baselines`` is ``[batch]``; ``index``
 is a numpy object array ``[batch]`` with the uid of each row's prompt (rows of one prompt form a
-group). Every estimator takes what it needs, ignores the rest (``**kwargs``), raises a clear error
-when a needed input is None, and returns float32 ``(advantages, returns)``, both
-``[batch, response_len]`` and zero outside the response mask. ``gamma``/``lam`` passed as keywords
-win over ``config.gamma``/``config.lam``, which are used when the keywords are None.
+group). Each estimator returns float32 ``(advantages, returns)``, both ``[batch, response_len]``
+and zero outside the response mask; a needed input that is None raises a clear ``ValueError``.
+
+A registry entry carries what the estimator needs from the trainer
+(:class:`AdvantageEstimatorNeeds`): a critic (``critic.enable`` follows it and validation requires
+it), groups of several samples per prompt (``rollout.n > 1``), a greedy baseline response per
+prompt (the trainer generates and scores it). A user-registered estimator declares the same::
+
+    @register_adv_est("my_estimator", needs_groups=True)
+    def my_estimator(token_level_rewards, response_mask, index, config=None, **kwargs): ...
 
 Outcome estimators use the scalar reward ``s_i = sum_t token_level_rewards[i, t]`` (the reward
 managers put it on the last response token) and broadcast the advantage over the response.
-Groups of one get advantage 0 in every group-baseline estimator (grpo, rloo, opo, gpg,
-reinforce_plus_plus_baseline, egpo): a lone sample has no baseline to compare with. verl gives it
-its raw reward instead, which pushes up every lone sample with a positive reward regardless of
-its quality.
+
+A group of one (a prompt with a single sample) has no other sample to compare with. verl gives it
+the baseline 0, so its advantage is its (normalised) score; ``algorithm.singleton_advantage`` picks
+``"score"`` (verl's numbers, the default) or ``"zero"`` (no learning signal from a lone sample,
+which otherwise pushes up every lone sample with a positive reward regardless of its quality).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 import numpy as np
 import torch
 
+from rlvr.trainer.config.builtin_names import AdvantageEstimatorNeeds
+from rlvr.trainer.config.schema import GPG_ALPHA_COUNTS, SINGLETON_CHOICES, AlgorithmConfig
 from rlvr.trainer.ppo import egpo
+from rlvr.utils.errors import ConfigError
 from rlvr.utils.registry import Registry
 from rlvr.utils.torch_functional import masked_whiten
+
 
 
 class AdvantageEstimator(str, Enum):
@@ -42,7 +59,9 @@ class AdvantageEstimator(str, Enum):
 
     GAE = "gae"
     GRPO = "grpo"
+    GRPO_VECTORIZED = "grpo_vectorized"
     RLOO = "rloo"
+    RLOO_VECTORIZED = "rloo_vectorized"
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
     REMAX = "remax"
@@ -51,41 +70,33 @@ class AdvantageEstimator(str, Enum):
     EGPO = "egpo"
 
 
-@dataclass
-class AdvantageConfig:
-    """Parameters of the advantage estimators (``algorithm.*``)."""
-
-    gamma: float = field(default=1.0, metadata={"help": "discount factor (gae, reinforce_plus_plus)"})
-    lam: float = field(default=1.0, metadata={"help": "GAE lambda (gae)"})
-    norm_adv_by_std_in_grpo: bool = field(
-        default=True, metadata={"help": "divide GRPO/EGPO advantages by the group std; False = Dr.GRPO"})
-    egpo_alpha: float = field(
-        default=0.5, metadata={"help": "EGPO: confidence scaling of negative advantages, in [0, 1]"})
-    egpo_beta: float = field(
-        default=0.1, metadata={"help": "EGPO: size of the advantages recovered in all-equal-reward groups"})
-    egpo_correct_threshold: float = field(
-        default=0.5, metadata={"help": "EGPO: a scalar reward >= this counts as correct"})
-    egpo_uncertainty_norm: str = field(
-        default="group", metadata={"help": "EGPO: standardise the entropy proxy in the 'group' or the 'batch'"})
-
-
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADV_ESTIMATOR_REGISTRY: Registry[AdvantageFn] = Registry("advantage estimator")
+ADV_ESTIMATOR_REGISTRY: Registry[AdvantageFn] = Registry("advantage estimator", AdvantageEstimatorNeeds)
 
 
 def _name(name: str | AdvantageEstimator) -> str:
     return name.value if isinstance(name, AdvantageEstimator) else str(name)
 
 
-def register_adv_est(name: str | AdvantageEstimator) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an advantage estimator under ``name`` (str or ``AdvantageEstimator``);
-    a duplicate name raises ``ValueError``."""
-    return ADV_ESTIMATOR_REGISTRY.register(_name(name))
+def register_adv_est(name_or_enum: str | AdvantageEstimator, *, needs_critic: bool = False,
+                     needs_groups: bool = False, needs_greedy_baseline: bool = False
+                     ) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator registering an advantage estimator under ``name_or_enum`` (str or
+    ``AdvantageEstimator``) with what it needs (:class:`AdvantageEstimatorNeeds`); another function
+    under a taken name raises ``ValueError``."""
+    return ADV_ESTIMATOR_REGISTRY.register(_name(name_or_enum), needs_critic=needs_critic,
+                                           needs_groups=needs_groups, needs_greedy_baseline=needs_greedy_baseline)
 
 
-def get_adv_estimator_fn(name: str | AdvantageEstimator) -> AdvantageFn:
-    """Return the estimator registered as ``name``; a miss raises ``KeyError`` listing valid names."""
-    return ADV_ESTIMATOR_REGISTRY.get(_name(name))
+def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvantageFn:
+    """The estimator registered as ``name_or_enum``; a miss raises
+    :class:`~rlvr.utils.registry.RegistryKeyError` (a ``KeyError`` and ``ValueError``) listing the valid names."""
+    return ADV_ESTIMATOR_REGISTRY[_name(name_or_enum)]
+
+
+def get_adv_estimator_needs(name_or_enum: str | AdvantageEstimator) -> AdvantageEstimatorNeeds:
+    """What the estimator registered as ``name_or_enum`` needs from the trainer."""
+    return ADV_ESTIMATOR_REGISTRY.metadata(_name(name_or_enum))
 
 
 def _require(value: Any, estimator: str, what: str, hint: str) -> Any:
@@ -94,8 +105,18 @@ def _require(value: Any, estimator: str, what: str, hint: str) -> Any:
     return value
 
 
-def _config(config: AdvantageConfig | None) -> AdvantageConfig:
-    return AdvantageConfig() if config is None else config
+def _algo(config: Any) -> Any:
+    return AlgorithmConfig() if config is None else config
+
+
+def _singleton_policy(config: Any, verl_default: str) -> str:
+    """``algorithm.singleton_advantage``, or the estimator's verl behaviour when it is None."""
+    choice = _algo(config).singleton_advantage
+    if choice is None:
+        return verl_default
+    if choice not in SINGLETON_CHOICES:
+        raise ConfigError("algorithm.singleton_advantage", f"{choice!r} is not valid; use score, zero or null")
+    return choice
 
 
 def _group_ids(index: np.ndarray | None, batch_size: int, estimator: str) -> torch.Tensor:
@@ -122,6 +143,11 @@ def _group_stats(values: torch.Tensor, group_ids: torch.Tensor):
     return counts[group_ids], means[group_ids], stds[group_ids], (g_max == g_min)[group_ids]
 
 
+def _lone(advantages: torch.Tensor, size: torch.Tensor, policy: str) -> torch.Tensor:
+    """Zero the rows of groups of one when the singleton policy is ``"zero"``."""
+    return advantages.masked_fill(size < 2, 0.0) if policy == "zero" else advantages
+
+
 def _scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
     return token_level_rewards.float().sum(dim=-1)
 
@@ -130,9 +156,9 @@ def _broadcast(per_row: torch.Tensor, response_mask: torch.Tensor) -> torch.Tens
     return per_row.unsqueeze(-1) * response_mask.float()
 
 
-@register_adv_est(AdvantageEstimator.GAE)
-def compute_gae_advantage_return(token_level_rewards, response_mask, values=None, gamma=None, lam=None,
-                                 config=None, **kwargs):
+@register_adv_est(AdvantageEstimator.GAE, needs_critic=True)
+def compute_gae_advantage_return(token_level_rewards, values, response_mask, gamma=None, lam=None, config=None,
+                                 **kwargs):
     """GAE (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
     Estimation", arXiv:1506.02438); needs a critic's ``values [batch, response_len]``.
 
@@ -147,13 +173,13 @@ def compute_gae_advantage_return(token_level_rewards, response_mask, values=None
     whitened over the mask (``masked_whiten``). ``gamma``/``lam`` default to ``config.gamma/lam``.
 
     Returns:
-        ``(advantages, returns)``, ``[batch, response_len]``, 0 outside the mask.
+        ``(advantages, returns)``, ``[batch, response_len]``, 0 outside the mask (verl leaves the
+        carried values there; the valid positions are identical).
     """
     values = _require(values, "gae", "values", "gae needs a critic: set critic.enable=true, "
                       "or choose a critic-less estimator (grpo, rloo, ...)")
-    config = _config(config)
-    gamma = config.gamma if gamma is None else gamma
-    lam = config.lam if lam is None else lam
+    gamma = _algo(config).gamma if gamma is None else gamma
+    lam = _algo(config).lam if lam is None else lam
     rewards, values, mask = token_level_rewards.float(), values.float(), response_mask.float()
     next_value = torch.zeros_like(rewards[:, 0])
     next_adv = torch.zeros_like(rewards[:, 0])
@@ -169,67 +195,107 @@ def compute_gae_advantage_return(token_level_rewards, response_mask, values=None
     return advantages, returns
 
 
-def _grpo_scalar(scores: torch.Tensor, group_ids: torch.Tensor, config: AdvantageConfig,
-                 epsilon: float) -> torch.Tensor:
-    """GRPO / Dr.GRPO advantage per row, ``[batch]``; 0 for groups of one."""
-    size, mean, std, _ = _group_stats(scores, group_ids)
-    adv = scores - mean
-    if config.norm_adv_by_std_in_grpo:
-        adv = adv / (std + epsilon)
-    return torch.where(size > 1, adv, torch.zeros_like(adv))
-
-
-@register_adv_est(AdvantageEstimator.GRPO)
-def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index=None, config=None, epsilon=1e-6,
-                                   **kwargs):
-    """GRPO (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300), outcome supervision::
-
-        A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon)     (unbiased std over the group g of row i)
-
-    With ``config.norm_adv_by_std_in_grpo=False`` it is Dr.GRPO (Liu et al. 2025, "Understanding
-    R1-Zero-Like Training", arXiv:2503.20783): ``A_i = s_i - mean_g(s)``. Groups of one get 0;
-    all-equal groups get 0.
-
-    Returns:
-        ``(advantages, returns)``, both the broadcast advantage, ``[batch, response_len]``.
-    """
+def _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config, estimator,
+          verl_singleton):
+    """GRPO / Dr.GRPO advantage broadcast over the response; groups of one use baseline 0 and scale
+    1 (verl) unless the singleton policy zeroes them."""
+    norm = _algo(config).norm_adv_by_std_in_grpo if norm_adv_by_std_in_grpo is None else norm_adv_by_std_in_grpo
     scores = _scores(token_level_rewards)
-    adv = _grpo_scalar(scores, _group_ids(index, scores.shape[0], "grpo"), _config(config), epsilon)
+    group_ids = _group_ids(index, scores.shape[0], estimator)
+    adv = _grpo_scalar(scores, group_ids, norm, epsilon, _singleton_policy(config, verl_singleton))
     adv = _broadcast(adv, response_mask)
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.RLOO)
-def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index=None, **kwargs):
-    """RLOO (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
-    Learning from Human Feedback in LLMs", arXiv:2402.14740): leave-one-out baseline::
+def _grpo_scalar(scores: torch.Tensor, group_ids: torch.Tensor, norm_by_std: bool, epsilon: float,
+                 singleton: str) -> torch.Tensor:
+    """GRPO advantage per row, ``[batch]``."""
+    size, mean, std, _ = _group_stats(scores, group_ids)
+    lone = size < 2
+    adv = scores - mean.masked_fill(lone, 0.0)
+    if norm_by_std:
+        adv = adv / (std.masked_fill(lone, 1.0) + epsilon)
+    return _lone(adv, size, singleton)
 
-        A_i = s_i - (sum_g(s) - s_i) / (n_g - 1)        (0 for a group of one)
+
+@register_adv_est(AdvantageEstimator.GRPO, needs_groups=True)
+def compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                   norm_adv_by_std_in_grpo=None, config=None, **kwargs):
+    """GRPO (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300), outcome supervision::
+
+        A_i = (s_i - mean_g(s)) / (std_g(s) + epsilon)     (unbiased std over the group g of row i)
+
+    With ``norm_adv_by_std_in_grpo=False`` (the argument, else ``config.norm_adv_by_std_in_grpo``)
+    it is Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783):
+    ``A_i = s_i - mean_g(s)``. All-equal groups get 0; a group of one gets ``s_i / (1 + epsilon)``
+    (``s_i`` for Dr.GRPO), or 0 with ``config.singleton_advantage="zero"``.
 
     Returns:
         ``(advantages, returns)``, both the broadcast advantage, ``[batch, response_len]``.
     """
+    return _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config, "grpo",
+                 "score")
+
+
+@register_adv_est(AdvantageEstimator.GRPO_VECTORIZED, needs_groups=True)
+def compute_grpo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                              norm_adv_by_std_in_grpo=None, config=None, **kwargs):
+    """verl's name for its loop-free GRPO. rlvr's GRPO has no Python loop over rows, so this is
+    :func:`compute_grpo_outcome_advantage` (same numbers, groups of one included)."""
+    return _grpo(token_level_rewards, response_mask, index, epsilon, norm_adv_by_std_in_grpo, config,
+                 "grpo_vectorized", "score")
+
+
+def _rloo(token_level_rewards, response_mask, index, config, estimator, verl_singleton):
+    """RLOO advantage broadcast over the response (see :func:`compute_rloo_outcome_advantage`)."""
     scores = _scores(token_level_rewards)
-    size, mean, _, _ = _group_stats(scores, _group_ids(index, scores.shape[0], "rloo"))
+    size, mean, _, _ = _group_stats(scores, _group_ids(index, scores.shape[0], estimator))
     loo_mean = (mean * size - scores) / (size - 1).clamp(min=1.0)
-    adv = _broadcast(torch.where(size > 1, scores - loo_mean, torch.zeros_like(scores)), response_mask)
+    adv = _lone(scores - loo_mean.masked_fill(size < 2, 0.0), size, _singleton_policy(config, verl_singleton))
+    adv = _broadcast(adv, response_mask)
     return adv, adv
 
 
+@register_adv_est(AdvantageEstimator.RLOO, needs_groups=True)
+def compute_rloo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None,
+                                   **kwargs):
+    """RLOO (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
+    Learning from Human Feedback in LLMs", arXiv:2402.14740): leave-one-out baseline::
+
+        A_i = s_i - (sum_g(s) - s_i) / (n_g - 1)
+
+    A group of one has no other sample: its baseline is 0, so ``A_i = s_i`` (verl's loop version),
+    or 0 with ``config.singleton_advantage="zero"``.
+
+    Returns:
+        ``(advantages, returns)``, both the broadcast advantage, ``[batch, response_len]``.
+    """
+    return _rloo(token_level_rewards, response_mask, index, config, "rloo", "score")
+
+
+@register_adv_est(AdvantageEstimator.RLOO_VECTORIZED, needs_groups=True)
+def compute_rloo_vectorized_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6,
+                                              config=None, **kwargs):
+    """RLOO as :func:`compute_rloo_outcome_advantage`, except that a group of one gets 0 by default,
+    as verl's vectorized RLOO does (its loop version gives ``s_i``); ``config.singleton_advantage``
+    overrides that."""
+    return _rloo(token_level_rewards, response_mask, index, config, "rloo_vectorized", "zero")
+
+
 @register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS)
-def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, gamma=None, config=None,
-                                                  **kwargs):
+def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_mask, config=None, **kwargs):
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
     Language Models", arXiv:2501.03262): discounted return-to-go over the valid tokens,
-    ``G_t = r_t + gamma * G_next`` (``G_next`` of the next token with mask 1; masked positions are
-    skipped and their rewards ignored, so multi-turn gaps do not cut the return — verl resets the
-    return at every masked token instead, which drops the final reward from the earlier turns).
-    Advantages are ``G`` whitened over the batch mask. ``gamma`` defaults to ``config.gamma``.
+    ``G_t = r_t + gamma * G_next`` with ``gamma = config.gamma`` (``G_next`` of the next token with
+    mask 1; masked positions are skipped and their rewards ignored, so multi-turn gaps do not cut
+    the return — verl resets the return at every masked token instead, which drops the final
+    reward from the earlier turns; for a contiguous mask both agree). Advantages are ``G`` whitened
+    over the batch mask.
 
     Returns:
         ``(advantages, returns)``, ``[batch, response_len]``, 0 outside the mask.
     """
-    gamma = _config(config).gamma if gamma is None else gamma
+    gamma = _algo(config).gamma
     rewards, mask = token_level_rewards.float(), response_mask.float()
     running = torch.zeros_like(rewards[:, 0])
     returns = torch.zeros_like(rewards)
@@ -240,26 +306,30 @@ def compute_reinforce_plus_plus_outcome_advantage(token_level_rewards, response_
     return masked_whiten(returns, mask) * mask, returns
 
 
-@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
-def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index=None,
-                                                           **kwargs):
+@register_adv_est(AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE, needs_groups=True)
+def compute_reinforce_plus_plus_baseline_outcome_advantage(token_level_rewards, response_mask, index,
+                                                           epsilon=1e-6, config=None, **kwargs):
     """REINFORCE++ with baseline (Hu 2025, arXiv:2501.03262): subtract the group mean of the scalar
     reward, broadcast over the response, then whiten over all valid tokens of the batch::
 
-        A = whiten_batch((s_i - mean_g(s)) * mask)      (a group of one gives s_i - s_i = 0)
+        A = whiten_batch((s_i - mean_g(s)) * mask)
+
+    A group of one has baseline 0 (``s_i`` before whitening), or ``s_i - s_i = 0`` with
+    ``config.singleton_advantage="zero"``.
 
     Returns:
         ``(advantages, returns)``, both the whitened advantage, ``[batch, response_len]``.
     """
     scores = _scores(token_level_rewards)
-    _, mean, _, _ = _group_stats(scores, _group_ids(index, scores.shape[0], "reinforce_plus_plus_baseline"))
+    size, mean, _, _ = _group_stats(scores, _group_ids(index, scores.shape[0], "reinforce_plus_plus_baseline"))
+    centered = _lone(scores - mean.masked_fill(size < 2, 0.0), size, _singleton_policy(config, "score"))
     mask = response_mask.float()
-    adv = masked_whiten(_broadcast(scores - mean, mask), mask) * mask
+    adv = masked_whiten(_broadcast(centered, mask), mask) * mask
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.REMAX)
-def compute_remax_outcome_advantage(token_level_rewards, response_mask, reward_baselines=None, **kwargs):
+@register_adv_est(AdvantageEstimator.REMAX, needs_greedy_baseline=True)
+def compute_remax_outcome_advantage(token_level_rewards, reward_baselines, response_mask, config=None, **kwargs):
     """ReMax (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning
     Method for Aligning Large Language Models", arXiv:2310.10505): the baseline is the reward of
     the greedy response to the same prompt, ``reward_baselines [batch]``::
@@ -270,20 +340,23 @@ def compute_remax_outcome_advantage(token_level_rewards, response_mask, reward_b
         ``(advantages, returns)``: ``A`` and ``G``, ``[batch, response_len]``, 0 outside the mask.
     """
     baselines = _require(reward_baselines, "remax", "reward_baselines (the greedy response's reward)",
-                         "the trainer must generate a greedy rollout per prompt and score it for remax")
+                         "the trainer generates a greedy response per prompt for estimators registered "
+                         "with needs_greedy_baseline=True")
     mask = response_mask.float()
     returns = (token_level_rewards.float() * mask).flip(-1).cumsum(-1).flip(-1) * mask
     return (returns - baselines.float().unsqueeze(-1)) * mask, returns
 
 
-@register_adv_est(AdvantageEstimator.OPO)
-def compute_opo_outcome_advantage(token_level_rewards, response_mask, index=None, **kwargs):
+@register_adv_est(AdvantageEstimator.OPO, needs_groups=True)
+def compute_opo_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, config=None,
+                                  **kwargs):
     """OPO (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585): the
     length-weighted group baseline (optimal for sequence-level gradients)::
 
         b_g = sum_{j in g} L_j s_j / sum_{j in g} L_j,   L_j = number of valid tokens;   A_i = s_i - b_g
 
-    A group of one gives ``s_i - s_i = 0`` (verl uses ``b = 0`` there).
+    A group of one has baseline 0 (``A_i = s_i``), or 0 with ``config.singleton_advantage="zero"``;
+    a group whose responses are all empty gets 0 (verl divides by 0 there).
 
     Returns:
         ``(advantages, returns)``, both the broadcast advantage, ``[batch, response_len]``.
@@ -293,39 +366,46 @@ def compute_opo_outcome_advantage(token_level_rewards, response_mask, index=None
     group_ids = _group_ids(index, scores.shape[0], "opo")
     size, mean_ls, _, _ = _group_stats(lengths * scores, group_ids)
     _, mean_l, _, _ = _group_stats(lengths, group_ids)
-    baseline = torch.where(mean_l > 0, mean_ls / mean_l.clamp(min=1e-8), scores)
-    adv = _broadcast(torch.where(size > 1, scores - baseline, torch.zeros_like(scores)), response_mask)
+    baseline = torch.where(mean_l > 0, mean_ls / mean_l.clamp(min=1e-8), scores).masked_fill(size < 2, 0.0)
+    adv = _broadcast(_lone(scores - baseline, size, _singleton_policy(config, "score")), response_mask)
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.GPG)
-def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index=None, **kwargs):
+@register_adv_est(AdvantageEstimator.GPG, needs_groups=True)
+def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, epsilon=1e-6, f_norm=1.0,
+                                  alpha=None, config=None, **kwargs):
     """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
     Reasoning", arXiv:2504.02546): group-mean baseline, rescaled to undo the dilution of the
     gradient by samples that carry none::
 
-        A_i = alpha * (s_i - mean_g(s)),   alpha = B / max(1, M)
+        A_i = alpha * (s_i - mean_g(s)) / f_norm,   alpha = B / max(1, M)
 
-    where ``B`` is the batch size and ``M`` the number of valid samples: rows whose group has more
-    than one sample and not all rewards equal (the others have ``A = 0`` and no gradient). verl
-    counts the rows with a non-zero reward as ``M`` instead; we count the samples that actually
-    carry gradient, which is what the paper's correction is for. The optional std normalisation
-    ``F_norm`` of the paper is not applied (``F_norm = 1``).
+    with ``B`` the batch size. ``config.gpg_alpha_count`` says what ``M`` counts: ``"nonzero_score"``
+    (verl's numbers) the rows with a non-zero score; ``"informative"`` the rows whose group has more
+    than one sample and not all scores equal — the samples that actually carry gradient, which is
+    what the paper's correction is for. An ``alpha`` argument replaces the computed one (verl
+    recomputes it whatever is passed). A group of one has baseline 0, or advantage 0 with
+    ``config.singleton_advantage="zero"``.
 
     Returns:
         ``(advantages, returns)``, both the broadcast advantage, ``[batch, response_len]``.
     """
     scores = _scores(token_level_rewards)
     size, mean, _, all_equal = _group_stats(scores, _group_ids(index, scores.shape[0], "gpg"))
-    valid = (size > 1) & ~all_equal
-    alpha = scores.shape[0] / max(1, int(valid.sum()))
-    adv = _broadcast(torch.where(valid, alpha * (scores - mean), torch.zeros_like(scores)), response_mask)
+    count = _algo(config).gpg_alpha_count
+    if count not in GPG_ALPHA_COUNTS:
+        raise ConfigError("algorithm.gpg_alpha_count", f"{count!r} is not valid; use {' or '.join(GPG_ALPHA_COUNTS)}")
+    if alpha is None:
+        counted = scores != 0 if count == "nonzero_score" else (size > 1) & ~all_equal
+        alpha = scores.shape[0] / max(1, int(counted.sum()))
+    adv = alpha * (scores - mean.masked_fill(size < 2, 0.0)) / f_norm
+    adv = _broadcast(_lone(adv, size, _singleton_policy(config, "score")), response_mask)
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.EGPO)
-def compute_egpo_outcome_advantage(token_level_rewards, response_mask, index=None, old_log_prob=None,
-                                   rollout_log_prob=None, config=None, epsilon=1e-6, **kwargs):
+@register_adv_est(AdvantageEstimator.EGPO, needs_groups=True)
+def compute_egpo_outcome_advantage(token_level_rewards, response_mask, index, old_log_prob=None,
+                                   rollout_log_prob=None, epsilon=1e-6, config=None, **kwargs):
     """EGPO (Zhao et al. 2026, "Know What You Know: Metacognitive Entropy Calibration for Verifiable
     RL Reasoning", arXiv:2602.22751), critic-less. The full formula and every choice are in
     ``rlvr.trainer.ppo.egpo``'s module docstring. In short: ``u_i`` = mean negative log-prob of the
@@ -333,26 +413,28 @@ def compute_egpo_outcome_advantage(token_level_rewards, response_mask, index=Non
     ``c_i = sigmoid(-(u_i - mean u) / (std u + eps))`` (within the group or the batch,
     ``config.egpo_uncertainty_norm``), then the GRPO advantage is calibrated asymmetrically:
     positive kept, negative scaled by ``1 + alpha (2c - 1)``, all-correct groups ``+beta (1 - c)``,
-    all-wrong groups ``-beta c``, groups of one 0.
+    all-wrong groups ``-beta c``; a group of one keeps its GRPO advantage (``singleton_advantage``).
 
     Returns:
         ``(advantages, returns)``, both the broadcast advantage, ``[batch, response_len]``.
     """
-    config = _config(config)
+    config = _algo(config)
     log_prob = old_log_prob if old_log_prob is not None else rollout_log_prob
     log_prob = _require(log_prob, "egpo", "old_log_prob or rollout_log_prob",
                         "compute the actor's log-probs before the advantages")
     if config.egpo_uncertainty_norm not in ("group", "batch"):
-        raise ValueError(f"egpo_uncertainty_norm must be 'group' or 'batch', got {config.egpo_uncertainty_norm!r}")
+        raise ConfigError("algorithm.egpo_uncertainty_norm",
+                          f"must be 'group' or 'batch', got {config.egpo_uncertainty_norm!r}")
     scores = _scores(token_level_rewards)
     group_ids = _group_ids(index, scores.shape[0], "egpo")
-    grpo_adv = _grpo_scalar(scores, group_ids, config, epsilon)
+    grpo_adv = _grpo_scalar(scores, group_ids, config.norm_adv_by_std_in_grpo, epsilon,
+                            _singleton_policy(config, "score"))
     size, _, _, all_equal = _group_stats(scores, group_ids)
     uncertainty = egpo.entropy_proxy(log_prob, response_mask)
     norm_ids = group_ids if config.egpo_uncertainty_norm == "group" else torch.zeros_like(group_ids)
     _, u_mean, u_std, _ = _group_stats(uncertainty, norm_ids)
     conf = egpo.confidence(uncertainty, u_mean, u_std, epsilon)
-    adv = egpo.calibrate_advantages(grpo_adv, scores, conf, size, all_equal, config.egpo_alpha,
+    adv = egpo.calibrate_advantages(grpo_adv, scores, conf, all_equal & (size > 1), config.egpo_alpha,
                                     config.egpo_beta, config.egpo_correct_threshold)
     adv = _broadcast(adv, response_mask)
     return adv, adv

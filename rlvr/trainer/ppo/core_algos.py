@@ -1,16 +1,19 @@
 """Core functions of PPO-like algorithms (the public entry point; pure torch, CPU-testable).
 
-The code lives in small modules and is re-exported here under verl's names:
+The code lives in small modules and is re-exported here under verl's names and signatures:
 
 - ``rlvr.trainer.ppo.policy_loss``: ``agg_loss``, ``compute_policy_loss``, the policy-loss
-  registry (``register_policy_loss``, ``get_policy_loss_fn``, ``PolicyLossConfig``).
-- ``rlvr.trainer.ppo.advantage``: the advantage-estimator registry (``AdvantageEstimator``,
-  ``register_adv_est``, ``get_adv_estimator_fn``, ``AdvantageConfig``) and the estimators.
+  registry (``POLICY_LOSS_REGISTRY``, ``register_policy_loss``, ``get_policy_loss_fn``) and the losses.
+- ``rlvr.trainer.ppo.advantage``: the advantage-estimator registry (``ADV_ESTIMATOR_REGISTRY``,
+  ``AdvantageEstimator``, ``register_adv_est``, ``get_adv_estimator_fn``, what an entry needs:
+  ``get_adv_estimator_needs``) and the estimators.
 - ``rlvr.trainer.ppo.egpo``: the EGPO calibration math.
-- ``rlvr.trainer.ppo.kl``: ``kl_penalty`` and the KL-coefficient controllers.
+- ``rlvr.trainer.ppo.kl``: ``kl_penalty``, ``kl_penalty_forward`` and the KL-coefficient controllers.
 - ``rlvr.utils.torch_functional``: ``masked_mean``, ``masked_whiten``, ``entropy_from_logits``.
 
-This module adds the clipped value loss.
+Losses take the actor config section and estimators the algorithm section
+(:mod:`rlvr.trainer.config.schema`); there is no other config type. This module adds the value
+loss, the entropy loss and the KL-penalised token rewards.
 """
 
 from __future__ import annotations
@@ -19,31 +22,33 @@ import torch
 
 from rlvr.trainer.ppo.advantage import (
     ADV_ESTIMATOR_REGISTRY,
-    AdvantageConfig,
     AdvantageEstimator,
+    AdvantageEstimatorNeeds,
     compute_egpo_outcome_advantage,
     compute_gae_advantage_return,
     compute_gpg_outcome_advantage,
     compute_grpo_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
     compute_opo_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
     get_adv_estimator_fn,
+    get_adv_estimator_needs,
     register_adv_est,
 )
 from rlvr.trainer.ppo.kl import (
     AdaptiveKLController,
     FixedKLController,
-    KLControlConfig,
     get_kl_controller,
     kl_penalty,
+    kl_penalty_forward,
 )
 from rlvr.trainer.ppo.policy_loss import (
     AGG_LOSS_MODES,
     POLICY_LOSS_REGISTRY,
-    PolicyLossConfig,
     agg_loss,
     compute_policy_loss,
     compute_policy_loss_cispo,
@@ -56,25 +61,43 @@ from rlvr.trainer.ppo.policy_loss import (
     get_policy_loss_fn,
     register_policy_loss,
 )
-from rlvr.utils.torch_functional import entropy_from_logits, masked_mean, masked_whiten
+from rlvr.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean, masked_whiten
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY", "AGG_LOSS_MODES", "POLICY_LOSS_REGISTRY", "AdaptiveKLController",
-    "AdvantageConfig", "AdvantageEstimator", "FixedKLController", "KLControlConfig", "PolicyLossConfig",
-    "agg_loss", "compute_egpo_outcome_advantage", "compute_gae_advantage_return",
-    "compute_gpg_outcome_advantage", "compute_grpo_outcome_advantage", "compute_opo_outcome_advantage",
-    "compute_policy_loss", "compute_policy_loss_cispo", "compute_policy_loss_clip_cov",
-    "compute_policy_loss_geo_mean", "compute_policy_loss_gpg", "compute_policy_loss_gspo",
-    "compute_policy_loss_kl_cov", "compute_policy_loss_vanilla",
+    "AdvantageEstimator", "AdvantageEstimatorNeeds", "FixedKLController", "agg_loss",
+    "compute_egpo_outcome_advantage", "compute_entropy_loss", "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage", "compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage",
+    "compute_opo_outcome_advantage", "compute_policy_loss", "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov", "compute_policy_loss_geo_mean", "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo", "compute_policy_loss_kl_cov", "compute_policy_loss_vanilla",
     "compute_reinforce_plus_plus_baseline_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
-    "compute_remax_outcome_advantage", "compute_rloo_outcome_advantage", "compute_value_loss",
-    "entropy_from_logits", "get_adv_estimator_fn", "get_kl_controller", "get_policy_loss_fn", "kl_penalty",
-    "masked_mean", "masked_whiten", "register_adv_est", "register_policy_loss",
+    "compute_remax_outcome_advantage", "compute_rewards", "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage", "compute_value_loss", "entropy_from_logits",
+    "get_adv_estimator_fn", "get_adv_estimator_needs", "get_kl_controller", "get_policy_loss_fn", "kl_penalty",
+    "kl_penalty_forward", "masked_mean", "masked_whiten", "register_adv_est", "register_policy_loss",
 ]
 
 
+def compute_rewards(token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor,
+                    kl_ratio: float) -> torch.Tensor:
+    """Token rewards with a k1 KL penalty (Ziegler et al. 2019, arXiv:1909.08593):
+    ``scores - kl_ratio * (old_log_prob - ref_log_prob)``; all ``[batch, response_len]``."""
+    return token_level_scores - (old_log_prob - ref_log_prob) * kl_ratio
+
+
+def compute_entropy_loss(logits: torch.Tensor, response_mask: torch.Tensor,
+                         loss_agg_mode: str = "token-mean") -> torch.Tensor:
+    """Mean entropy of ``softmax(logits)`` (``[batch, response_len, vocab]``) over the response
+    tokens, aggregated with ``agg_loss``; a 0-dim float32 tensor."""
+    return agg_loss(entropy_from_logits(logits), response_mask, loss_agg_mode)
+
+
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torch.Tensor,
-                       response_mask: torch.Tensor, cliprange_value: float, loss_agg_mode: str = "token-mean"):
+                       response_mask: torch.Tensor, cliprange_value: float, loss_agg_mode: str = "token-mean",
+                       dp_size: int = 1, batch_num_tokens: int | torch.Tensor | None = None,
+                       global_batch_size: int | torch.Tensor | None = None,
+                       loss_scale_factor: int | float | None = None):
     """Clipped value loss of PPO (Schulman et al. 2017, arXiv:1707.06347; as in OpenAI baselines)::
 
         v_clip = clip(vpreds, values - cliprange_value, values + cliprange_value)
@@ -87,15 +110,18 @@ def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values: torc
         response_mask: ``[batch, response_len]``.
         cliprange_value: clip range of the value update.
         loss_agg_mode: see ``agg_loss``.
+        dp_size, batch_num_tokens, global_batch_size, loss_scale_factor: passed to ``agg_loss``
+            (normalisation over data-parallel ranks and the ``seq-mean-token-sum-norm`` constant).
 
     Returns:
         ``(vf_loss, vf_clipfrac)``: the 0-dim loss, and the fraction of valid tokens where the
         clipped error was the larger one.
     """
     vpreds, returns, values = vpreds.float(), returns.float(), values.float()
-    vpred_clipped = torch.clamp(vpreds, values - cliprange_value, values + cliprange_value)
+    vpred_clipped = clip_by_value(vpreds, values - cliprange_value, values + cliprange_value)
     loss_unclipped = (vpreds - returns).square()
     loss_clipped = (vpred_clipped - returns).square()
-    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), response_mask, loss_agg_mode)
+    vf_loss = 0.5 * agg_loss(torch.maximum(loss_unclipped, loss_clipped), response_mask, loss_agg_mode,
+                             dp_size, batch_num_tokens, global_batch_size, loss_scale_factor)
     vf_clipfrac = masked_mean((loss_clipped > loss_unclipped).float(), response_mask)
     return vf_loss, vf_clipfrac

@@ -28,12 +28,15 @@ formulas below are rlvr's own instantiation of them, written out in full:
        all correct (``r >= correct_threshold``): ``+beta * (1 - c_i)`` — raise the likelihood of the
        correct answers the model was least sure of;
        all wrong: ``-beta * c_i`` — push down the wrong answers, the confident ones hardest.
-   - group of one: 0 (no group to compare with, as for GRPO).
+   - group of one: its GRPO advantage (``algorithm.singleton_advantage``: the score, or 0), with
+     confidence 0.5 (it is its own group), i.e. unchanged.
 """
 
 from __future__ import annotations
 
 import torch
+
+from rlvr.utils.errors import ConfigError
 
 
 def entropy_proxy(log_prob: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
@@ -51,16 +54,15 @@ def confidence(uncertainty: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
 
 
 def calibrate_advantages(grpo_advantages: torch.Tensor, scores: torch.Tensor, conf: torch.Tensor,
-                         group_size: torch.Tensor, degenerate: torch.Tensor, alpha: float, beta: float,
-                         correct_threshold: float) -> torch.Tensor:
+                         degenerate: torch.Tensor, alpha: float, beta: float, correct_threshold: float) -> torch.Tensor:
     """Apply the asymmetric calibration (module docstring, step 3).
 
     Args:
         grpo_advantages: ``[batch]`` GRPO advantages.
         scores: ``[batch]`` scalar rewards.
         conf: ``[batch]`` confidences ``c_i`` in (0, 1).
-        group_size: ``[batch]`` size of each row's group.
-        degenerate: ``[batch]`` bool, True where the row's group has all-equal rewards.
+        degenerate: ``[batch]`` bool, True where the row's group has more than one sample and
+            all-equal rewards.
         alpha: confidence scaling of negative advantages, in [0, 1].
         beta: magnitude of the advantages in degenerate groups, >= 0.
         correct_threshold: a reward ``>= correct_threshold`` counts as correct.
@@ -69,11 +71,11 @@ def calibrate_advantages(grpo_advantages: torch.Tensor, scores: torch.Tensor, co
         ``[batch]`` calibrated advantages.
     """
     if not 0.0 <= alpha <= 1.0:
-        raise ValueError(f"egpo_alpha must be in [0, 1] so that negative advantages keep their sign, got {alpha}")
+        raise ConfigError("algorithm.egpo_alpha",
+                          f"must be in [0, 1] so that negative advantages keep their sign, got {alpha}")
     if beta < 0.0:
-        raise ValueError(f"egpo_beta must be >= 0, got {beta}")
+        raise ConfigError("algorithm.egpo_beta", f"must be >= 0, got {beta}")
     negative_scale = 1.0 + alpha * (2.0 * conf - 1.0)
     informative = torch.where(grpo_advantages < 0, grpo_advantages * negative_scale, grpo_advantages)
     degenerate_adv = torch.where(scores >= correct_threshold, beta * (1.0 - conf), -beta * conf)
-    calibrated = torch.where(degenerate, degenerate_adv, informative)
-    return torch.where(group_size > 1, calibrated, torch.zeros_like(calibrated))
+    return torch.where(degenerate, degenerate_adv, informative)

@@ -8,12 +8,11 @@ bf16/fp16; everything is computed in float32. See J. Schulman, "Approximating KL
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from rlvr.utils.errors import ConfigError
+from rlvr.utils.errors import ConfigAssertionError, UnsupportedConfigError
 
 LOG_RATIO_CLAMP = 20.0
 """Log-ratios are clamped to ``[-20, 20]`` before ``exp`` so that ``exp`` never overflows."""
@@ -45,6 +44,23 @@ def _token_kl(logprob: torch.Tensor, ref_logprob: torch.Tensor, estimator: str) 
     return k3.clamp(-K3_CLAMP, K3_CLAMP)
 
 
+def kl_penalty_forward(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
+    """The value of the KL estimator ``kl_penalty`` (without ``+``) per token, float32.
+
+    Raises:
+        UnsupportedConfigError: unknown estimator name (a ``NotImplementedError``, as verl raises;
+            the message lists the valid names).
+    """
+    logprob, ref_logprob = logprob.float(), ref_logprob.float()
+    if kl_penalty == "full":
+        return (logprob.exp() * (logprob - ref_logprob)).sum(dim=-1)
+    estimator = _KL_ALIASES.get(kl_penalty)
+    if estimator is None:
+        raise UnsupportedConfigError("kl_penalty", f"unknown KL estimator {kl_penalty!r}; valid names: "
+                                     f"{', '.join(KL_PENALTY_NAMES)}")
+    return _token_kl(logprob, ref_logprob, estimator)
+
+
 def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str) -> torch.Tensor:
     """Estimate KL(policy || reference) per token.
 
@@ -56,10 +72,11 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     - ``"low_var_kl"`` / ``"k3"``: ``exp(-log_ratio) + log_ratio - 1``, the log-ratio clamped to
       ``[-20, 20]`` before ``exp`` and the result clamped to ``[-10, 10]``.
     - ``"full"``: exact ``sum_v p(v) * (log p(v) - log q(v))`` over the vocabulary; the inputs are
-      full-vocabulary log-probs ``[..., vocab]`` and the output drops the last dim.
+      full-vocabulary log-probs ``[..., vocab]`` and the output drops the last dim (verl raises
+      ``NotImplementedError`` for it).
     - ``"<name>+"`` (e.g. ``"k1+"``, ``"k3+"``, ``"low_var_kl+"``): straight-through estimator whose
       forward value is the named estimator and whose gradient is that of k2, which is the unbiased
-      gradient of the KL: ``k2 + (named - k2).detach()``.
+      gradient of the KL: ``k2 - sg(k2) + sg(named)``.
 
     Args:
         logprob: policy log-probs, ``[batch, response_len]`` (``[..., vocab]`` for ``"full"``).
@@ -70,23 +87,18 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         float32 tensor ``[batch, response_len]`` (``logprob.shape[:-1]`` for ``"full"``).
 
     Raises:
-        ValueError: unknown estimator name (the message lists the valid names) or shape mismatch.
+        ValueError: shape mismatch. ``UnsupportedConfigError`` (a ``ValueError`` and a
+        ``NotImplementedError``): unknown estimator name, listing the valid names.
     """
     if logprob.shape != ref_logprob.shape:
         raise ValueError(f"kl_penalty: logprob {tuple(logprob.shape)} and ref_logprob "
                          f"{tuple(ref_logprob.shape)} must have the same shape")
-    logprob, ref_logprob = logprob.float(), ref_logprob.float()
-    if kl_penalty == "full":
-        return (logprob.exp() * (logprob - ref_logprob)).sum(dim=-1)
-    straight_through = kl_penalty.endswith("+")
-    estimator = _KL_ALIASES.get(kl_penalty[:-1] if straight_through else kl_penalty)
-    if estimator is None:
-        raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid names: {', '.join(KL_PENALTY_NAMES)}")
-    value = _token_kl(logprob, ref_logprob, estimator)
+    straight_through = kl_penalty.endswith("+") and kl_penalty[:-1] in _KL_ALIASES
+    value = kl_penalty_forward(logprob, ref_logprob, kl_penalty[:-1] if straight_through else kl_penalty)
     if not straight_through:
         return value
-    k2 = _token_kl(logprob, ref_logprob, "k2")
-    return k2 + (value - k2).detach()
+    k2 = _token_kl(logprob.float(), ref_logprob.float(), "k2")
+    return k2 - k2.detach() + value.detach()
 
 
 class FixedKLController:
@@ -147,29 +159,21 @@ class AdaptiveKLController:
         self.value = float(state["value"])
 
 
-@dataclass
-class KLControlConfig:
-    """Configuration of the KL coefficient controller (``algorithm.kl_ctrl``)."""
-
-    type: str = field(default="fixed", metadata={"help": "'fixed' or 'adaptive' (Ziegler et al. 2019)"})
-    kl_coef: float = field(default=0.001, metadata={"help": "KL coefficient (initial value for 'adaptive')"})
-    target_kl: float = field(default=0.1, metadata={"help": "target KL of the adaptive controller"})
-    horizon: int = field(default=10000, metadata={"help": "horizon (in samples) of the adaptive controller"})
-
-
-def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLController:
-    """Build a KL controller from a config with ``type``, ``kl_coef``, ``target_kl``, ``horizon``
-    (e.g. ``KLControlConfig`` or the matching OmegaConf node).
+def get_kl_controller(kl_ctrl: Any) -> FixedKLController | AdaptiveKLController:
+    """Build the KL controller of the ``algorithm.kl_ctrl`` config section (``type``, ``kl_coef``,
+    ``target_kl``, ``horizon``).
 
     Raises:
-        ConfigError: unknown ``type`` or invalid adaptive parameters.
+        UnsupportedConfigError: unknown ``type`` (a ``NotImplementedError``, as verl raises).
+        ConfigAssertionError: adaptive with ``target_kl <= 0`` or ``horizon <= 0`` (an
+            ``AssertionError``, as verl asserts).
     """
-    if kl_ctrl_config.type == "fixed":
-        return FixedKLController(kl_coef=kl_ctrl_config.kl_coef)
-    if kl_ctrl_config.type == "adaptive":
-        if kl_ctrl_config.target_kl <= 0 or kl_ctrl_config.horizon <= 0:
-            raise ConfigError("algorithm.kl_ctrl", "adaptive KL control needs target_kl > 0 and horizon > 0, "
-                              f"got target_kl={kl_ctrl_config.target_kl}, horizon={kl_ctrl_config.horizon}")
-        return AdaptiveKLController(kl_ctrl_config.kl_coef, kl_ctrl_config.target_kl, kl_ctrl_config.horizon)
-    raise ConfigError("algorithm.kl_ctrl.type", f"unknown KL controller {kl_ctrl_config.type!r}; "
-                      "use 'fixed' or 'adaptive'")
+    if kl_ctrl.type == "fixed":
+        return FixedKLController(kl_coef=kl_ctrl.kl_coef)
+    if kl_ctrl.type == "adaptive":
+        if kl_ctrl.target_kl <= 0 or kl_ctrl.horizon <= 0:
+            raise ConfigAssertionError("algorithm.kl_ctrl", "adaptive KL control needs target_kl > 0 and horizon > 0, "
+                                       f"got target_kl={kl_ctrl.target_kl}, horizon={kl_ctrl.horizon}")
+        return AdaptiveKLController(kl_ctrl.kl_coef, kl_ctrl.target_kl, kl_ctrl.horizon)
+    raise UnsupportedConfigError("algorithm.kl_ctrl.type", f"unknown KL controller {kl_ctrl.type!r}; "
+                                 "use 'fixed' or 'adaptive'")

@@ -21,16 +21,19 @@ ACC_THRESHOLD = 1.0
 
 
 def sample_accuracy(scores: torch.Tensor, reward_extra_info: dict[str, Sequence[Any]]) -> np.ndarray:
-    """Per-sample correctness ``[batch]`` (float 0/1): the reward manager's ``acc`` if it reports
-    one, else ``score >= 1``.
+    """Per-sample correctness ``[batch]`` (float 0/1): the reward function's ``acc`` where it reports
+    one, else ``score >= 1`` (a routed batch mixes samples with and without ``acc``).
 
     Args:
         scores: sequence scores ``[batch]``.
-        reward_extra_info: the reward manager's per-sample extras (lists of length batch).
+        reward_extra_info: the reward function's per-sample extras (lists of length batch, None where
+            a sample has no value).
     """
+    correct = scores.detach().cpu().numpy() >= ACC_THRESHOLD
     if "acc" in reward_extra_info:
-        return np.asarray(reward_extra_info["acc"], dtype=np.float64).astype(bool).astype(np.float64)
-    return (scores.detach().cpu().numpy() >= ACC_THRESHOLD).astype(np.float64)
+        correct = np.array([bool(acc) if acc is not None else fallback
+                            for acc, fallback in zip(reward_extra_info["acc"], correct)])
+    return correct.astype(np.float64)
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:

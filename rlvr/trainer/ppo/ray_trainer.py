@@ -1,9 +1,10 @@
-"""The PPO-family trainer: one driver process that drives role worker groups (seed 000).
+"""The PPO-family trainer: one driver process that drives role worker groups (verl's trainer API).
 
 One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
 
     gen           prompts (uid each) x rollout.n  -> actor_rollout.generate_sequences
-    reward        reward_fn on the responses      -> token_level_scores (+ acc per sample)
+    reward        reward_fn on the responses      -> token_level_scores (+ acc per sample); with
+                  reward.routes each domain by its reward worker group or manager
                   (DAPO dynamic sampling: drop groups that all agree, generate more)
     old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric; the rollout/actor
                   log-prob mismatch metrics; the rollout correction (IS weights, rejection) if set,
@@ -18,12 +19,18 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
 
 Validation (greedy, ``rollout.val_kwargs``) runs before training if asked, every ``test_freq``
 steps and at the end; checkpoints every ``save_freq`` steps and at the end.
+
+Faults (see :mod:`rlvr.trainer.recovery`): on the Ray backend a dead or hung worker makes the
+trainer tear down and restart every worker group, restore the last whole checkpoint and go on, up
+to ``trainer.max_restarts`` times. SIGINT/SIGTERM (:mod:`rlvr.trainer.graceful_stop`) finish the
+current step, write a checkpoint and return from :meth:`RayPPOTrainer.fit`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -34,12 +41,19 @@ from omegaconf import OmegaConf
 
 from rlvr.agent.metrics import tool_use_metrics, transcript
 from rlvr.protocol import DataProto
-from rlvr.single_controller import ClassWithInitArgs, RayResourcePool, RayWorkerGroup, create_colocated_worker_cls
-from rlvr.trainer.checkpoint import CheckpointManager
+from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
+from rlvr.single_controller import ClassWithInitArgs, RayWorkerGroup, WorkerGroup
+from rlvr.trainer.checkpoint import CheckpointError, RunCheckpoints
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
-from rlvr.trainer.ppo.core_algos import AdvantageConfig, agg_loss, get_adv_estimator_fn, get_kl_controller, kl_penalty
+from rlvr.trainer.ppo.core_algos import (
+    agg_loss,
+    get_adv_estimator_fn,
+    get_adv_estimator_needs,
+    get_kl_controller,
+    kl_penalty,
+)
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
 from rlvr.trainer.ppo.metrics import (
     compute_data_metrics,
@@ -53,8 +67,11 @@ from rlvr.trainer.ppo.resource_pool import ResourcePoolManager
 from rlvr.trainer.ppo.reward import compute_reward
 from rlvr.trainer.ppo.rollout_correction import compute_rollout_correction_and_add_to_batch, compute_rollout_mismatch_metrics
 from rlvr.trainer.ppo.utils import Role
+from rlvr.trainer.ppo.worker_groups import TrainerWorkerGroups
+from rlvr.trainer.graceful_stop import GracefulStop
 from rlvr.trainer.progress import TrainingProgress
-from rlvr.trainer.report import write_report
+from rlvr.trainer.recovery import RECOVERABLE_ERRORS, Recovery, RestartableGroup
+from rlvr.trainer.report import first_and_last_generations, metric_summary, write_report
 from rlvr.trainer.tracking import Tracking, read_metrics
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.seed import get_rng_state, set_rng_state
@@ -62,6 +79,8 @@ from rlvr.utils.torch_functional import masked_mean
 from rlvr.workers.rollout.base import check_weights_version
 
 __all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role"]
+
+logger = logging.getLogger(__name__)
 
 PROMPT_KEYS = ["input_ids", "attention_mask", "position_ids"]
 
@@ -91,8 +110,10 @@ class RayPPOTrainer:
         resource_pool_manager: pools and role -> pool mapping.
         ray_worker_group_cls: ``RayWorkerGroup`` or ``LocalWorkerGroup``.
         processor: multimodal processor (passed to the datasets).
-        reward_fn: training reward manager (``compute_reward(data, reward_fn)``).
-        val_reward_fn: validation reward manager; None disables validation.
+        reward_fn: training reward manager (``compute_reward(data, reward_fn)``); None when
+            ``reward.routes`` is set (the trainer then routes rewards, see :mod:`rlvr.reward.routing`).
+        val_reward_fn: validation reward manager; None disables validation (with routes: validation
+            runs when there is validation data).
         train_dataset, val_dataset: datasets; default built from ``data.train_files`` / ``val_files``.
         collate_fn: batch collation (default :func:`rlvr.trainer.data.collate_fn`).
         train_sampler: item order (default: seeded shuffle, ``data.seed``).
@@ -105,9 +126,7 @@ class RayPPOTrainer:
                  train_sampler=None, device_name=None) -> None:
         self.config = to_config(config)
         validate_config(self.config, require_data_files=train_dataset is None)
-        if reward_fn is None:
-            raise ConfigError("reward_model.reward_manager", "the trainer needs a reward_fn: build one with "
-                              "rlvr.trainer.ppo.reward.load_reward_manager(config, tokenizer, num_examine)")
+        self.routes_rewards = check_reward_functions(self.config, reward_fn, val_reward_fn)
         self.tokenizer = tokenizer
         self.processor = processor
         self.role_worker_mapping = role_worker_mapping
@@ -121,14 +140,21 @@ class RayPPOTrainer:
         self._check_roles()
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
-        self.adv_config = _advantage_config(self.config.algorithm)
         self._create_dataloader(train_dataset, val_dataset, collate_fn or default_collate_fn, train_sampler)
+        if self.routes_rewards:  # datasets built from data files were checked with the config
+            check_data_routes(self.config, train_dataset, val_dataset)
+        self.reward_workers: RestartableGroup | None = None  # over a RewardWorkerGroups
         self.run_dir = Path(self.config.trainer.default_local_dir)
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
+        self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
         self.global_steps = 0
-        self._colocated_groups: list[Any] = []
+        self.workers = TrainerWorkerGroups(resource_pool_manager, ray_worker_group_cls,
+                                           self.config.trainer.call_timeout_s)
         self.metrics_history: list[dict[str, float]] = []
         self.val_generations: list[dict[str, Any]] = []
+        self.recovers = self.config.trainer.backend == "ray"
+        self.recovery = Recovery(self.config.trainer.max_restarts)
+        self._start_state: dict[str, Any] | None = None  # driver state at step 0 of a fresh run
+        self.stop = GracefulStop()
 
     # ------------------------------------------------------------------ setup
     def _check_roles(self) -> None:
@@ -163,10 +189,22 @@ class RayPPOTrainer:
         self.config.actor_rollout_ref.actor.optim.total_training_steps = steps
         self.config.critic.optim.total_training_steps = steps
 
+    def create_reward_worker_groups(self) -> None:
+        """Start the reward worker groups that ``reward.routes`` names, as one stateless group
+        (:meth:`add_stateless_group`: a dead or hung reward worker restarts them alone, training is
+        not rolled back), and route the training and validation rewards through them."""
+        cfg, backend = self.config, self.resource_pool_manager.backend
+        self.reward_workers = self.add_stateless_group("reward workers", lambda: RewardWorkerGroups(cfg, backend), None)
+        self.reward_fn, self.val_reward_fn = reward_routers(cfg, self.tokenizer, self.reward_workers,
+                                                            self.val_dataset is not None)
+
     def init_workers(self) -> None:
         """Create the resource pools, one colocated worker group per pool, spawn the role groups
-        and initialise the models (critic and reference first, the actor last)."""
-        self.resource_pool_manager.create_resource_pool()
+        and initialise the models (critic and reference first, the actor last); with
+        ``reward.routes``, the reward worker groups first (once: a full restart starts them again
+        with the other stateless groups)."""
+        if self.routes_rewards and self.reward_workers is None:
+            self.create_reward_worker_groups()
         cfg = self.config
         actor_role = "actor_rollout_ref" if self.ref_in_actor else "actor_rollout"
         roles: dict[str, tuple[Role, ClassWithInitArgs]] = {
@@ -177,17 +215,7 @@ class RayPPOTrainer:
         if self.use_reference and not self.ref_in_actor:
             roles["ref"] = (Role.RefPolicy, ClassWithInitArgs(
                 self.role_worker_mapping[Role.RefPolicy], config=cfg, role="ref"))
-        by_pool: dict[int, tuple[Any, dict[str, ClassWithInitArgs]]] = {}
-        for name, (role, cls) in roles.items():
-            pool = self.resource_pool_manager.get_resource_pool(role)
-            by_pool.setdefault(id(pool), (pool, {}))[1][name] = cls
-        groups: dict[str, Any] = {}
-        for pool, class_dict in by_pool.values():
-            fused = create_colocated_worker_cls(class_dict)
-            group = self.ray_worker_group_cls(resource_pool=pool, ray_cls_with_init=fused,
-                                              call_timeout_s=cfg.trainer.call_timeout_s)
-            self._colocated_groups.append(group)
-            groups.update(group.spawn(prefix_set=list(class_dict)))
+        groups = self.workers.start(roles)
         self.worker_groups = groups
         self.critic_wg = groups.get("critic")
         self.ref_policy_wg = groups["actor_rollout"] if self.ref_in_actor else groups.get("ref")
@@ -196,52 +224,111 @@ class RayPPOTrainer:
             if name in groups:
                 groups[name].init_model()
 
+    def add_stateless_group(self, name: str, create: Callable[[], Any], worker_cls: type | None) -> RestartableGroup:
+        """Start a group of workers without training state (reward workers, an LLM judge) that is
+        restarted alone when a worker dies or hangs (:class:`~rlvr.trainer.recovery.RestartableGroup`).
+        ``create`` starts and initialises it, again at every restart (take the pool from
+        ``self.resource_pool_manager`` inside it: a full restart replaces the pools)."""
+        return self.workers.add_stateless(name, create, worker_cls, self.recovery, lambda: self.global_steps)
+
     def shutdown(self) -> None:
         """Stop the workers and give the Ray placement groups back, so that another trainer can
         start in the same Ray session."""
-        for group in self._colocated_groups:
-            group.shutdown()
-        self._colocated_groups.clear()
-        for pool in self.resource_pool_manager.resource_pool_dict.values():
-            if isinstance(pool, RayResourcePool):
-                pool.remove()
+        self.workers.shutdown()
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> None:
         """Train until ``total_training_steps`` or ``trainer.max_time_s``; validate, checkpoint,
-        export and write the report on the configured schedule."""
+        export and write the report on the configured schedule. A dead or hung worker is recovered
+        from (Ray backend); a stop signal ends training after the current step with a checkpoint
+        (then ``self.stop.requested`` is set)."""
         cfg = self.config.trainer
         resumed_from = self._load_checkpoint()
+        if resumed_from is None:
+            self._start_state = self._driver_state()
         progress = TrainingProgress(self.total_training_steps, self.global_steps, cfg.max_time_s, cfg.progress_bar)
         self.tracker = Tracking(cfg.project_name, cfg.experiment_name, list(cfg.logger), self.run_dir,
                                 OmegaConf.to_container(self.config, resolve=True), resume_step=resumed_from,
                                 console_write=progress.write)
-        if self.val_reward_fn is not None and cfg.val_before_train and self.global_steps == 0:
+        self._last_val_step = self._last_save_step = self.global_steps
+        self._val_before_train_due = self.val_reward_fn is not None and cfg.val_before_train and self.global_steps == 0
+        with self.stop:
+            try:
+                self._run_with_recovery(progress)
+            finally:
+                progress.close()
+                self.tracker.finish()
+        if cfg.report:
+            self._write_report(progress.elapsed_s())
+
+    def _run_with_recovery(self, progress: TrainingProgress) -> None:
+        """:meth:`_run`, restarted from the last whole checkpoint after each recoverable failure."""
+        while True:
+            try:
+                return self._run(progress)
+            except RECOVERABLE_ERRORS if self.recovers else () as error:
+                if self.stop.requested:
+                    raise  # stopping anyway: a resume starts from the last whole checkpoint
+                self._recover(error, progress)
+
+    def _run(self, progress: TrainingProgress) -> None:
+        """Steps from ``global_steps`` on, then the final validation, checkpoint and export."""
+        cfg = self.config.trainer
+        if self._val_before_train_due:
             self._log(self._validate(), step=0)
             progress.restart_clock()  # max_time_s budgets the training loop
-        last_val_step = last_save_step = self.global_steps
-        while self.global_steps < self.total_training_steps and not progress.out_of_time():
+            self._val_before_train_due = False
+        while self.global_steps < self.total_training_steps and not progress.out_of_time() and not self.stop.requested:
             self.global_steps += 1
             metrics = self._train_step()
             is_last = self.global_steps >= self.total_training_steps or progress.out_of_time()
             if self.val_reward_fn is not None and cfg.test_freq > 0 and self.global_steps % cfg.test_freq == 0:
                 metrics.update(self._validate())
-                last_val_step = self.global_steps
+                self._last_val_step = self.global_steps
             if cfg.save_freq > 0 and self.global_steps % cfg.save_freq == 0 and not is_last:
                 self._save_checkpoint()
-                last_save_step = self.global_steps
+            metrics.update(self.recovery.metrics())
             self._log(metrics, step=self.global_steps)
             progress.update(metrics["timing/step"], metrics)
-        progress.close()
-        if self.val_reward_fn is not None and last_val_step != self.global_steps:
+        if not self.stop.requested and self.val_reward_fn is not None and self._last_val_step != self.global_steps:
             self._log(self._validate(), step=self.global_steps)
-        if last_save_step != self.global_steps:
+            self._last_val_step = self.global_steps
+        if self._last_save_step != self.global_steps:
             self._save_checkpoint()
-        if cfg.export_hf:
+        if cfg.export_hf and not self.stop.requested:
             self.actor_rollout_wg.export_hf(str(self.run_dir / "hf_model"))
-        self.tracker.finish()
-        if cfg.report:
-            self._write_report(progress.elapsed_s())
+
+    def _recover(self, error: Any, progress: TrainingProgress) -> None:
+        """Restart every worker group and restore the last whole checkpoint of this run (or the
+        run's start); raises :class:`~rlvr.trainer.recovery.RestartLimitError` past the budget."""
+        failed_step = self.global_steps
+        started = self.recovery.admit(error, failed_step)
+        while True:
+            try:
+                self.shutdown()
+                self.init_workers()
+                self.workers.restart_stateless()
+                restored = self._restore_last_checkpoint()
+                break
+            except RECOVERABLE_ERRORS as again:  # a worker failed while starting: that counts too
+                self.recovery.admit(again, failed_step)
+        self.metrics_history = [row for row in self.metrics_history if row["step"] <= restored]
+        self.tracker.rewind(restored)
+        progress.rewind(restored)
+        self._last_val_step = self._last_save_step = restored
+        self.recovery.record(error, failed_step, restored, started)
+
+    def _restore_last_checkpoint(self) -> int:
+        """Load the newest whole checkpoint of this run, or go back to the run's start; returns the step."""
+        path = self.checkpoints.last_whole()
+        if path is not None:
+            self._restore_driver_state(self.checkpoints.load(path, self._checkpointed_groups()))
+        elif self._start_state is not None:
+            self._restore_driver_state(self._start_state)
+        else:
+            raise CheckpointError("no whole checkpoint of this run is left to restore after a worker failure; "
+                                  "resume from an older one with trainer.resume_mode=resume_path")
+        return self.global_steps
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics_history.append({"step": step, **metrics})
@@ -307,20 +394,22 @@ class RayPPOTrainer:
 
     def _generate_and_score(self, timing: dict[str, float], metrics: dict[str, float], tag: str) -> DataProto:
         """Draw a batch of prompts (uid ``<step>-<tag>-<i>``), generate ``rollout.n`` responses each
-        (plus a greedy baseline for ReMax) and score them; worker and reward metrics go to ``metrics``."""
+        (plus a greedy response per prompt, scored, when the estimator's registry entry needs a greedy
+        baseline, e.g. ReMax) and score them; worker and reward metrics go to ``metrics``."""
         batch = DataProto.from_single_dict(next(self.train_iter))
         batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}-{tag}-{i}" for i in range(len(batch))],
                                                  dtype=object)
         n = self.config.actor_rollout_ref.rollout.n
         repeated = batch.repeat(n, interleave=True)
+        greedy_baseline = get_adv_estimator_needs(self.config.algorithm.adv_estimator).needs_greedy_baseline
         with _timer("gen", timing):
-            if self.config.algorithm.adv_estimator == "remax":
+            if greedy_baseline:
                 baseline = self._generate(batch, validate=False, do_sample=False)
             batch = self._generate(repeated, validate=False)
         metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))
         with _timer("reward", timing):
             metrics.update(self._score(batch, self.reward_fn))
-            if self.config.algorithm.adv_estimator == "remax":
+            if greedy_baseline:
                 self._score(baseline, self.reward_fn)
                 baseline_scores = baseline.batch["token_level_scores"].sum(-1)
                 batch.batch["reward_baselines"] = baseline_scores.repeat_interleave(n)
@@ -397,8 +486,7 @@ class RayPPOTrainer:
                 token_level_rewards=tensors["token_level_rewards"], response_mask=tensors["response_mask"],
                 index=batch.non_tensor_batch["uid"], values=optional["values"],
                 reward_baselines=optional["reward_baselines"], old_log_prob=optional["old_log_probs"],
-                rollout_log_prob=optional["rollout_log_probs"], gamma=self.config.algorithm.gamma,
-                lam=self.config.algorithm.lam, config=self.adv_config)
+                rollout_log_prob=optional["rollout_log_probs"], config=self.config.algorithm)
             tensors["advantages"], tensors["returns"] = advantages, returns
 
     def _apply_kl_penalty(self, batch: DataProto) -> dict[str, float]:
@@ -461,61 +549,49 @@ class RayPPOTrainer:
                 "score": seq_scores[i]})
 
     # ------------------------------------------------------------------ checkpoints
-    def _save_checkpoint(self) -> None:
-        """Write ``global_step_<k>`` atomically: worker states, then the driver state."""
-        tmp = self.checkpoints.begin(self.global_steps)
-        self.actor_rollout_wg.save_checkpoint(str(tmp / "actor"))
-        worker_rng = {"actor_rollout": self.actor_rollout_wg.get_rng_state()}
-        if self.use_critic:
-            self.critic_wg.save_checkpoint(str(tmp / "critic"))
-            worker_rng["critic"] = self.critic_wg.get_rng_state()
-        state = {"global_steps": self.global_steps, "data": self.train_iter.state_dict(),
-                 "driver_rng": get_rng_state(), "worker_rng": worker_rng,
-                 "kl_ctrl": self.kl_ctrl_in_reward.state_dict() if self.kl_ctrl_in_reward else None,
-                 "val_generations": self.val_generations}
-        self.checkpoints.commit(tmp, self.global_steps, state)
+    def _driver_state(self) -> dict[str, Any]:
+        """What the driver needs to continue exactly: step, data position, RNG, KL controller."""
+        return {"global_steps": self.global_steps, "data": self.train_iter.state_dict(),
+                "driver_rng": get_rng_state(),
+                "kl_ctrl": self.kl_ctrl_in_reward.state_dict() if self.kl_ctrl_in_reward else None,
+                "val_generations": list(self.val_generations)}
 
-    def _load_checkpoint(self) -> int | None:
-        """Resume per ``trainer.resume_mode``; returns the restored step or None."""
-        cfg = self.config.trainer
-        if cfg.resume_mode == "disable":
-            return None
-        path = Path(cfg.resume_from_path) if cfg.resume_mode == "resume_path" else self.checkpoints.latest()
-        if path is None:
-            return None
-        state = CheckpointManager.load_trainer_state(path)
-        self.actor_rollout_wg.load_checkpoint(str(path / "actor"))
-        if self.use_critic:
-            self.critic_wg.load_checkpoint(str(path / "critic"))
-            self.critic_wg.set_rng_state(state["worker_rng"]["critic"])
-        self.actor_rollout_wg.set_rng_state(state["worker_rng"]["actor_rollout"])
+    def _restore_driver_state(self, state: dict[str, Any]) -> None:
         self.train_iter.load_state_dict(state["data"])
         set_rng_state(state["driver_rng"])
         if self.kl_ctrl_in_reward is not None:
             self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
         self.val_generations = list(state["val_generations"])
         self.global_steps = int(state["global_steps"])
+
+    def _checkpointed_groups(self) -> dict[str, Any]:
+        """Checkpoint sub-folder -> the worker group whose state it holds."""
+        return {"actor": self.actor_rollout_wg, **({"critic": self.critic_wg} if self.use_critic else {})}
+
+    def _save_checkpoint(self) -> None:
+        """Write ``global_step_<k>``: worker states, then the driver state, then the manifest."""
+        self.checkpoints.save(self.global_steps, self._checkpointed_groups(), self._driver_state())
+        self._last_save_step = self.global_steps
+
+    def _load_checkpoint(self) -> int | None:
+        """Resume per ``trainer.resume_mode``; returns the restored step or None."""
+        cfg = self.config.trainer
+        path = self.checkpoints.to_resume(cfg.resume_mode, cfg.resume_from_path)
+        if path is None:
+            return None
+        self._restore_driver_state(self.checkpoints.load(path, self._checkpointed_groups()))
         return self.global_steps
 
     # ------------------------------------------------------------------ report
     def _write_report(self, train_time_s: float) -> None:
         jsonl = self.run_dir / "metrics.jsonl"
         rows = read_metrics(jsonl) if jsonl.is_file() else self.metrics_history
-        val_rows = [r for r in rows if "val/acc" in r]
         summary: dict[str, Any] = {
             "algorithm": self.config.algorithm.adv_estimator, "model": self.config.actor_rollout_ref.model.path,
-            "steps": self.global_steps, "training wall time (s)": round(train_time_s, 1)}
-        for key in ("val/acc", "val/agent/tool_use_rate", "val/agent/correct_with_tool"):
-            rows_with = [r for r in val_rows if key in r]
-            if rows_with:
-                summary[f"{key} before (step {rows_with[0]['step']})"] = rows_with[0][key]
-                summary[f"{key} after (step {rows_with[-1]['step']})"] = rows_with[-1][key]
-        step_times = [r["timing/step"] for r in rows if "timing/step" in r]
-        if step_times:
-            summary["mean step time (s)"] = float(np.mean(step_times))
-        steps = sorted({g["step"] for g in self.val_generations})
-        shown = [g for g in self.val_generations if g["step"] in (steps[:1] + steps[-1:])]
-        write_report(self.run_dir, rows, shown, summary)
+            "steps": self.global_steps, "training wall time (s)": round(train_time_s, 1), **metric_summary(rows),
+            "worker restarts": len(self.recovery.failures)}
+        write_report(self.run_dir, rows, first_and_last_generations(self.val_generations), summary,
+                     self.recovery.report_rows())
 
 
 def _tool_use_metrics(prefix: str, batch: DataProto) -> dict[str, float]:
@@ -529,11 +605,3 @@ def _resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-
-
-def _advantage_config(algorithm: Any) -> AdvantageConfig:
-    return AdvantageConfig(gamma=algorithm.gamma, lam=algorithm.lam,
-                           norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo,
-                           egpo_alpha=algorithm.egpo_alpha, egpo_beta=algorithm.egpo_beta,
-                           egpo_correct_threshold=algorithm.egpo_correct_threshold,
-                           egpo_uncertainty_norm=algorithm.egpo_uncertainty_norm)

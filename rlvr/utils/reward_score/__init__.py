@@ -1,32 +1,15 @@
-"""Rule scorers by data source.
+"""The rule scorers at verl's module path; they live in :mod:`rlvr.reward.scorers` (see
+:mod:`rlvr.reward.legacy_paths`)."""
 
-``default_compute_score(data_source, solution_str, ground_truth, extra_info=None)`` looks the
-data source up in the scorer registry and calls its scorer; an unknown data source raises
-:class:`UnknownDataSourceError` listing the known ones. Add a scorer with::
+import sys
 
-    @register_scorer("my_dataset")
-    def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float | dict | None: ...
+from rlvr.reward import scorers as _package
+from rlvr.reward.legacy_paths import alias_submodules
+from rlvr.reward.scorers import *  # noqa: F403 - this path re-exports the package's API
 
-Built-in data sources: ``openai/gsm8k``/``gsm8k`` (strict ``####``), ``gsm8k_flexible``,
-``math`` and the MATH hub names (math-verify), ``multiple_choice``, ``countdown``, and
-``reasoning_gym/<task>`` for every reasoning-gym task.
-"""
+__all__ = list(_package.__all__)
+_default_compute_score = _package.default_compute_score  # verl's earlier name of default_compute_score
 
-from rlvr.utils.reward_score import countdown, gsm8k, math, multiple_choice, reasoning_gym  # noqa: F401 - registers
-from rlvr.utils.reward_score.registry import (
-    SCORER_REGISTRY,
-    ScorerTimeoutError,
-    UnknownDataSourceError,
-    default_compute_score,
-    get_scorer,
-    register_scorer,
-)
-
-__all__ = [
-    "SCORER_REGISTRY",
-    "ScorerTimeoutError",
-    "UnknownDataSourceError",
-    "default_compute_score",
-    "get_scorer",
-    "register_scorer",
-]
+_SUBMODULES = ("code", "countdown", "custom", "detection", "gsm8k", "ifeval", "judge", "math", "multiple_choice",
+               "process_pool", "reasoning_gym", "registry", "text")
+alias_submodules(sys.modules[__name__], {name: f"rlvr.reward.scorers.{name}" for name in _SUBMODULES})

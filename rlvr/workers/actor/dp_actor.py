@@ -2,13 +2,14 @@
 
 PPO: Schulman et al. 2017, "Proximal Policy Optimization Algorithms" (arXiv:1707.06347); the loss
 itself comes from the policy-loss registry (``actor.policy_loss.loss_mode``) and is aggregated with
-``actor.loss_agg_mode``. The module may be sharded with FSDP2 over the worker group; every rank
-then runs the same number of forward passes (see :mod:`rlvr.workers.batching`).
+``actor.loss_agg_mode``; the update loop around it (epochs, mini-batches, gradient accumulation, the
+optimizer step) is :mod:`rlvr.workers.ppo_update`. The module may be sharded with FSDP2 over the
+worker group; every rank then runs the same number of forward passes (see :mod:`rlvr.workers.batching`).
 
 Batch keys read (``[batch, ...]``): ``input_ids``, ``attention_mask``, ``position_ids`` (``[B, P+R]``),
 ``responses`` (``[B, R]``); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
-``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_is_weights`` (optional: the rollout
-correction's per-token weights, see :mod:`rlvr.trainer.ppo.rollout_correction`). ``meta_info["temperature"]`` divides the logits, as in sampling.
+``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_is_weights`` (optional: importance weights of
+an off-policy correction, which the loss multiplies into its per-token losses). ``meta_info["temperature"]`` divides the logits, as in sampling.
 
 On one rank (no FSDP sharding) with a bias-free LM head, log-probs come from the final hidden
 states through :func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: the LM head and the
@@ -28,34 +29,18 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from rlvr.protocol import DataProto
-from rlvr.trainer.ppo.core_algos import PolicyLossConfig, agg_loss, get_policy_loss_fn, kl_penalty
+from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
-from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, run_mini_batch_epochs, select_batch_keys
-from rlvr.workers.fsdp import accumulate_and_step
+from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.models import unwrap_hf_model
+from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 
-__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "policy_loss_config"]
+__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
-
-
-def policy_loss_config(actor_config) -> PolicyLossConfig:
-    """The registry losses' parameters from the ``actor`` config section."""
-    section = actor_config.policy_loss
-    return PolicyLossConfig(
-        clip_ratio=actor_config.clip_ratio,
-        clip_ratio_low=actor_config.clip_ratio_low,
-        clip_ratio_high=actor_config.clip_ratio_high,
-        clip_ratio_c=actor_config.clip_ratio_c,
-        clip_cov_ratio=section.clip_cov_ratio,
-        clip_cov_lb=section.clip_cov_lb,
-        clip_cov_ub=section.clip_cov_ub,
-        kl_cov_ratio=section.kl_cov_ratio,
-        kl_cov_coef=section.ppo_kl_coef,
-    )
 
 
 def _response_window(batch: dict[str, torch.Tensor]) -> tuple[int, int, int]:
@@ -158,7 +143,6 @@ class DataParallelPPOActor:
         self.world_size = world_size
         self.device = torch.device(device)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
-        self.policy_loss_config = policy_loss_config(config)
         self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
         self.share_prompts = self.chunked_head and config.share_prompt_forward
 
@@ -244,7 +228,7 @@ class DataParallelPPOActor:
             keys.append("rollout_is_weights")
         batch = select_batch_keys(data.batch, keys, "update_actor")
         self.module.train()
-        return run_mini_batch_epochs(
+        return run_ppo_epochs(
             batch, lambda mini: self._train_mini_batch(mini, temperature), epochs=self.config.ppo_epochs,
             mini_batch_size=self.mini_batch_size, shuffle=self.config.shuffle,
         )
@@ -257,7 +241,7 @@ class DataParallelPPOActor:
         log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
-            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=self.policy_loss_config,
+            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=config,
             rollout_is_weights=micro.get("rollout_is_weights"),
         )
         entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode)
@@ -272,13 +256,13 @@ class DataParallelPPOActor:
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step."""
-        sums, grad_norm, finite = accumulate_and_step(
+        update = update_mini_batch(
             self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
             lambda micro: self._micro_loss(micro, temperature), len(_METRICS),
             loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
             world_size=self.world_size, device=self.device,
         )
-        out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, sums)}
-        out["actor/grad_norm"] = grad_norm
-        out["actor/skipped_steps"] = 0.0 if finite else 1.0
+        out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, update.metric_sums)}
+        out["actor/grad_norm"] = update.grad_norm
+        out["actor/skipped_steps"] = 0.0 if update.stepped else 1.0
         return out

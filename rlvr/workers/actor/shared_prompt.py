@@ -8,7 +8,7 @@ one row per sequence and the responses run on top of it. Indexing is differentia
 adds the ``n`` rows' gradients back into the one prompt row), so log-probs and gradients equal the
 plain forward's up to float rounding: nothing is approximated or detached.
 
-Rows are copied out with ``index_select`` (:func:`~rlvr.workers.batching.select_cache_rows` for the
+Rows are copied out with ``index_select`` (:func:`~rlvr.workers.kv_cache.select_cache_rows` for the
 cache), never with advanced indexing (``t[rows]``): on CPU the backward of advanced indexing is
 ``index_put_(accumulate=True)``, which with more than one thread adds with atomics in whatever order
 the threads reach a row, so two runs of one seed drift apart by float rounding. ``index_select``'s
@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlvr.workers.batching import distinct_prompts, select_cache_rows
+from rlvr.workers.batching import distinct_prompts
+from rlvr.workers.kv_cache import select_cache_rows
 from rlvr.workers.models import unwrap_hf_model
 
 __all__ = ["shared_prompt_hidden"]

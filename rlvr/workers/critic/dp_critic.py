@@ -3,7 +3,7 @@
 The value of response token ``t`` is read from the hidden state that *predicts* it (the position
 just before it), as in verl: the state is the prompt plus the response up to ``t - 1``. Value
 clipping follows PPO (Schulman et al. 2017, arXiv:1707.06347) through
-``core_algos.compute_value_loss``.
+``core_algos.compute_value_loss``; the update loop around it is :mod:`rlvr.workers.ppo_update`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import torch
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import compute_value_loss
-from rlvr.workers.batching import micro_batch_indices, run_mini_batch_epochs, select_batch_keys
-from rlvr.workers.fsdp import accumulate_and_step
+from rlvr.workers.batching import micro_batch_indices, select_batch_keys
 from rlvr.workers.models import CriticModel
+from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -71,7 +71,7 @@ class DataParallelPPOCritic:
         ``critic/grad_norm``, ``critic/skipped_steps``, one value per mini-batch."""
         batch = select_batch_keys(data.batch, [*_FORWARD_KEYS, "response_mask", "values", "returns"], "update_critic")
         self.module.train()
-        return run_mini_batch_epochs(
+        return run_ppo_epochs(
             batch, self._train_mini_batch, epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size,
             shuffle=False,
         )
@@ -85,14 +85,14 @@ class DataParallelPPOCritic:
         return vf_loss, torch.tensor([vf_loss.item(), vf_clipfrac.item()], dtype=torch.float64)
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
-        sums, grad_norm, finite = accumulate_and_step(
+        update = update_mini_batch(
             self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
             self._micro_loss, 2, loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
             world_size=self.world_size, device=self.device,
         )
         return {
-            "critic/vf_loss": float(sums[0]),
-            "critic/vf_clipfrac": float(sums[1]),
-            "critic/grad_norm": grad_norm,
-            "critic/skipped_steps": 0.0 if finite else 1.0,
+            "critic/vf_loss": float(update.metric_sums[0]),
+            "critic/vf_clipfrac": float(update.metric_sums[1]),
+            "critic/grad_norm": update.grad_norm,
+            "critic/skipped_steps": 0.0 if update.stepped else 1.0,
         }

@@ -1,25 +1,19 @@
-"""Reward managers (``reward_model.reward_manager``): ``naive``, ``dapo``, ``batch``, ``parallel``.
+"""The reward managers at verl's module path; they live in :mod:`rlvr.reward.managers` (see
+:mod:`rlvr.reward.legacy_paths`)."""
 
-Add one with ``@register("name")`` on a class that implements ``from_config`` and
-``__call__(data, return_dict=False)`` (see :mod:`.registry` and :mod:`.base`).
-"""
+import sys
 
-from rlvr.workers.reward_manager.base import AbstractRewardManager
-from rlvr.workers.reward_manager.batch import BatchRewardManager
-from rlvr.workers.reward_manager.dapo import DAPORewardManager
-from rlvr.workers.reward_manager.naive import NaiveRewardManager
-from rlvr.workers.reward_manager.parallel import ParallelRewardManager
-from rlvr.workers.reward_manager.registry import REWARD_MANAGER_REGISTRY, get_reward_manager_cls, register
-from rlvr.workers.reward_manager.router import RewardRouter
+from rlvr.reward import managers as _package
+from rlvr.reward.legacy_paths import alias_submodules
+from rlvr.reward.managers import *  # noqa: F403 - this path re-exports the package's API
+from rlvr.reward.router import RewardRouter
 
-__all__ = [
-    "AbstractRewardManager",
-    "BatchRewardManager",
-    "DAPORewardManager",
-    "NaiveRewardManager",
-    "ParallelRewardManager",
-    "REWARD_MANAGER_REGISTRY",
-    "RewardRouter",
-    "get_reward_manager_cls",
-    "register",
-]
+__all__ = [*_package.__all__, "RewardRouter"]
+
+_MANAGER_MODULES = ("base", "batch", "dapo", "naive", "parallel", "registry")
+alias_submodules(sys.modules[__name__], {
+    **{name: f"rlvr.reward.managers.{name}" for name in _MANAGER_MODULES},
+    "abstract": "rlvr.reward.managers.base",  # verl's module of AbstractRewardManager
+    "router": "rlvr.reward.router",
+    "contract": "rlvr.reward.contract",
+})

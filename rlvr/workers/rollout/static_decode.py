@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from transformers import StaticCache
 
-from rlvr.workers.batching import select_cache_rows
+from rlvr.workers.kv_cache import select_cache_rows
 from rlvr.workers.rollout.gqa_attention import GROUPED_SDPA
 
 __all__ = ["DynamicCacheDecoder", "StaticCacheDecoder"]

@@ -23,7 +23,9 @@ def zero_outside(values, mask):
 
 
 def agg_loss(loss, mask, mode):
-    """token-mean / seq-mean-token-sum / seq-mean-token-mean / seq-mean-token-sum-norm."""
+    """token-mean / token-sum / seq-mean-token-sum / seq-mean-token-mean / seq-mean-token-sum-norm."""
+    if mode == "token-sum":
+        return sum(v for row, mrow in zip(loss, mask) for v, m in zip(row, mrow) if m)
     if mode == "token-mean":
         num = sum(v for row, mrow in zip(loss, mask) for v, m in zip(row, mrow) if m)
         den = sum(1 for mrow in mask for m in mrow if m)
@@ -149,10 +151,17 @@ def _broadcast(per_row, mask):
     return [[per_row[i] if m else 0.0 for m in mrow] for i, mrow in enumerate(mask)]
 
 
-def grpo_scalar(scores, index, norm_by_std, eps):
+def _lone(value, singleton):
+    """A group of one: baseline 0, so the advantage is ``value`` ("score"), or 0 ("zero")."""
+    return value if singleton == "score" else 0.0
+
+
+def grpo_scalar(scores, index, norm_by_std, eps, singleton="score"):
     adv = [0.0] * len(scores)
     for rows in _groups(index).values():
         if len(rows) == 1:
+            i = rows[0]
+            adv[i] = _lone(scores[i] / (1.0 + eps) if norm_by_std else scores[i], singleton)
             continue
         s = [scores[i] for i in rows]
         for i in rows:
@@ -160,26 +169,27 @@ def grpo_scalar(scores, index, norm_by_std, eps):
     return adv
 
 
-def grpo(rewards, mask, index, norm_by_std=True, eps=1e-6):
-    return _broadcast(grpo_scalar([sum(r) for r in rewards], index, norm_by_std, eps), mask)
+def grpo(rewards, mask, index, norm_by_std=True, eps=1e-6, singleton="score"):
+    return _broadcast(grpo_scalar([sum(r) for r in rewards], index, norm_by_std, eps, singleton), mask)
 
 
-def rloo(rewards, mask, index):
+def rloo(rewards, mask, index, singleton="score"):
     scores = [sum(r) for r in rewards]
     adv = [0.0] * len(scores)
     for rows in _groups(index).values():
         for i in rows:
             others = [scores[j] for j in rows if j != i]
-            adv[i] = scores[i] - _mean(others) if others else 0.0
+            adv[i] = scores[i] - _mean(others) if others else _lone(scores[i], singleton)
     return _broadcast(adv, mask)
 
 
-def opo(rewards, mask, index):
+def opo(rewards, mask, index, singleton="score"):
     scores = [sum(r) for r in rewards]
     lengths = [sum(1 for m in mrow if m) for mrow in mask]
     adv = [0.0] * len(scores)
     for rows in _groups(index).values():
         if len(rows) == 1:
+            adv[rows[0]] = _lone(scores[rows[0]], singleton)
             continue
         baseline = sum(lengths[j] * scores[j] for j in rows) / sum(lengths[j] for j in rows)
         for i in rows:
@@ -187,16 +197,23 @@ def opo(rewards, mask, index):
     return _broadcast(adv, mask)
 
 
-def gpg(rewards, mask, index):
+def gpg(rewards, mask, index, alpha_count="nonzero_score", singleton="score", f_norm=1.0):
+    """alpha = B / M: M = rows with a non-zero score (verl), or the rows of groups with more than
+    one sample and not all scores equal (the paper's samples that carry gradient)."""
     scores = [sum(r) for r in rewards]
-    valid_rows = [i for rows in _groups(index).values() if len(rows) > 1
-                  and len({scores[j] for j in rows}) > 1 for i in rows]
-    alpha = len(scores) / max(1, len(valid_rows))
+    if alpha_count == "nonzero_score":
+        counted = [i for i, s in enumerate(scores) if s != 0]
+    else:
+        counted = [i for rows in _groups(index).values() if len(rows) > 1
+                   and len({scores[j] for j in rows}) > 1 for i in rows]
+    alpha = len(scores) / max(1, len(counted))
     adv = [0.0] * len(scores)
     for rows in _groups(index).values():
         for i in rows:
-            if i in valid_rows:
-                adv[i] = alpha * (scores[i] - _mean([scores[j] for j in rows]))
+            if len(rows) == 1:
+                adv[i] = _lone(alpha * scores[i] / f_norm, singleton)
+            else:
+                adv[i] = alpha * (scores[i] - _mean([scores[j] for j in rows])) / f_norm
     return _broadcast(adv, mask)
 
 
@@ -210,11 +227,11 @@ def reinforce_pp(rewards, mask, gamma):
     return zero_outside(masked_whiten(returns, mask), mask), returns
 
 
-def reinforce_pp_baseline(rewards, mask, index):
+def reinforce_pp_baseline(rewards, mask, index, singleton="score"):
     scores = [sum(r) for r in rewards]
     centred = [0.0] * len(scores)
     for rows in _groups(index).values():
-        m = _mean([scores[j] for j in rows])
+        m = _mean([scores[j] for j in rows]) if len(rows) > 1 or singleton == "zero" else 0.0
         for i in rows:
             centred[i] = scores[i] - m
     return zero_outside(masked_whiten(_broadcast(centred, mask), mask), mask)
@@ -234,10 +251,11 @@ def sigmoid(x):
     return 1.0 / (1.0 + math.exp(-x))
 
 
-def egpo(rewards, mask, index, log_prob, alpha, beta, threshold, norm="group", eps=1e-6, norm_by_std=True):
+def egpo(rewards, mask, index, log_prob, alpha, beta, threshold, norm="group", eps=1e-6, norm_by_std=True,
+         singleton="score"):
     """EGPO as documented in rlvr.trainer.ppo.egpo (independent loop version)."""
     scores = [sum(r) for r in rewards]
-    base = grpo_scalar(scores, index, norm_by_std, eps)
+    base = grpo_scalar(scores, index, norm_by_std, eps, singleton)
     unc = []
     for lp_row, m_row in zip(log_prob, mask):
         n = sum(1 for m in m_row if m)
@@ -252,6 +270,7 @@ def egpo(rewards, mask, index, log_prob, alpha, beta, threshold, norm="group", e
     adv = [0.0] * len(scores)
     for rows in _groups(index).values():
         if len(rows) == 1:
+            adv[rows[0]] = base[rows[0]]  # its own group: confidence 0.5, the GRPO advantage unchanged
             continue
         degenerate = len({scores[j] for j in rows}) == 1
         for i in rows:
@@ -292,8 +311,8 @@ def _cov(adv, logp, mask):
 
 
 def clip_cov(old, new, adv, mask, low, high, ratio, lb, ub, mode, permutation):
-    """Value of the Clip-Cov loss and the set of detached cells (``permutation`` = the random
-    order, a function n -> list of indices, so the test can share the RNG draw)."""
+    """Value of the Clip-Cov loss and the set of cut cells, whose loss is 0 (``permutation`` = the
+    random order, a function n -> list of indices, so the test can share the RNG draw)."""
     losses, candidates = [], []
     cov = _cov(adv, new, mask)
     for i, (o_row, n_row, a_row) in enumerate(zip(old, new, adv)):
@@ -308,6 +327,8 @@ def clip_cov(old, new, adv, mask, low, high, ratio, lb, ub, mode, permutation):
     n_valid = len(cov)
     k = min(max(int(ratio * n_valid), 1), len(candidates))
     chosen = {candidates[j] for j in permutation(len(candidates))[:k]}
+    for i, t in chosen:
+        losses[i][t] = 0.0
     return agg_loss(losses, mask, mode), chosen
 
 

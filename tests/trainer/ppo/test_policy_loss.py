@@ -1,5 +1,6 @@
 """agg_loss, compute_policy_loss and the policy-loss registry: hand-computed values and agreement
-with the independent loop implementation in ppo_reference_impl (1e-6, float32)."""
+with the independent loop implementation in ppo_reference_impl (1e-6, float32). The losses take
+the actor config section (the schema's ``ActorConfig``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ import torch
 
 import ppo_reference_impl as ref
 from ppo_test_data import as_lists, make_log_probs, make_mask
+from rlvr.trainer.config import ActorConfig, PolicyLossConfig
 from rlvr.trainer.ppo.policy_loss import (
     AGG_LOSS_MODES,
-    PolicyLossConfig,
+    POLICY_LOSS_REGISTRY,
     agg_loss,
     compute_policy_loss,
     get_policy_loss_fn,
@@ -44,6 +46,8 @@ def test_agg_loss_hand_computed():
     _close(agg_loss(loss, mask, "seq-mean-token-sum"), (3 + 4) / 2)
     _close(agg_loss(loss, mask, "seq-mean-token-mean"), (1.5 + 4) / 2)
     _close(agg_loss(loss, mask, "seq-mean-token-sum-norm"), (3 / 3 + 4 / 3) / 2)
+    _close(agg_loss(loss, mask, "token-sum"), 7)
+    _close(agg_loss(loss, mask, "seq-mean-token-sum-norm", loss_scale_factor=10), (3 / 10 + 4 / 10) / 2)
 
 
 @pytest.mark.parametrize("mode", AGG_LOSS_MODES)
@@ -78,7 +82,7 @@ def test_agg_loss_bf16_computes_in_float32():
 
 def test_agg_loss_unknown_mode_lists_valid_modes():
     with pytest.raises(ValueError, match="seq-mean-token-sum-norm"):
-        agg_loss(torch.ones(1, 2), torch.ones(1, 2), "token-sum")
+        agg_loss(torch.ones(1, 2), torch.ones(1, 2), "sample-mean")
 
 
 # ------------------------------------------------------------------------------- compute_policy_loss
@@ -120,8 +124,9 @@ def test_compute_policy_loss_matches_reference(mode):
 
 def test_compute_policy_loss_rejects_bad_clip_settings():
     x = torch.zeros(1, 2)
-    with pytest.raises(ValueError, match="clip_ratio_c must be > 1"):
-        compute_policy_loss(x, x, x, x + 1, cliprange=0.2, clip_ratio_c=1.0)
+    for error in (ValueError, AssertionError):  # verl asserts
+        with pytest.raises(error, match="clip_ratio_c.*must be > 1"):
+            compute_policy_loss(x, x, x, x + 1, cliprange=0.2, clip_ratio_c=1.0)
     with pytest.raises(ValueError, match="cliprange"):
         compute_policy_loss(x, x, x, x + 1)
 
@@ -151,8 +156,26 @@ def test_registry_names_duplicates_and_misses():
         assert callable(get_policy_loss_fn(name))
     with pytest.raises(ValueError, match="already registered"):
         register_policy_loss("vanilla")(lambda *a, **k: None)
-    with pytest.raises(KeyError, match="geo_mean.*gspo"):
-        get_policy_loss_fn("ppo")
+    for error in (KeyError, ValueError):  # a dict miss, and what verl's get_policy_loss_fn raises
+        with pytest.raises(error, match="geo_mean.*gspo"):
+            get_policy_loss_fn("ppo")
+
+
+def test_registry_is_a_dict_that_survives_clear_and_update():
+    saved = dict(POLICY_LOSS_REGISTRY)
+    try:
+        assert isinstance(POLICY_LOSS_REGISTRY, dict) and "vanilla" in POLICY_LOSS_REGISTRY
+        assert POLICY_LOSS_REGISTRY["vanilla"] is get_policy_loss_fn("vanilla")
+        POLICY_LOSS_REGISTRY.clear()
+        with pytest.raises(KeyError, match="valid names: $"):
+            get_policy_loss_fn("vanilla")
+        POLICY_LOSS_REGISTRY.update({"plain": saved["gpg"]})
+        assert get_policy_loss_fn("plain") is saved["gpg"]
+        register_policy_loss("vanilla")(saved["vanilla"])  # re-registering after a clear works
+        assert sorted(POLICY_LOSS_REGISTRY) == ["plain", "vanilla"]
+    finally:
+        POLICY_LOSS_REGISTRY.clear()
+        POLICY_LOSS_REGISTRY.update(saved)
 
 
 @pytest.mark.parametrize("name", ["vanilla", "gspo", "gpg", "cispo", "clip_cov", "kl_cov", "geo_mean"])
@@ -160,7 +183,7 @@ def test_registry_convention_and_bf16(name):
     old, new, adv, mask = _random_policy_batch(4)
     new = new.to(torch.bfloat16).requires_grad_(True)
     loss, metrics = get_policy_loss_fn(name)(old.to(torch.bfloat16), new, adv.to(torch.bfloat16), mask,
-                                             loss_agg_mode="token-mean", config=None, rollout_is_weights=None)
+                                             "token-mean", None, None)  # verl's positional order
     assert loss.dtype == torch.float32 and loss.dim() == 0
     assert set(metrics) == METRIC_KEYS
     assert all(v.dim() == 0 and not v.requires_grad and torch.isfinite(v) for v in metrics.values())
@@ -172,7 +195,7 @@ def test_registry_convention_and_bf16(name):
 @pytest.mark.parametrize("mode", AGG_LOSS_MODES)
 def test_vanilla_matches_reference(mode):
     old, new, adv, mask = _random_policy_batch(5)
-    config = PolicyLossConfig(clip_ratio=0.2, clip_ratio_high=0.3, clip_ratio_c=2.0)
+    config = ActorConfig(clip_ratio=0.2, clip_ratio_high=0.3, clip_ratio_c=2.0)
     loss, metrics = get_policy_loss_fn("vanilla")(old, new, adv, mask, loss_agg_mode=mode, config=config)
     expected = ref.ppo_loss(*as_lists(old, new, adv, mask), 0.2, 0.3, 2.0, mode)
     for actual, exp in zip([loss, metrics["pg_clipfrac"], metrics["ppo_kl"], metrics["pg_clipfrac_lower"]], expected):
@@ -183,7 +206,7 @@ def test_vanilla_matches_reference(mode):
 def test_gspo_matches_reference(mode):
     old, new, adv, mask = _random_policy_batch(6)
     new = old + 0.05 * (new - old)  # sequence ratios near 1 so some are inside the clip range
-    config = PolicyLossConfig(gspo_clip_ratio_low=0.01, gspo_clip_ratio_high=0.02)
+    config = ActorConfig(clip_ratio_low=0.01, clip_ratio_high=0.02)
     loss, metrics = get_policy_loss_fn("gspo")(old, new, adv, mask, loss_agg_mode=mode, config=config)
     exp_loss, exp_clipfrac = ref.gspo(*as_lists(old, new, adv, mask), 0.01, 0.02, mode)
     _close(loss, exp_loss)
@@ -193,7 +216,7 @@ def test_gspo_matches_reference(mode):
 def test_gspo_gradient_is_sequence_ratio_times_token_gradient():
     old = torch.zeros(1, 2)
     new = torch.tensor([[math.log(2.0), 0.0]], requires_grad=True)
-    config = PolicyLossConfig(gspo_clip_ratio_low=10.0, gspo_clip_ratio_high=10.0)
+    config = ActorConfig(clip_ratio=10.0)
     loss, _ = get_policy_loss_fn("gspo")(old, new, torch.ones(1, 2), torch.ones(1, 2),
                                          loss_agg_mode="seq-mean-token-mean", config=config)
     loss.backward()
@@ -204,7 +227,7 @@ def test_gspo_gradient_is_sequence_ratio_times_token_gradient():
 @pytest.mark.parametrize("mode", AGG_LOSS_MODES)
 def test_gpg_and_cispo_match_reference(mode):
     old, new, adv, mask = _random_policy_batch(7)
-    config = PolicyLossConfig(cispo_clip_ratio_low=0.3, cispo_clip_ratio_high=0.2)
+    config = ActorConfig(clip_ratio_low=0.3, clip_ratio_high=0.2)
     loss, _ = get_policy_loss_fn("gpg")(old, new, adv, mask, loss_agg_mode=mode)
     _close(loss, ref.gpg_loss(*as_lists(new, adv, mask), mode))
     loss, _ = get_policy_loss_fn("cispo")(old, new, adv, mask, loss_agg_mode=mode, config=config)
@@ -214,9 +237,10 @@ def test_gpg_and_cispo_match_reference(mode):
 def test_cispo_hand_computed_gradient():
     old = torch.zeros(1, 2)
     new = torch.tensor([[math.log(2.0), math.log(0.5)]], requires_grad=True)
-    loss, metrics = get_policy_loss_fn("cispo")(old, new, torch.ones(1, 2), torch.ones(1, 2))
+    loss, metrics = get_policy_loss_fn("cispo")(old, new, torch.ones(1, 2), torch.ones(1, 2),
+                                                config=ActorConfig(clip_ratio_low=1.0, clip_ratio_high=0.2))
     loss.backward()
-    # weights: r=2 clipped to 1.2 (upper); r=0.5 kept (no lower bound with cispo_clip_ratio_low=1)
+    # weights: r=2 clipped to 1.2 (upper); r=0.5 kept (no lower bound with clip_ratio_low=1)
     _close(loss, (-1.2 * math.log(2.0) - 0.5 * math.log(0.5)) / 2)
     torch.testing.assert_close(new.grad, torch.tensor([[-0.6, -0.25]]))
     _close(metrics["pg_clipfrac"], 0.5)
@@ -235,7 +259,7 @@ def test_kl_cov_hand_computed():
     # covariances (A - 0.5)(logp + 0.875): token (0,0) -> 0.5625, the others 0.0625: k = 1 -> (0,0)
     adv = torch.tensor([[2.0, 0.0], [0.0, 0.0]])
     new = torch.tensor([[-0.5, -1.0], [-1.0, -1.0]])
-    config = PolicyLossConfig(kl_cov_ratio=0.25, kl_cov_coef=1.0)
+    config = ActorConfig(policy_loss=PolicyLossConfig(kl_cov_ratio=0.25, ppo_kl_coef=1.0))
     loss, metrics = get_policy_loss_fn("kl_cov")(new - 0.1, new, adv, torch.ones(2, 2), config=config)
     _close(loss, (-2.0 * math.exp(0.1) + 0.1) / 4)
     _close(metrics["pg_clipfrac"], 0.25)
@@ -244,29 +268,30 @@ def test_kl_cov_hand_computed():
 @pytest.mark.parametrize("mode", AGG_LOSS_MODES)
 def test_kl_cov_matches_reference(mode):
     old, new, adv, mask = _random_policy_batch(8)
-    config = PolicyLossConfig(kl_cov_ratio=0.1, kl_cov_coef=0.7)
+    config = ActorConfig(policy_loss=PolicyLossConfig(kl_cov_ratio=0.1, ppo_kl_coef=0.7))
     loss, metrics = get_policy_loss_fn("kl_cov")(old, new, adv, mask, loss_agg_mode=mode, config=config)
     exp_loss, top = ref.kl_cov(*as_lists(old, new, adv, mask), 0.1, 0.7, mode)
     _close(loss, exp_loss)
     _close(metrics["pg_clipfrac"], len(top) / mask.sum().item())
 
 
-def test_clip_cov_hand_computed_detaches_the_selected_token():
+def test_clip_cov_hand_computed_cuts_the_selected_token():
     adv = torch.tensor([[2.0, 0.0], [0.0, 0.0]])
     new = torch.tensor([[-0.5, -1.0], [-1.0, -1.0]], requires_grad=True)
     old = new.detach().clone()
-    config = PolicyLossConfig(clip_cov_ratio=0.25, clip_cov_lb=0.5, clip_cov_ub=1.0)
+    config = ActorConfig(policy_loss=PolicyLossConfig(clip_cov_ratio=0.25, clip_cov_lb=0.5, clip_cov_ub=1.0))
     loss, metrics = get_policy_loss_fn("clip_cov")(old, new, adv, torch.ones(2, 2), config=config)
     loss.backward()
-    _close(loss, -2.0 / 4)  # value kept
-    assert new.grad[0, 0].item() == 0.0  # only candidate (cov 0.5625 in (0.5, 1)) is detached
+    _close(loss, 0.0)  # the only candidate (cov 0.5625 in (0.5, 1)) is cut: value 0, as verl
+    assert new.grad[0, 0].item() == 0.0
     _close(metrics["pg_clipfrac"], 0.25)
 
 
 @pytest.mark.parametrize("mode", AGG_LOSS_MODES)
 def test_clip_cov_matches_reference(mode):
     old, new, adv, mask = _random_policy_batch(9)
-    config = PolicyLossConfig(clip_ratio=0.2, clip_cov_ratio=0.1, clip_cov_lb=0.0, clip_cov_ub=2.0)
+    config = ActorConfig(clip_ratio=0.2, policy_loss=PolicyLossConfig(clip_cov_ratio=0.1, clip_cov_lb=0.0,
+                                                                       clip_cov_ub=2.0))
     new = new.clone().requires_grad_(True)
     torch.manual_seed(123)
     loss, metrics = get_policy_loss_fn("clip_cov")(old, new, adv, mask, loss_agg_mode=mode, config=config)
@@ -285,7 +310,7 @@ def test_geo_mean_hand_computed():
     new = torch.tensor([[0.6, -0.2], [0.6, -0.2]])
     adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
     loss, metrics = get_policy_loss_fn("geo_mean")(old, new, adv, torch.ones(2, 2),
-                                                   loss_agg_mode="seq-mean-token-mean")
+                                                   loss_agg_mode="seq-mean-token-mean", config=ActorConfig(clip_ratio=0.4))
     # A > 0: min(lr, clip(lr)) = [0.4, -0.2] -> -exp(0.1); A < 0: max = [0.6, -0.2] -> +exp(0.2)
     _close(loss, (-math.exp(0.1) + math.exp(0.2)) / 2)
     _close(metrics["pg_clipfrac"], 0.25)
@@ -295,7 +320,7 @@ def test_geo_mean_hand_computed():
 @pytest.mark.parametrize("mode", AGG_LOSS_MODES)
 def test_geo_mean_matches_reference(mode):
     old, new, adv, mask = _random_policy_batch(10)
-    config = PolicyLossConfig(geo_mean_clip_ratio_low=0.3, geo_mean_clip_ratio_high=0.5)
+    config = ActorConfig(clip_ratio_low=0.3, clip_ratio_high=0.5)
     loss, _ = get_policy_loss_fn("geo_mean")(old, new, adv, mask, loss_agg_mode=mode, config=config)
     _close(loss, ref.geo_mean(*as_lists(old, new, adv, mask), 0.3, 0.5, mode))
 
@@ -311,5 +336,37 @@ def test_rollout_is_weights_scale_every_loss(name, mode):
     for weights in (None, torch.ones_like(old), torch.full_like(old, 2.5)):
         torch.manual_seed(0)  # clip_cov draws its detached tokens at random
         losses.append(fn(old, new, adv, mask, loss_agg_mode=mode, rollout_is_weights=weights)[0])
-    _close(losses[1], losses[0].item())
-    _close(losses[2], 2.5 * losses[0].item())
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
+    # token-sum adds the weighted terms in another order: float32 rounding of about 1e-6
+    torch.testing.assert_close(losses[2], 2.5 * losses[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["vanilla", "gspo", "gpg", "cispo", "kl_cov", "geo_mean"])
+def test_rollout_is_weights_scale_the_per_token_losses(name):
+    old, new, adv, mask = _random_policy_batch(11)
+    weights = torch.rand(old.shape, generator=torch.Generator().manual_seed(0)) + 0.5
+    config = ActorConfig(clip_ratio_low=0.3, clip_ratio_high=0.5)
+    plain, _ = get_policy_loss_fn(name)(old, new, adv, mask, "seq-mean-token-sum", config)
+    weighted, _ = get_policy_loss_fn(name)(old, new, adv, mask, "seq-mean-token-sum", config, weights)
+    ones, _ = get_policy_loss_fn(name)(old, new, adv, mask, "seq-mean-token-sum", config, torch.ones_like(old))
+    torch.testing.assert_close(ones, plain)
+    assert not torch.isclose(weighted, plain)
+
+
+def test_rollout_is_weights_hand_computed():
+    old = new = torch.zeros(1, 2)
+    weights = torch.tensor([[2.0, 0.5]])
+    loss, _ = get_policy_loss_fn("vanilla")(old, new, torch.ones(1, 2), torch.ones(1, 2), "token-mean", None, weights)
+    _close(loss, (-2.0 - 0.5) / 2)
+    # geo_mean weighs the sequence by the geometric mean of its weights: sqrt(2 * 0.5) = 1
+    loss, _ = get_policy_loss_fn("geo_mean")(old, new, torch.ones(1, 2), torch.ones(1, 2), "token-mean", None, weights)
+    _close(loss, -1.0)
+
+
+def test_cov_losses_reject_a_non_positive_ratio():
+    x = torch.zeros(1, 2)
+    for name, field in [("clip_cov", "clip_cov_ratio"), ("kl_cov", "kl_cov_ratio")]:
+        config = ActorConfig(policy_loss=PolicyLossConfig(**{field: 0.0}))
+        for error in (ValueError, AssertionError):  # verl asserts
+            with pytest.raises(error, match=f"policy_loss.{field}.*must be > 0"):
+                get_policy_loss_fn(name)(x, x, x, x + 1, config=config)

@@ -67,6 +67,8 @@ def test_sample_accuracy_and_per_source():
     scores = torch.tensor([1.0, 0.5, 1.2])
     assert sample_accuracy(scores, {}).tolist() == [1.0, 0.0, 1.0]
     assert sample_accuracy(scores, {"acc": [False, True, 0]}).tolist() == [0.0, 1.0, 0.0]
+    # a routed batch: samples without an acc (None) fall back to score >= 1
+    assert sample_accuracy(scores, {"acc": [None, True, None]}).tolist() == [1.0, 1.0, 1.0]
     m = per_source_metrics("val", ["x", "y", "x"], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0])
     assert m == {"val/x/score": 0.5, "val/x/acc": 0.5, "val/y/score": 0.0, "val/y/acc": 0.0, "val/acc": 1 / 3}
     assert reduce_metrics({"a": [1.0, 3.0], "b": 2}) == {"a": 2.0, "b": 2.0}

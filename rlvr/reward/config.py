@@ -1,0 +1,130 @@
+"""Configuration of the reward side of a run: the routing section ``reward`` and every reward
+worker's config.
+
+Dataclasses only, on purpose: the run schema (:mod:`rlvr.trainer.config.schema`) includes these
+sections, and loading a config must not import torch. Each worker validates its own values when it
+is built (an unknown ``match_mode`` names the key and the choices).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from rlvr.sandbox.config import SandboxConfig
+
+DEFAULT_JUDGE_TEMPLATE = (
+    "You are a strict grader. Compare the candidate answer with the reference answer and rate how "
+    "correct and complete it is on a scale from 0 to 10.\n\n"
+    "Question:\n{question}\n\nReference answer:\n{reference}\n\nCandidate answer:\n{response}\n\n"
+    'Reply with a short justification followed by the rating in the form "Score: X/10".'
+)
+ROUTE_KEYS = ("data_source", "tag")
+
+
+# ------------------------------------------------------------------------------- reward workers
+@dataclass
+class RewardWorkerConfig:
+    """Fields every reward worker has."""
+
+    tokenizer_path: str | None = field(default=None, metadata={"help": "tokenizer that decodes responses (model alias, folder, GGUF or hub id); None: the policy's tokenizer in a training run, the embedded default model standalone"})
+
+
+@dataclass
+class MathRuleRewardConfig(RewardWorkerConfig):
+    """Config of :class:`~rlvr.reward.workers.math_rule.MathRuleRewardWorker`."""
+
+    timeout_s: float = field(default=5.0, metadata={"help": "math-verify time limit per sample (parsing and comparison)"})
+    timeout_score: float = field(default=0.0, metadata={"help": "reward of a sample whose check ran past timeout_s (counted in reward/math/timeout)"})
+
+
+@dataclass
+class CodeSandboxRewardConfig(RewardWorkerConfig):
+    """Config of :class:`~rlvr.reward.workers.code_sandbox.CodeSandboxRewardWorker`."""
+
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig, metadata={"help": "limits and isolation of the local sandbox (also the concurrency of runs)"})
+    sandbox_url: str | None = field(default=None, metadata={"help": "URL of an HTTP sandbox service (rlvr.sandbox.http protocol); None runs locally"})
+    request_timeout_s: float = field(default=60.0, metadata={"help": "HTTP timeout per request to sandbox_url"})
+    partial_credit: bool = field(default=False, metadata={"help": "reward = fraction of passed test runs instead of 1.0 only when all pass"})
+    allow_raw_code: bool = field(default=False, metadata={"help": "treat a response without a fenced code block as code (else it scores 0)"})
+
+
+@dataclass
+class LLMJudgeRewardConfig(RewardWorkerConfig):
+    """Config of :class:`~rlvr.reward.workers.llm_judge.LLMJudgeRewardWorker`."""
+
+    judge_model_path: str = field(default="smollm2-135m-instruct", metadata={"help": "local judge model (alias, folder, GGUF or hub id); unused with judge_api_base"})
+    judge_api_base: str | None = field(default=None, metadata={"help": "OpenAI-compatible API root (e.g. http://127.0.0.1:8000/v1); None uses the local model"})
+    judge_api_model: str = field(default="judge", metadata={"help": "model name sent to judge_api_base"})
+    judge_api_key_env: str = field(default="", metadata={"help": "environment variable with the API key for judge_api_base (empty: none)"})
+    request_timeout_s: float = field(default=60.0, metadata={"help": "HTTP timeout per judge request"})
+    max_concurrency: int = field(default=8, metadata={"help": "judge HTTP requests in flight at once"})
+    prompt_template: str = field(default=DEFAULT_JUDGE_TEMPLATE, metadata={"help": "judge prompt with {question}, {response} and {reference} placeholders"})
+    max_new_tokens: int = field(default=128, metadata={"help": "judge completion length"})
+    batch_size: int = field(default=8, metadata={"help": "prompts per generate call of the local judge"})
+    scale_max: float = field(default=10.0, metadata={"help": "top of the judge's scale for bare numbers (e.g. [[8]] -> 0.8)"})
+    fallback_score: float | None = field(default=None, metadata={"help": "reward when the verdict cannot be parsed; None: 0.0 and the sample counts as not applicable"})
+
+
+@dataclass
+class GeneralValRuleRewardConfig(RewardWorkerConfig):
+    """Config of :class:`~rlvr.reward.workers.qa_rule.GeneralValRuleRewardWorker`."""
+
+    match_mode: Literal["exact", "contains"] = field(default="exact", metadata={"help": "exact: normalised answer equals a reference; contains: a normalised reference also counts when it appears as whole words in the answer"})
+
+
+@dataclass
+class CrossThinkQARuleRewardConfig(RewardWorkerConfig):
+    """Config of :class:`~rlvr.reward.workers.qa_rule.CrossThinkQARuleRewardWorker`."""
+
+    reward_type: Literal["strict", "soft", "loose"] = field(default="soft", metadata={"help": "strict | soft | loose, see CrossThinkQARuleRewardWorker"})
+
+
+@dataclass
+class MultipleChoiceBoxedRuleRewardConfig(RewardWorkerConfig):
+    """Config of :class:`~rlvr.reward.workers.qa_rule.MultipleChoiceBoxedRuleRewardWorker`."""
+
+    format_error_reward: float = field(default=0.0, metadata={"help": "reward when the answer has no \\boxed{} option letter"})
+
+
+@dataclass
+class GeneralRuleRewardConfig(RewardWorkerConfig):
+    """Config of :class:`~rlvr.reward.workers.ifeval_rule.GeneralRuleRewardWorker` (IFEval)."""
+
+    reward_mode: Literal["fraction", "all"] = field(default="fraction", metadata={"help": "fraction: share of instructions followed; all: 1.0 only when every instruction is followed"})
+    loose: bool = field(default=False, metadata={"help": "reward from the loose checks (first/last line and '*' tolerated) instead of the strict ones"})
+
+
+@dataclass
+class DetectionRewardConfig(RewardWorkerConfig):
+    """Config of :class:`~rlvr.reward.workers.detection.DetectionRewardWorker`."""
+
+    accuracy_metric: Literal["map", "map50", "f1"] = field(default="map", metadata={"help": "map: COCO mAP@[.5:.95]; map50: AP@.5; f1: greedy IoU matching at iou_threshold"})
+    format_weight: float = field(default=0.2, metadata={"help": "weight of the format score (answer parses into well-formed boxes)"})
+    accuracy_weight: float = field(default=0.8, metadata={"help": "weight of the accuracy score"})
+    iou_threshold: float = field(default=0.5, metadata={"help": "IoU for a match in the f1 metric"})
+
+
+# ------------------------------------------------------------------------------- the run's section
+@dataclass
+class RewardWorkersConfig:
+    """One section per built-in reward worker; the section's name is the worker's route name."""
+
+    math_rule: MathRuleRewardConfig = field(default_factory=MathRuleRewardConfig, metadata={"help": "math answers checked with math-verify (\\boxed{})"})
+    code_sandbox: CodeSandboxRewardConfig = field(default_factory=CodeSandboxRewardConfig, metadata={"help": "generated code run against the sample's tests in the sandbox"})
+    llm_judge: LLMJudgeRewardConfig = field(default_factory=LLMJudgeRewardConfig, metadata={"help": "another LLM grades the response"})
+    general_val: GeneralValRuleRewardConfig = field(default_factory=GeneralValRuleRewardConfig, metadata={"help": "general QA answer matching"})
+    crossthinkqa: CrossThinkQARuleRewardConfig = field(default_factory=CrossThinkQARuleRewardConfig, metadata={"help": "CrossThink-QA multiple choice"})
+    mc_boxed: MultipleChoiceBoxedRuleRewardConfig = field(default_factory=MultipleChoiceBoxedRuleRewardConfig, metadata={"help": "multiple choice answered in \\boxed{}"})
+    ifeval: GeneralRuleRewardConfig = field(default_factory=GeneralRuleRewardConfig, metadata={"help": "IFEval instruction following"})
+    detection: DetectionRewardConfig = field(default_factory=DetectionRewardConfig, metadata={"help": "box detection answers scored by IoU and COCO mAP"})
+
+
+@dataclass
+class RewardConfig:
+    """Which reward source scores which domain (the RLVR pipeline's reward routing)."""
+
+    route_key: Literal["data_source", "tag"] = field(default="data_source", metadata={"help": "non-tensor field that names a sample's domain: data_source | tag"})
+    routes: dict[str, str] = field(default_factory=dict, metadata={"help": "domain -> reward worker (math_rule | code_sandbox | llm_judge | general_val | crossthinkqa | mc_boxed | ifeval | detection, each its own worker group) or reward manager (naive | dapo | batch | parallel, on the driver); empty: reward_model.reward_manager scores every sample"})
+    num_workers: int = field(default=1, metadata={"help": "processes per reward worker group on the Ray backend (each scores its share of a domain's samples); the local backend runs 1 in the driver"})
+    workers: RewardWorkersConfig = field(default_factory=RewardWorkersConfig, metadata={"help": "settings of each reward worker"})

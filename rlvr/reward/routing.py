@@ -1,0 +1,244 @@
+"""The run's reward routing: which reward source scores which domain (``reward.routes``).
+
+``reward.routes`` maps a domain, the value of the non-tensor field ``reward.route_key``
+(``data_source`` or ``tag``) of a sample, to a reward worker (a name of the reward-worker registry:
+``math_rule``, ``ifeval``, ``code_sandbox``, ...) or to a reward manager (``naive``, ``dapo``,
+``batch``, ``parallel``). With routes set, the trainer
+
+1. checks them with the config (:func:`check_reward_routes`: every name is known, the process
+   count fits the backend, every domain in the training and validation data files has a route;
+   :func:`check_data_routes` does the same for dataset objects given to the trainer), before any
+   model or worker starts;
+2. starts the reward worker groups (:class:`RewardWorkerGroups`): the routed reward workers share
+   one resource pool of ``reward.num_workers`` CPU processes (the driver itself on the local
+   backend), each reward worker its own worker group whose ``compute_rewards`` is
+   ``DP_MP_COMPUTE`` (every process scores its share of a domain's samples). They hold no training
+   state, so they can be torn down and started again at any step;
+3. scores every batch through a :class:`~rlvr.reward.router.RewardRouter` over those groups and
+   the routed managers (the managers run on the driver), which reports ``reward/<domain>/...``.
+
+Without routes, ``reward_model.reward_manager`` scores every sample (verl's path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlvr.reward.config import RewardWorkerConfig
+from rlvr.reward.managers import REWARD_MANAGER_REGISTRY
+from rlvr.reward.reward_fn import build_reward_manager
+from rlvr.reward.router import RewardRouter
+from rlvr.reward.workers import REWARD_WORKER_REGISTRY, get_reward_worker
+from rlvr.single_controller import ClassWithInitArgs, create_colocated_worker_cls
+from rlvr.single_controller.backend import get_resource_pool_cls, get_worker_group_cls
+from rlvr.utils.errors import ConfigError
+
+__all__ = [
+    "RewardWorkerGroups",
+    "build_reward_router",
+    "check_data_routes",
+    "check_reward_functions",
+    "check_reward_routes",
+    "check_routed_domains",
+    "dataset_domains",
+    "file_domains",
+    "reward_worker_config",
+    "RoutedRewardWorker",
+    "reward_routers",
+    "routed_worker_names",
+]
+
+
+def routed_worker_names(cfg: DictConfig) -> list[str]:
+    """The reward workers that ``reward.routes`` sends at least one domain to (sorted)."""
+    return sorted({str(target) for target in cfg.reward.routes.values() if target in REWARD_WORKER_REGISTRY})
+
+
+def check_reward_routes(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` for a route to an unknown or ambiguous name, or a process count
+    the backend cannot run."""
+    reward = cfg.reward
+    for domain, target in reward.routes.items():
+        key = f"reward.routes.{domain}"
+        is_worker, is_manager = target in REWARD_WORKER_REGISTRY, target in REWARD_MANAGER_REGISTRY
+        if is_worker and is_manager:
+            raise ConfigError(key, f"{target!r} is registered both as a reward worker and as a reward manager; "
+                              "register one of them under another name")
+        if not (is_worker or is_manager):
+            raise ConfigError(key, f"{target!r} is neither a reward worker ({', '.join(REWARD_WORKER_REGISTRY.names())}) "
+                              f"nor a reward manager ({', '.join(REWARD_MANAGER_REGISTRY.names())})")
+    if reward.num_workers < 1:
+        raise ConfigError("reward.num_workers", f"must be >= 1 process per reward worker group, got {reward.num_workers}")
+    if cfg.trainer.backend == "local" and reward.num_workers != 1:
+        raise ConfigError("reward.num_workers", "the local backend runs the reward workers in the driver (one "
+                          f"process), got reward.num_workers={reward.num_workers}; set it to 1 or use trainer.backend=ray")
+    if reward.routes:
+        for what, files in (("training data", cfg.data.train_files), ("validation data", cfg.data.val_files)):
+            check_routed_domains(file_domains(files, reward.route_key, what), cfg, what)
+
+
+def file_domains(files: Any, key: str, what: str) -> set[str]:
+    """The distinct domains (``key``: ``data_source`` or ``tag``) of the rows of the data ``files``
+    (a path, a list of paths, or None)."""
+    from rlvr.trainer.data.rl_dataset import read_rows, row_tag
+
+    paths = [] if files is None else [files] if isinstance(files, str) else list(files)
+    domains: set[str] = set()
+    for path in paths:
+        for row in read_rows(path):
+            if key != "tag" and key not in row:
+                raise ConfigError("reward.route_key", f"a row of the {what} ({path}) has no column {key!r} (it has "
+                                  f"{sorted(row)}); route on a column the data has, e.g. reward.route_key=data_source")
+            domains.add(str(row_tag(row) if key == "tag" else row[key]))
+    return domains
+
+
+def check_reward_functions(cfg: DictConfig, reward_fn: Any, val_reward_fn: Any) -> bool:
+    """Whether the trainer routes rewards itself: with ``reward.routes`` the caller passes no reward
+    functions, without it a training one. Raises :class:`ConfigError` otherwise."""
+    if cfg.reward.routes:
+        if reward_fn is not None or val_reward_fn is not None:
+            raise ConfigError("reward.routes", "reward.routes builds the reward function from reward worker groups "
+                              "and managers; pass reward_fn=None and val_reward_fn=None, or clear reward.routes")
+        return True
+    if reward_fn is None:
+        raise ConfigError("reward_model.reward_manager", "the trainer needs a reward_fn: build one with "
+                          "rlvr.trainer.ppo.reward.load_reward_manager(config, tokenizer, num_examine), "
+                          "or route domains to reward workers with reward.routes")
+    return False
+
+
+def dataset_domains(dataset: Any, key: str, what: str) -> set[str]:
+    """The distinct values of the non-tensor field ``key`` over the items of ``dataset``."""
+    domains: set[str] = set()
+    for index in range(len(dataset)):
+        item = dataset[index]
+        if key not in item:
+            raise ConfigError("reward.route_key", f"the {what} items have no field {key!r} (they have {sorted(item)}); "
+                              "route on a field the data has, e.g. reward.route_key=data_source")
+        domains.add(str(item[key]))
+    return domains
+
+
+def check_routed_domains(domains: Iterable[str], cfg: DictConfig, what: str) -> None:
+    """Raise :class:`ConfigError` naming every domain of ``domains`` that has no route."""
+    routes = cfg.reward.routes
+    missing = sorted(set(domains) - {str(domain) for domain in routes})
+    if missing:
+        raise ConfigError(
+            "reward.routes",
+            f"the {what} has {cfg.reward.route_key} value(s) {', '.join(map(repr, missing))} with no reward route "
+            f"(routes exist for: {', '.join(sorted(map(str, routes)))}); add reward.routes.<domain>=<reward worker "
+            "or manager> for each, or leave them out of the data",
+        )
+
+
+def check_data_routes(cfg: DictConfig, train_dataset: Any, val_dataset: Any) -> None:
+    """Every domain of the given training and validation datasets (None: not given) has a route."""
+    for what, dataset in (("training data", train_dataset), ("validation data", val_dataset)):
+        if dataset is not None:
+            check_routed_domains(dataset_domains(dataset, cfg.reward.route_key, what), cfg, what)
+
+
+def reward_worker_config(cfg: DictConfig, name: str) -> RewardWorkerConfig:
+    """The config a routed reward worker is built with: its ``reward.workers.<name>`` section (the
+    config class's defaults for a worker without one), decoding with the policy's tokenizer unless
+    the section names another."""
+    workers = cfg.reward.workers
+    config = OmegaConf.to_object(workers[name]) if name in workers else get_reward_worker(name).config_cls()
+    if config.tokenizer_path is None:
+        model = cfg.actor_rollout_ref.model
+        config.tokenizer_path = model.tokenizer_path or model.path
+    return config
+
+
+class RewardWorkerGroups:
+    """The routed reward workers: one CPU resource pool, one worker group per reward worker.
+
+    Args:
+        cfg: the run config (``reward`` section, ``trainer.call_timeout_s``).
+        backend: ``"ray"`` or ``"local"``.
+
+    Attributes:
+        groups: reward worker name -> its worker group (``initialize`` already called).
+    """
+
+    def __init__(self, cfg: DictConfig, backend: str) -> None:
+        names = routed_worker_names(cfg)
+        classes = {name: ClassWithInitArgs(get_reward_worker(name).worker_cls, reward_worker_config(cfg, name))
+                   for name in names}
+        processes = int(cfg.reward.num_workers) if backend == "ray" else 1
+        self.pool = get_resource_pool_cls(backend)(process_on_nodes=[processes], use_gpu=False, name_prefix="reward")
+        try:
+            self._group = get_worker_group_cls(backend)(
+                self.pool, create_colocated_worker_cls(classes), name_prefix="reward_workers",
+                call_timeout_s=float(cfg.trainer.call_timeout_s),
+            )
+        except BaseException:
+            self.pool.remove()
+            raise
+        self._stopped = False
+        self.groups: dict[str, Any] = self._group.spawn(names)
+        try:
+            for group in self.groups.values():
+                group.initialize(cfg)
+        except BaseException:
+            self.shutdown()  # a worker that cannot start leaves no processes or reserved resources behind
+            raise
+
+    def shutdown(self) -> None:
+        """Stop the worker processes and give the pool back (once; later calls do nothing)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._group.shutdown()
+        self.pool.remove()
+
+
+class RoutedRewardWorker:
+    """One routed reward worker, reached through a restartable handle on the run's
+    :class:`RewardWorkerGroups` (the trainer's :class:`~rlvr.trainer.recovery.RestartableGroup`):
+    when one of its processes dies or hangs, the reward groups are started again and the call is
+    sent again, without rolling training back (the workers hold no training state).
+
+    Args:
+        workers: anything with ``run(call)`` that calls ``call(reward_worker_groups)``.
+        name: the reward worker's route name (``math_rule``, ``code_sandbox``, ...).
+    """
+
+    def __init__(self, workers: Any, name: str) -> None:
+        self.workers = workers
+        self.name = name
+
+    def compute_rewards(self, data: Any) -> Any:
+        return self.workers.run(lambda groups: groups.groups[self.name].compute_rewards(data))
+
+
+def build_reward_router(cfg: DictConfig, tokenizer: Any, groups: dict[str, Any], num_examine: int) -> RewardRouter:
+    """The reward function of a routed run: each domain scored by its reward worker group (from
+    ``groups``) or by its reward manager (built here, one per manager name, from ``reward_model``)."""
+    managers: dict[str, Any] = {}
+    routes: dict[str, Any] = {}
+    for domain, target in cfg.reward.routes.items():
+        if target in groups:
+            routes[str(domain)] = groups[target]
+            continue
+        if target not in managers:
+            managers[target] = build_reward_manager(cfg, target, tokenizer, num_examine, key=f"reward.routes.{domain}")
+        routes[str(domain)] = managers[target]
+    return RewardRouter(routes, key=cfg.reward.route_key, tokenizer=tokenizer, num_examine=num_examine,
+                        on_error=cfg.reward_model.on_error, fallback_score=cfg.reward_model.fallback_score)
+
+
+def reward_routers(cfg: DictConfig, tokenizer: Any, workers: Any, with_validation: bool
+                   ) -> tuple[RewardRouter, RewardRouter | None]:
+    """The training reward function of a routed run (printing ``reward_model.num_examine`` samples per
+    source) and, ``with_validation``, the validation one; ``workers`` is the restartable handle on the
+    run's :class:`RewardWorkerGroups` (see :class:`RoutedRewardWorker`)."""
+    handles = {name: RoutedRewardWorker(workers, name) for name in routed_worker_names(cfg)}
+    reward_fn = build_reward_router(cfg, tokenizer, handles, cfg.reward_model.num_examine)
+    val_reward_fn = build_reward_router(cfg, tokenizer, handles, 0) if with_validation else None
+    return reward_fn, val_reward_fn

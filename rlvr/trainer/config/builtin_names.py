@@ -1,0 +1,68 @@
+"""The names rlvr's registries hold out of the box, known without importing them.
+
+The registries live beside their torch code, and importing them takes seconds; the ``rlvr``
+command checks a config's registry-backed values against this table first (with
+:func:`~rlvr.trainer.config.validate.check_names`), and what a built-in advantage estimator needs
+against :data:`BUILTIN_ESTIMATOR_NEEDS`, so that a misspelt estimator or a GAE run without a critic
+fails at once. The trainer validates against the registries themselves, which also hold names
+(and needs) registered from Python. ``tests/trainer/test_config.py`` checks that these tables equal
+the registries' contents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_TOKEN_KL = ("abs", "abs+", "k1", "k1+", "k2", "k2+", "k3", "k3+", "kl", "kl+", "low_var_kl", "low_var_kl+",
+             "mse", "mse+")
+_RATIO_LEVELS = ("geometric", "sequence", "token")
+
+
+@dataclass(frozen=True)
+class AdvantageEstimatorNeeds:
+    """What an estimator needs from the trainer (the metadata of its registry entry)."""
+
+    needs_critic: bool = False
+    """values from a critic: ``critic.enable`` defaults to it and validation requires it."""
+    needs_groups: bool = False
+    """several samples per prompt to compare: validation requires ``rollout.n > 1``."""
+    needs_greedy_baseline: bool = False
+    """the reward of a greedy response per prompt: the trainer generates and scores one and passes
+    it as ``reward_baselines``."""
+
+
+EstimatorNeeds = AdvantageEstimatorNeeds
+
+_GROUPS = AdvantageEstimatorNeeds(needs_groups=True)
+BUILTIN_ESTIMATOR_NEEDS: dict[str, AdvantageEstimatorNeeds] = {
+    "egpo": _GROUPS,
+    "gae": AdvantageEstimatorNeeds(needs_critic=True),
+    "gpg": _GROUPS,
+    "grpo": _GROUPS,
+    "grpo_vectorized": _GROUPS,
+    "opo": _GROUPS,
+    "reinforce_plus_plus": AdvantageEstimatorNeeds(),
+    "reinforce_plus_plus_baseline": _GROUPS,
+    "remax": AdvantageEstimatorNeeds(needs_greedy_baseline=True),
+    "rloo": _GROUPS,
+    "rloo_vectorized": _GROUPS,
+}
+
+BUILTIN_NAMES: dict[str, tuple[str, ...]] = {
+    "algorithm.adv_estimator": tuple(BUILTIN_ESTIMATOR_NEEDS),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ("cispo", "clip_cov", "geo_mean", "gpg", "gspo", "kl_cov",
+                                                      "vanilla"),
+    "actor_rollout_ref.rollout.name": ("hf", "vllm"),
+    "reward_model.reward_manager": ("batch", "dapo", "naive", "parallel"),
+    "actor_rollout_ref.actor.kl_loss_type": _TOKEN_KL,
+    "algorithm.kl_penalty": _TOKEN_KL,
+    "algorithm.rollout_correction.rollout_is": _RATIO_LEVELS,
+    "algorithm.rollout_correction.rollout_rs": _RATIO_LEVELS,
+    "actor_rollout_ref.rollout.agent.default_agent_loop": ("env_agent", "single_turn", "tool_agent"),
+    "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
+    "actor_rollout_ref.rollout.multi_turn.env_name": ("retry",),
+}
+
+NULLABLE_NAMES = frozenset({"algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_rs",
+                            "actor_rollout_ref.rollout.multi_turn.env_name"})
+"""Registry-backed keys whose null means "off"."""

@@ -1,0 +1,114 @@
+"""The settings a run derives from its config, printed by ``rlvr`` before training starts.
+
+These are the numbers users most often get wrong: how many prompts and samples a step takes,
+how many mini-batches and optimizer steps one rollout feeds, how many micro-batches each worker
+runs (gradient accumulation), the token budget, and which roles run in which processes. Only the
+config is read (no torch, no files), so the summary costs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rlvr.trainer.config.validate import use_reference, world_size
+
+
+def _algorithm(cfg: DictConfig) -> str:
+    actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    if not use_reference(cfg):
+        reference, kl = "none", "none"
+    else:
+        reference = "the actor with its LoRA adapters off" if cfg.actor_rollout_ref.model.lora_rank > 0 else "a frozen copy"
+        kl = " and ".join(([f"in the loss ({actor.kl_loss_type}, coef {actor.kl_loss_coef:g})"] if actor.use_kl_loss
+                           else []) + ([f"in the reward ({algo.kl_penalty}, coef {algo.kl_ctrl.kl_coef:g})"]
+                                       if algo.use_kl_in_reward else []))
+    return (f"{algo.adv_estimator} advantages, {actor.policy_loss.loss_mode} policy loss; critic: "
+            f"{'yes' if cfg.critic.enable else 'no'}; reference: {reference}; KL: {kl}")
+
+
+def _per_step(cfg: DictConfig) -> str:
+    prompts, n = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
+    length = cfg.data.max_prompt_length + cfg.data.max_response_length
+    sequences = prompts * n
+    return (f"{prompts} prompts x {n} samples = {sequences} sequences of at most {cfg.data.max_prompt_length} + "
+            f"{cfg.data.max_response_length} = {length} tokens: up to {sequences * length:,} tokens per step, "
+            f"{sequences * length // world_size(cfg):,} per worker")
+
+
+def _updates(cfg: DictConfig, section: Any, dynamic_bsz: bool, token_budget: int) -> str:
+    """Mini-batches and optimizer steps per rollout, and the micro-batches of one worker."""
+    prompts, n, workers = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, world_size(cfg)
+    mini = section.ppo_mini_batch_size
+    mini_batches = prompts // mini
+    per_worker = mini * n // workers
+    text = (f"{mini_batches} mini-batch(es) of {mini} prompts ({mini * n} sequences) x {section.ppo_epochs} epoch(s) "
+            f"= {mini_batches * section.ppo_epochs} optimizer step(s) per rollout; each worker takes {per_worker} "
+            f"sequences per mini-batch")
+    if dynamic_bsz:
+        length = cfg.data.max_prompt_length + cfg.data.max_response_length
+        return (f"{text} in micro-batches of at most {token_budget:,} tokens (at least "
+                f"{max(token_budget // length, 1)} full-length sequences each)")
+    micro = section.ppo_micro_batch_size_per_gpu
+    return f"{text} in {per_worker // micro} micro-batch(es) of {micro} (gradient accumulation)"
+
+
+def _placement(cfg: DictConfig) -> str:
+    roles = ["actor", "rollout"]
+    if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0:
+        roles.append("reference")
+    if cfg.critic.enable:
+        roles.append("critic")
+    t = cfg.trainer
+    device = {"auto": "a GPU each if CUDA is visible, else CPU", "cpu": "CPU", "cuda": "one GPU each"}[t.device]
+    if t.backend == "local":
+        where = f"{' + '.join(roles)} in the driver process ({device})"
+    else:
+        where = (f"{' + '.join(roles)} colocated in {world_size(cfg)} Ray worker process(es) "
+                 f"({t.nnodes} node(s) x {t.n_gpus_per_node}; {device})")
+    reward = cfg.reward_model
+    scoring = (f"{reward.num_workers} processes of the parallel reward manager" if reward.reward_manager == "parallel"
+               else f"the {reward.reward_manager} reward manager in the driver")
+    return f"{where}; rewards: {scoring}"
+
+
+def _schedule(cfg: DictConfig) -> str:
+    t = cfg.trainer
+    steps = f"{t.total_training_steps} steps" if t.total_training_steps is not None else f"{t.total_epochs} epoch(s)"
+    budget = f" or {t.max_time_s:g} s, whichever comes first" if t.max_time_s is not None else ""
+    validation = ("none" if cfg.data.val_files is None else
+                  ("before training, " if t.val_before_train else "")
+                  + (f"every {t.test_freq} steps and at the end" if t.test_freq > 0 else "at the end"))
+    return f"{steps}{budget}; validation: {validation}"
+
+
+def _checkpoints(cfg: DictConfig) -> str:
+    t = cfg.trainer
+    when = f"every {t.save_freq} steps and at the end" if t.save_freq > 0 else "at the end"
+    keep = "all" if t.max_actor_ckpt_to_keep is None else f"the last {t.max_actor_ckpt_to_keep}"
+    return f"{when} into {t.default_local_dir}/checkpoints (keep {keep}); resume: {t.resume_mode}"
+
+
+def _recovery(cfg: DictConfig) -> str:
+    t = cfg.trainer
+    if t.backend == "local":
+        return "in-process workers: a crash ends the run; rerun with trainer.resume_mode=auto to continue"
+    if t.max_restarts == 0:
+        return f"off (trainer.max_restarts=0): a dead worker or a call over {t.call_timeout_s:g} s ends the run"
+    text = (f"up to {t.max_restarts} restart(s) after a dead worker or a call over {t.call_timeout_s:g} s, "
+            "from the last whole checkpoint")
+    return text + (" (only the end is saved: a restart goes back to step 0; set trainer.save_freq)"
+                   if t.save_freq <= 0 else "")
+
+
+def describe_run(cfg: DictConfig) -> str:
+    """A few lines with the settings derived from ``cfg`` (a checked, finalised config)."""
+    rows = [("algorithm", _algorithm(cfg)), ("per step", _per_step(cfg)),
+            ("actor updates", _updates(cfg, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.actor.use_dynamic_bsz,
+                                       cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu))]
+    if cfg.critic.enable:
+        rows.append(("critic updates", _updates(cfg, cfg.critic, dynamic_bsz=False, token_budget=0)))
+    rows += [("workers", _placement(cfg)), ("schedule", _schedule(cfg)), ("checkpoints", _checkpoints(cfg)),
+             ("recovery", _recovery(cfg))]
+    return "\n".join(["rlvr: derived settings"] + [f"  {label:<15}{text}" for label, text in rows])

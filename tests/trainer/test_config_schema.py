@@ -1,0 +1,139 @@
+"""The typed schema is the only config: every field is read by the code, every knob of a registered
+loss or estimator is a schema field (settable from YAML and the command line, shown by
+``--help-config``), and verl's keys are honoured, validated or explained."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import rlvr
+from rlvr.trainer.config import ActorConfig, AlgorithmConfig, PolicyLossConfig, RlvrConfig, help_config, load_config
+from rlvr.trainer.config.suggest import schema_keys
+from rlvr.trainer.ppo import advantage, policy_loss
+from rlvr.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
+from rlvr.utils.errors import ConfigError
+
+PACKAGE = Path(rlvr.__file__).parent
+SCHEMA = PACKAGE / "trainer" / "config" / "schema.py"
+ESTIMATOR_DATA_INPUTS = {"token_level_rewards", "response_mask", "index", "values", "reward_baselines",
+                         "old_log_prob", "rollout_log_prob", "config", "kwargs"}
+VERL_SIGNATURE_ONLY = {
+    "epsilon": "numerical guard of the std / length divisions, a constant as in verl",
+    "f_norm": "verl's GPG argument that its trainer never passes (the paper's optional std scaling)",
+    "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
+}
+
+
+def _names_read_by_the_code() -> set[str]:
+    """Attribute names and string constants (``cfg.key``, ``cfg["key"]``) in rlvr outside the schema."""
+    names: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        if path == SCHEMA:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute):
+                names.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names.add(node.value)
+    return names
+
+
+def test_every_schema_field_is_read_by_the_code():
+    """A field no code reads is a dead key: a user sets it and nothing happens. (By name: a field
+    whose name another section also uses is covered when either is read.)"""
+    read = _names_read_by_the_code()
+    dead = [key for key in schema_keys(RlvrConfig) if key.rsplit(".", 1)[-1] not in read]
+    assert dead == []
+
+
+def test_the_dead_key_check_catches_a_dead_key():
+    @dataclasses.dataclass
+    class WithDeadKey(RlvrConfig):
+        dataloader_num_workers_never_read: int = 0
+
+    read = _names_read_by_the_code()
+    assert [k for k in schema_keys(WithDeadKey) if k.rsplit(".", 1)[-1] not in read] == [
+        "dataloader_num_workers_never_read"]
+
+
+class _Recorder:
+    """A schema section that records which fields are read; a field the schema lacks raises
+    ``AttributeError`` (dataclasses have no fallback)."""
+
+    def __init__(self, section: object, path: str, log: set[str]) -> None:
+        self._section, self._path, self._log = section, path, log
+
+    def __getattr__(self, name: str):
+        value = getattr(self._section, name)
+        self._log.add(f"{self._path}.{name}")
+        return _Recorder(value, f"{self._path}.{name}", self._log) if dataclasses.is_dataclass(value) else value
+
+
+def _builtin(registry: dict, module) -> dict:
+    return {name: fn for name, fn in registry.items() if fn.__module__ == module.__name__}
+
+
+def test_every_policy_loss_knob_is_a_field_of_the_actor_section():
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(4, 6, generator=gen) * 2
+    new, adv = old + 0.1 * torch.randn(4, 6, generator=gen), torch.randn(4, 6, generator=gen)
+    read: set[str] = set()
+    for name, loss in _builtin(POLICY_LOSS_REGISTRY, policy_loss).items():
+        assert list(inspect.signature(loss).parameters) == [  # verl 0.9's positional order
+            "old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config", "rollout_is_weights"]
+        loss(old, new, adv, torch.ones(4, 6), "token-mean", _Recorder(ActorConfig(), "actor", read), None)
+    assert {key for key in read if key.startswith("actor.policy_loss.")} == {
+        f"actor.policy_loss.{key}" for key in schema_keys(PolicyLossConfig) if key != "loss_mode"}
+    assert {"actor.clip_ratio", "actor.clip_ratio_low", "actor.clip_ratio_high", "actor.clip_ratio_c",
+            "actor.global_batch_info"} <= read
+
+
+def test_every_estimator_knob_is_a_field_of_the_algorithm_section():
+    gen = torch.Generator().manual_seed(0)
+    rewards, mask = torch.rand(6, 4, generator=gen), torch.ones(6, 4)
+    inputs = dict(token_level_rewards=rewards, response_mask=mask, values=torch.rand(6, 4, generator=gen),
+                  index=np.array(["a", "a", "b", "b", "b", "c"], dtype=object), reward_baselines=torch.rand(6),
+                  old_log_prob=-torch.rand(6, 4, generator=gen), rollout_log_prob=None)
+    fields = {f.name for f in dataclasses.fields(AlgorithmConfig)}
+    read: set[str] = set()
+    for name, estimator in _builtin(ADV_ESTIMATOR_REGISTRY, advantage).items():
+        for param in inspect.signature(estimator).parameters:
+            assert param in ESTIMATOR_DATA_INPUTS | fields | set(VERL_SIGNATURE_ONLY), (name, param)
+        estimator(**inputs, config=_Recorder(AlgorithmConfig(), "algorithm", read))
+    knobs = {"gamma", "lam", "norm_adv_by_std_in_grpo", "singleton_advantage", "gpg_alpha_count", "egpo_alpha",
+             "egpo_beta", "egpo_correct_threshold", "egpo_uncertainty_norm"}
+    assert {key.split(".", 1)[1] for key in read} == knobs
+
+
+def test_loss_and_estimator_knobs_are_settable_from_the_command_line():
+    cfg = load_config("grpo", [
+        "actor_rollout_ref.actor.policy_loss.loss_mode=gspo", "actor_rollout_ref.actor.clip_ratio_low=3e-4",
+        "actor_rollout_ref.actor.clip_ratio_high=4e-4", "actor_rollout_ref.actor.policy_loss.ppo_kl_coef=0.5",
+        "algorithm.singleton_advantage=zero", "algorithm.gpg_alpha_count=informative"])
+    actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    old, new = torch.zeros(1, 2), torch.full((1, 2), 0.001)  # sequence ratio exp(0.001) > 1 + 4e-4
+    loss, metrics = POLICY_LOSS_REGISTRY[actor.policy_loss.loss_mode](old, new, torch.ones(1, 2), torch.ones(1, 2),
+                                                                      "seq-mean-token-mean", actor)
+    assert metrics["pg_clipfrac"].item() == 1.0
+    assert loss.item() == pytest.approx(-(1 + 4e-4))
+    rewards = torch.tensor([[1.0], [0.0], [1.0], [1.0], [1.0]])
+    index = np.array(["a", "a", "b", "b", "c"], dtype=object)
+    adv, _ = ADV_ESTIMATOR_REGISTRY["gpg"](rewards, torch.ones(5, 1), index, config=algo)
+    assert adv.flatten().tolist() == [1.25, -1.25, 0.0, 0.0, 0.0]  # alpha = 5 / 2 informative rows; c alone: 0
+    text = help_config()
+    for key in ("actor_rollout_ref.actor.policy_loss.ppo_kl_coef = 0.1", "algorithm.singleton_advantage = None",
+                "algorithm.gpg_alpha_count = 'nonzero_score'", "actor_rollout_ref.actor.clip_ratio_low = None"):
+        assert f"  {key}\n" in text
+
+
+def test_a_verl_key_without_meaning_says_why():
+    with pytest.raises(ConfigError, match="no DataLoader workers to set; remove the key") as info:
+        load_config("grpo", ["data.dataloader_num_workers=8"])
+    assert info.value.key == "data.dataloader_num_workers"
