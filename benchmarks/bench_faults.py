@@ -146,7 +146,7 @@ def _kill_a_worker_later(metrics: Path, delay_s: float, rng: random.Random, kill
             time.sleep(0.05)
         time.sleep(delay_s)
         workers = sorted(p.pid for p in psutil.Process().children(recursive=True)
-                         if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::Colocated"))
+                         if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::FusedWorker"))
         if workers:
             victim = rng.choice(workers)
             os.kill(victim, signal.SIGKILL)
