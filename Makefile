@@ -1,5 +1,6 @@
 # rlvr — two commands on a fresh machine:
 #   make train   set up, then run the main job (GRPO on the embedded SmolLM2-135M-Instruct, CPU)
+#   make train-tools   the tool-use main job (the model learns to multiply with a calculator tool)
 #   make test    set up, then run the test suite (slow end-to-end tests: make test-slow)
 
 PYTHON ?= python3
@@ -9,7 +10,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm train test test-slow test-all test-vllm bench bench-faults clean
+.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +54,13 @@ data/arith/test.jsonl: rlvr/data_prep/reasoning_gym.py | $(STAMP)
 
 train: setup data/arith/test.jsonl
 	$(PY) -m rlvr.trainer.main_ppo --preset main_job $(ARGS)
+
+# three-digit multiplication questions from reasoning-gym for the tool_agent loop, and its tools file
+data/tools/test.jsonl: rlvr/data_prep/tool_use.py rlvr/data_prep/reasoning_gym.py | $(STAMP)
+	$(PY) -m rlvr.data_prep.tool_use --out data/tools
+
+train-tools: setup data/tools/test.jsonl
+	$(PY) -m rlvr.trainer.main_ppo --preset tool_job $(ARGS)
 
 test: setup
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)

@@ -129,15 +129,16 @@ def make_rows(task: str, entries: list[dict], style: PromptStyle, shots: list[di
     } for index, entry in enumerate(entries)]
 
 
-def build(task: str, out_dir: str | Path, train_size: int, test_size: int, seed: int, config: dict[str, Any],
-          style: PromptStyle | None = None, fmt: str = "jsonl",
-          operands: tuple[int, int] | None = None) -> tuple[Path, Path]:
-    """Write ``<out_dir>/train.<fmt>`` and ``<out_dir>/test.<fmt>``; returns their paths.
+def split_entries(task: str, train_size: int, test_size: int, seed: int, config: dict[str, Any], fewshot: int = 0,
+                  operands: tuple[int, int] | None = None) -> tuple[list[dict], list[dict], list[dict]]:
+    """``(worked examples, train entries, held-out entries)`` of ``task``: held-out questions are
+    distinct, and no training question is a held-out question or a worked example (see the module
+    docstring for why the held-out set is drawn first).
 
-    ``operands = (lo, hi)`` keeps only questions whose numbers all lie in ``[lo, hi]``.
+    Raises:
+        ValueError: the task has too few distinct questions for the sizes asked.
     """
-    style = style or PromptStyle()
-    shots = _entries(task, style.fewshot, seed + 2_000_003, config, operands) if style.fewshot else []
+    shots = _entries(task, fewshot, seed + 2_000_003, config, operands) if fewshot else []
     shot_questions = {shot["question"] for shot in shots}
     test_entries = [e for e in _distinct(_entries(task, 2 * test_size, seed + 1_000_003, config, operands))
                     if e["question"] not in shot_questions][:test_size]
@@ -148,10 +149,23 @@ def build(task: str, out_dir: str | Path, train_size: int, test_size: int, seed:
         raise ValueError(f"{task} gave {len(test_entries)} held-out and {len(train_entries)} training questions "
                          f"apart from the held-out ones (asked: {test_size} and {train_size}); lower --test-size "
                          "or --train-size, or widen the task config")
+    return shots, train_entries, test_entries
+
+
+def build(task: str, out_dir: str | Path, train_size: int, test_size: int, seed: int, config: dict[str, Any],
+          style: PromptStyle | None = None, fmt: str = "jsonl",
+          operands: tuple[int, int] | None = None) -> tuple[Path, Path]:
+    """Write ``<out_dir>/train.<fmt>`` and ``<out_dir>/test.<fmt>``; returns their paths.
+
+    ``operands = (lo, hi)`` keeps only questions whose numbers all lie in ``[lo, hi]``.
+    """
+    style = style or PromptStyle()
+    shots, train_entries, test_entries = split_entries(task, train_size, test_size, seed, config, style.fewshot,
+                                                       operands)
     out_dir = Path(out_dir)
     paths = out_dir / f"train.{fmt}", out_dir / f"test.{fmt}"
     write_rows(make_rows(task, train_entries, style, shots, "train"), paths[0])
-    write_rows(make_rows(task, test_entries[:test_size], style, shots, "test"), paths[1])
+    write_rows(make_rows(task, test_entries, style, shots, "test"), paths[1])
     return paths
 
 

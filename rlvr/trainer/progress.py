@@ -29,6 +29,10 @@ class TrainingProgress:
     def elapsed_s(self) -> float:
         return time.monotonic() - self.start
 
+    def restart_clock(self) -> None:
+        """Start the time budget now (after the validation before training, which is not training)."""
+        self.start = time.monotonic()
+
     def update(self, step_time_s: float, metrics: dict[str, float]) -> None:
         """Advance one step; show reward, accuracy and step time."""
         self.step_times.append(step_time_s)

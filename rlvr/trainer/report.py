@@ -92,14 +92,17 @@ def _summary_table(summary: dict[str, Any]) -> str:
 
 
 def metric_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Headline numbers of a run's metric rows: the first and last ``val/acc``, the ``val/acc`` curve
-    (``step: accuracy``) and the mean step time."""
+    """Headline numbers of a run's metric rows: the first and last ``val/acc`` (and, for tool-using
+    runs, the share of samples that called a tool and of correct answers that did), the ``val/acc``
+    curve (``step: accuracy``) and the mean step time."""
     summary: dict[str, Any] = {}
-    val_rows = [r for r in rows if "val/acc" in r]
-    if val_rows:
-        summary[f"val/acc before (step {val_rows[0]['step']})"] = val_rows[0]["val/acc"]
-        summary[f"val/acc after (step {val_rows[-1]['step']})"] = val_rows[-1]["val/acc"]
-        summary["val/acc by step"] = ", ".join(f"{r['step']}: {r['val/acc']:.2f}" for r in val_rows)
+    for key in ("val/acc", "val/agent/tool_use_rate", "val/agent/correct_with_tool"):
+        val_rows = [r for r in rows if key in r]
+        if val_rows:
+            summary[f"{key} before (step {val_rows[0]['step']})"] = val_rows[0][key]
+            summary[f"{key} after (step {val_rows[-1]['step']})"] = val_rows[-1][key]
+            if key == "val/acc":
+                summary["val/acc by step"] = ", ".join(f"{r['step']}: {r[key]:.2f}" for r in val_rows)
     step_times = [r["timing/step"] for r in rows if "timing/step" in r]
     if step_times:
         summary["mean step time (s)"] = sum(step_times) / len(step_times)

@@ -39,6 +39,7 @@ import copy
 
 import torch
 
+from rlvr.agent import AgentLoopManager
 from rlvr.protocol import DataProto
 from rlvr.single_controller.base.decorator import Dispatch, register
 from rlvr.single_controller.base.worker import Worker
@@ -187,6 +188,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         if not factory.runs_torch_module:  # the engine starts without the policy's weights
             self.rollout.update_weights(full_parameters(module) if self._is_actor else module.named_parameters(),
                                         self._weights_version)
+        self.agent_loops = AgentLoopManager(cfg.rollout, self.tokenizer)
 
     def _init_ref(self, cfg) -> None:
         if self._is_actor and cfg.model.lora_rank > 0:
@@ -227,7 +229,8 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
-        """Responses for left-padded prompts (one per row; see ``rlvr.workers.rollout.base``)."""
+        """Responses for left-padded prompts (one per row; see ``rlvr.workers.rollout.base``), made by
+        each row's agent loop over the rollout engine (``rlvr.agent``: single turn, tools, environments)."""
         self._require(self._is_rollout, "generate_sequences", "rollout")
         timer = self._timer()
         with timer.stage("gen"):
@@ -235,10 +238,10 @@ class ActorRolloutRefWorker(TrainingWorker):
                 self._sync_rollout_weights()
                 self.actor_placement.place(params=self._rollout_shares_actor, optimizer=False)
             self.rollout.wake_up()
-            output = self.rollout.generate_sequences(prompts)
+            output = self.agent_loops.generate_sequences(self.rollout, prompts)
             if self.config.actor_rollout_ref.rollout.free_cache_engine:
                 self.rollout.sleep()
-        metrics = peak_memory_metrics(self.device, "gen")
+        metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen")}
         output.meta_info.update(metrics=metrics, timing=timer.result())
         if self._is_actor:
             output.meta_info["actor_weights_version"] = self._weights_version

@@ -11,7 +11,8 @@ from trainer_helpers import tiny_overrides
 
 PPO_N1 = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
           "critic.ppo_micro_batch_size_per_gpu": 4}
-PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo", "rlvr_mixed"]
+PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo", "rlvr_mixed",
+           "tool_job"]
 
 
 @pytest.fixture
@@ -22,10 +23,14 @@ def overrides(tiny_model_dir, tiny_data, tmp_path):
     return make
 
 
-def test_every_preset_is_shipped_and_valid(overrides):
+def test_every_preset_is_shipped_and_valid(overrides, tmp_path):
     assert list_presets() == PRESETS
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - class_name: rlvr.agent.tools.calculator.CalculatorTool\n")
     for preset in PRESETS:
         extra = PPO_N1 if preset == "ppo" else {"reward_model.overlong_buffer.len": 4}
+        if preset == "tool_job":
+            extra["actor_rollout_ref.rollout.multi_turn.tool_config_path"] = str(tools)
         if preset == "rlvr_mixed":  # the tiny data's domain needs a route too
             extra = {**extra, "reward.routes.tiny": "naive"}
         cfg = load_config(preset, overrides(**extra))

@@ -109,6 +109,32 @@ def test_gsm8k_from_local_files(tmp_path):
         gsm8k.extract_solution("no marker")
 
 
+def test_tool_use_rows_show_the_tool_in_smollm2_format_and_hold_out_the_test_set(tmp_path):
+    from rlvr.agent.tool_parser import ToolCall, get_tool_parser
+    from rlvr.agent.tools import load_tools
+    from rlvr.data_prep import tool_use
+
+    train, test, tools = tool_use.build(tmp_path, train_size=30, test_size=10, seed=0, fewshot=1)
+    train_rows, test_rows = read_rows(str(train)), read_rows(str(test))
+    assert (len(train_rows), len(test_rows)) == (30, 10)
+    assert list(load_tools(tools)) == ["calculator"]
+    row = test_rows[0]
+    system, shot_question, shot_call, shot_result, shot_answer, question = row["prompt"]
+    assert '<tools>[{"name": "calculator"' in system["content"] and "<tool_call>[" in system["content"]
+    a, b = (int(x) for x in row["extra_info"]["metadata"]["expression"].split(" * "))
+    assert question == {"role": "user", "content": f"What is {a} * {b}?"} and row["agent_name"] == "tool_agent"
+    expression = shot_question["content"][len("What is "):-1]
+    assert get_tool_parser("hermes").parse(shot_call["content"]).calls == [ToolCall("calculator", {"expression": expression})]
+    x, y = (int(v) for v in expression.split(" * "))
+    assert shot_result == {"role": "tool", "content": str(x * y)} and shot_answer["content"] == str(x * y)
+    assert row["reward_model"]["ground_truth"] == str(a * b)
+    scored = default_compute_score(row["data_source"], f"<tool_call>...</tool_call>\n{a * b}",
+                                   row["reward_model"]["ground_truth"], row["extra_info"])
+    assert scored["acc"] == 1.0
+    held_out = {r["extra_info"]["metadata"]["expression"] for r in test_rows} | {expression}
+    assert not held_out & {r["extra_info"]["metadata"]["expression"] for r in train_rows}
+
+
 def test_mixed_domains_rows_carry_checkable_ground_truths(tmp_path):
     from rlvr.data_prep import mixed
     from rlvr.reward.scorers.code import build_task

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from rlvr.trainer.progress import TrainingProgress
-from rlvr.trainer.report import generations_table, write_report
+from rlvr.trainer.report import generations_table, metric_summary, write_report
 from rlvr.trainer.tracking import ConsoleLogger, JsonlLogger, Tracking, read_metrics
 from rlvr.utils.errors import RlvrError
 
@@ -91,6 +91,8 @@ def test_progress_time_budget():
     assert not progress.out_of_time()  # 60 s elapsed + a 30 s step fits in 100 s
     progress.update(60.0, {})
     assert progress.out_of_time()  # 60 s + the 45 s mean step would overrun 100 s
+    progress.restart_clock()  # e.g. after the validation before training
+    assert not progress.out_of_time() and progress.elapsed_s() < 1.0
     progress.close()
 
 
@@ -107,3 +109,15 @@ def test_progress_total_follows_the_time_budget():
     assert unlimited.expected_last_step() == 12
     progress.close()
     unlimited.close()
+
+
+def test_metric_summary_shows_accuracy_and_tool_use_before_and_after():
+    rows = [{"step": 0, "val/acc": 0.28, "val/agent/tool_use_rate": 0.28, "val/agent/correct_with_tool": 1.0},
+            {"step": 1, "timing/step": 40.0}, {"step": 2, "timing/step": 60.0},
+            {"step": 2, "val/acc": 0.7, "val/agent/tool_use_rate": 0.75, "val/agent/correct_with_tool": 1.0}]
+    assert metric_summary(rows) == {
+        "val/acc before (step 0)": 0.28, "val/acc after (step 2)": 0.7,
+        "val/agent/tool_use_rate before (step 0)": 0.28, "val/agent/tool_use_rate after (step 2)": 0.75,
+        "val/agent/correct_with_tool before (step 0)": 1.0, "val/agent/correct_with_tool after (step 2)": 1.0,
+        "mean step time (s)": 50.0}
+    assert metric_summary([{"step": 0, "val/acc": 0.5}]) == {"val/acc before (step 0)": 0.5, "val/acc after (step 0)": 0.5}

@@ -150,6 +150,24 @@ class SamplingConfig:
 
 
 @dataclass
+class AgentConfig:
+    default_agent_loop: str = _f("single_turn", "agent loop (registry) for rows without an agent_name field: single_turn | tool_agent | env_agent")
+
+
+@dataclass
+class MultiTurnConfig:
+    max_assistant_turns: int = _f(4, "most model turns in one multi-turn rollout (tool_agent, env_agent)")
+    max_tool_response_tokens: int = _f(256, "an inserted tool result or environment reply is cut to this many tokens")
+    tool_config_path: Optional[str] = _f(None, "YAML file of the tools of tool_agent (see rlvr.agent.tools)")
+    format: str = _f("hermes", "tool-call parser (registry): hermes = <tool_call>{json}</tool_call>")
+    stop_after_tool_call: bool = _f(True, "end a model turn right after a complete tool call (the parser's stop strings)")
+    max_parallel_calls: int = _f(1, "tool calls run per model turn; further calls in the turn get an error message")
+    tool_timeout_s: float = _f(30.0, "time limit of one turn's tool calls (all samples together); a late call becomes an error message")
+    env_name: Optional[str] = _f(None, "environment (registry) of the env_agent loop, e.g. retry")
+    env_kwargs: dict = _f({}, "keyword arguments of the environment's constructor")
+
+
+@dataclass
 class RolloutConfig:
     name: str = _f("hf", "rollout engine from the registry: hf (transformers) | vllm (vLLM's LLM in the worker's process; `make setup-vllm`)")
     n: int = _f(8, "responses sampled per prompt")
@@ -178,6 +196,8 @@ class RolloutConfig:
     load_format: str = _f("dummy", "vllm: the engine's first weights: dummy (random; the actor's are loaded in place before the first generation) | auto (read from the model folder)")
     kv_cache_memory_bytes: Optional[int] = _f(None, "vllm: KV-cache size in bytes (None = gpu_memory_utilization on GPU, 1 GiB on CPU)")
     block_size: Optional[int] = _f(None, "vllm: KV-cache block in tokens (None = 32 on CPU, where the default 128 outgrows short prompts; vLLM's default on GPU)")
+    agent: AgentConfig = _sub(AgentConfig, "agent loops above the engine (single-turn, tools, environments)")
+    multi_turn: MultiTurnConfig = _sub(MultiTurnConfig, "limits, tools and environment of multi-turn agent loops")
 
 
 @dataclass
@@ -294,7 +314,7 @@ class TrainerConfig:
     n_gpus_per_node: int = _f(1, "workers per node (GPUs, or CPU processes when device=cpu)")
     total_epochs: int = _f(1, "passes over the training data")
     total_training_steps: Optional[int] = _f(None, "stop after this many steps (None = epochs x batches)")
-    max_time_s: Optional[float] = _f(None, "stop training after this wall time (checkpoint + report still written)")
+    max_time_s: Optional[float] = _f(None, "stop training after this wall time of the training loop (the validation before training is not counted; checkpoint + report still written)")
     critic_warmup: int = _f(0, "steps that train only the critic before the actor starts")
     test_freq: int = _f(-1, "validate every N steps (-1 = only at the end)")
     val_before_train: bool = _f(True, "validate before the first step")

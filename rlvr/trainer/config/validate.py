@@ -183,8 +183,28 @@ def _check_rollout(cfg: DictConfig) -> None:
              "sampling needs temperature > 0; for greedy decoding set rollout.do_sample=False")
     _require(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
     _require(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", "must be >= 1")
+    _check_agent(rollout)
     if rollout.name == "vllm":
         _check_vllm(rollout, world_size(cfg))
+
+
+def _check_agent(rollout: DictConfig) -> None:
+    """The multi-turn settings the default agent loop needs (its name, the parser's and the
+    environment's are registry names: :func:`check_names`)."""
+    key = "actor_rollout_ref.rollout.multi_turn"
+    loop, mt = rollout.agent.default_agent_loop, rollout.multi_turn
+    _require(mt.max_assistant_turns >= 1, f"{key}.max_assistant_turns", "must be >= 1 model turn")
+    _require(mt.max_tool_response_tokens >= 1, f"{key}.max_tool_response_tokens", "must be >= 1 token")
+    _require(mt.max_parallel_calls >= 1, f"{key}.max_parallel_calls", "must be >= 1 call per turn")
+    _require(mt.tool_timeout_s > 0, f"{key}.tool_timeout_s", "must be > 0 seconds")
+    if mt.tool_config_path is not None or loop == "tool_agent":
+        _require(mt.tool_config_path is not None and Path(mt.tool_config_path).is_file(), f"{key}.tool_config_path",
+                 f"the tool_agent loop needs a YAML file of tools (see rlvr.agent.tools); {mt.tool_config_path!r} "
+                 "is not a file")
+    if loop == "env_agent":
+        _require(mt.env_name is not None, f"{key}.env_name",
+                 "the env_agent loop needs an environment: set it to a registered one (built in: retry; "
+                 "add one with rlvr.agent.register_environment)")
 
 
 def _check_vllm(rollout: DictConfig, workers: int) -> None:
@@ -300,6 +320,7 @@ def _check_code_sandbox(cfg: DictConfig) -> None:
 
 def registered_names() -> dict[str, list[str]]:
     """Config key -> the names its registry holds now (imports the registries, hence torch)."""
+    from rlvr.agent import AGENT_LOOPS, ENVIRONMENTS, TOOL_PARSERS
     from rlvr.reward.managers import REWARD_MANAGER_REGISTRY
     from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
     from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
@@ -316,6 +337,9 @@ def registered_names() -> dict[str, list[str]]:
         "algorithm.kl_penalty": sorted(TOKEN_KL_PENALTY_NAMES),
         "algorithm.rollout_correction.rollout_is": ROLLOUT_RATIO_LEVELS.names(),
         "algorithm.rollout_correction.rollout_rs": ROLLOUT_RATIO_LEVELS.names(),
+        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOPS.names(),
+        "actor_rollout_ref.rollout.multi_turn.format": TOOL_PARSERS.names(),
+        "actor_rollout_ref.rollout.multi_turn.env_name": ENVIRONMENTS.names(),
     }
 
 
@@ -354,7 +378,8 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
 
     Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
     registry names (estimator, policy loss, reward manager, rollout engine, KL estimators,
-    rollout-correction levels), what the estimator's registry entry needs (groups: ``n > 1``; a
+    rollout-correction levels, agent loop, tool-call parser, environment), the tools file of tool_agent,
+    what the estimator's registry entry needs (groups: ``n > 1``; a
     critic: ``critic.enable``), loss and estimator knobs, reward routes (their names, and a route for
     every domain in the data files), strategy and hybrid engine, resume settings, dynamic sampling,
     and that a CUDA device is visible when ``trainer.device=cuda``.

@@ -6,7 +6,8 @@ A row (parquet or JSONL) holds::
      "prompt": [{"role": "user", "content": "..."}],      # chat messages
      "ability": "math",
      "reward_model": {"style": "rule", "ground_truth": "72"},
-     "extra_info": {"split": "train", "index": 0, ...}}
+     "extra_info": {"split": "train", "index": 0, ...},
+     "agent_name": "tool_agent"}                          # optional: the row's agent loop
 
 Every prompt is rendered with the tokenizer's chat template and left-padded to one fixed length
 (the longest kept prompt of the file, at most ``data.max_prompt_length``), so that batches drawn at
@@ -131,7 +132,8 @@ class RLHFDataset(Dataset):
 
     Each item is a dict with ``input_ids``, ``attention_mask``, ``position_ids`` (``[prompt_len]``,
     left-padded) and the non-tensor fields ``raw_prompt``, ``data_source``, ``tag`` (the row's
-    ``tag`` column, else its data source), ``ability``, ``reward_model``, ``extra_info``, ``index``.
+    ``tag`` column, else its data source), ``ability``, ``reward_model``, ``extra_info``, ``index``,
+    ``agent_name`` (None when the row has none).
 
     Raises:
         DataError: an unreadable file, a malformed row or a missing field (naming the file, the row
@@ -212,6 +214,7 @@ class RLHFDataset(Dataset):
             "reward_model": dict(row["reward_model"]),
             "extra_info": dict(row.get("extra_info") or {}),
             "index": index,
+            "agent_name": row.get("agent_name"),  # the row's agent loop (None: rollout.agent.default_agent_loop)
         }
 
 

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from rlvr.agent.metrics import tool_use_metrics, transcript
 from rlvr.protocol import DataProto
 from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
 from rlvr.single_controller import ClassWithInitArgs, RayWorkerGroup, WorkerGroup
@@ -275,6 +276,7 @@ class RayPPOTrainer:
         cfg = self.config.trainer
         if self._val_before_train_due:
             self._log(self._validate(), step=0)
+            progress.restart_clock()  # max_time_s budgets the training loop
             self._val_before_train_due = False
         while self.global_steps < self.total_training_steps and not progress.out_of_time() and not self.stop.requested:
             self.global_steps += 1
@@ -344,6 +346,7 @@ class RayPPOTrainer:
         if batch is None:
             return {**metrics, "train/skipped_step": 1.0, **{f"timing/{k}": v for k, v in timing.items()}}
         metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics.update(_tool_use_metrics("train", batch))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, world_size(self.config)))
         return metrics
@@ -414,8 +417,10 @@ class RayPPOTrainer:
 
     def _generate(self, batch: DataProto, validate: bool, do_sample: bool | None = None) -> DataProto:
         """``batch`` (prompts; its prompt tensors are moved to the rollout input) united with the
-        rollout's output."""
+        rollout's output. The rows' non-tensor fields go along: agent loops read ``agent_name``, tool
+        kwargs and, for environments, the ground truth."""
         gen_input = batch.pop(batch_keys=PROMPT_KEYS)
+        gen_input.non_tensor_batch = dict(batch.non_tensor_batch)
         gen_input.meta_info = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
                                "validate": validate, "global_steps": self.global_steps}
         if do_sample is not None:
@@ -430,6 +435,8 @@ class RayPPOTrainer:
     def _score(self, batch: DataProto, reward_fn: Any) -> dict[str, float]:
         """``token_level_scores`` and per-sample ``acc`` into ``batch``; returns the reward metrics."""
         reward_tensor, extra = compute_reward(batch, reward_fn)
+        if "turn_scores" in batch.batch.keys():  # rewards of tools / environments during a multi-turn rollout
+            reward_tensor = reward_tensor + batch.batch["turn_scores"]
         batch.batch["token_level_scores"] = reward_tensor
         acc = sample_accuracy(reward_tensor.sum(-1), extra)
         batch.non_tensor_batch["acc"] = np.array(acc.tolist(), dtype=object)
@@ -514,7 +521,7 @@ class RayPPOTrainer:
         cfg = self.config
         val_n = cfg.actor_rollout_ref.rollout.val_kwargs.n
         size = cfg.data.val_batch_size or len(self.val_dataset)
-        sources, scores, accs = [], [], []
+        sources, scores, accs, tool_calls = [], [], [], []
         for start in range(0, len(self.val_dataset), size):
             items = [self.val_dataset[i] for i in range(start, min(start + size, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(items)).repeat(val_n, interleave=True)
@@ -524,18 +531,20 @@ class RayPPOTrainer:
             sources += batch.non_tensor_batch["data_source"].tolist()
             scores += seq_scores
             accs += batch.non_tensor_batch["acc"].tolist()
+            tool_calls += batch.non_tensor_batch.get("num_tool_calls", np.full(len(batch), None)).tolist()
             self._keep_generations(batch, seq_scores)
-        return per_source_metrics("val", sources, scores, accs)
+        return {**per_source_metrics("val", sources, scores, accs), **tool_use_metrics("val", accs, tool_calls)}
 
     def _keep_generations(self, batch: DataProto, seq_scores: list[float]) -> None:
         limit = self.config.trainer.log_val_generations
         taken = sum(1 for g in self.val_generations if g["step"] == self.global_steps)
+        response_len = batch.batch["responses"].shape[1]
         for i in range(min(limit - taken, len(batch))):
-            mask = batch.batch["response_mask"][i].bool()
             self.val_generations.append({
                 "step": self.global_steps,
                 "prompt": batch.non_tensor_batch["raw_prompt"][i][-1]["content"],  # the last (user) message
-                "response": self.tokenizer.decode(batch.batch["responses"][i][mask], skip_special_tokens=True),
+                "response": transcript(self.tokenizer, batch.batch["responses"][i], batch.batch["response_mask"][i],
+                                       batch.batch["attention_mask"][i, -response_len:]),
                 "ground_truth": batch.non_tensor_batch["reward_model"][i].get("ground_truth"),
                 "score": seq_scores[i]})
 
@@ -583,6 +592,13 @@ class RayPPOTrainer:
             "worker restarts": len(self.recovery.failures)}
         write_report(self.run_dir, rows, first_and_last_generations(self.val_generations), summary,
                      self.recovery.report_rows())
+
+
+def _tool_use_metrics(prefix: str, batch: DataProto) -> dict[str, float]:
+    """Tool use among the batch's samples and correct answers (multi-turn rollouts only)."""
+    if "num_tool_calls" not in batch.non_tensor_batch:
+        return {}
+    return tool_use_metrics(prefix, batch.non_tensor_batch["acc"].tolist(), batch.non_tensor_batch["num_tool_calls"].tolist())
 
 
 def _resolve_device(device: str) -> str:

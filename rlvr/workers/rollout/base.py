@@ -10,12 +10,19 @@ Contract of ``generate_sequences(prompts)``:
 - input ``prompts``: ``input_ids``, ``attention_mask``, ``position_ids`` ``[B, P]`` (left-padded);
   ``meta_info`` may hold ``eos_token_id``, ``pad_token_id``, ``do_sample``, ``temperature``,
   ``top_p``, ``top_k``, ``n``, ``validate`` (True: use ``rollout.val_kwargs``).
+- two optional per-call keys, for agent loops that generate a conversation turn by turn:
+  ``meta_info["response_length"]`` (int, ``1 <= L <= rollout.response_length``): at most ``L`` new
+  tokens in this call, and the output's response width is ``R = L``;
+  ``meta_info["stop"]`` (list of strings, replaces ``rollout.stop`` for this call): a row stops after
+  the token that completes a stop string, and that token is kept in the response (mask 1).
+  Prompts of different lengths arrive left-padded, as always.
 - one response per row unless ``meta_info["n"]`` asks for more: the trainer repeats the prompts
   itself (``batch.repeat(rollout.n, interleave=True)``, as verl does), so ``rollout.n`` in the
   config is not applied by the engine.
 - output: ``prompts [B, P]``, ``responses [B, R]`` (right-padded with the pad id, ``R =
-  rollout.response_length``), ``input_ids``, ``attention_mask``, ``position_ids`` ``[B, P+R]``,
-  ``response_mask [B, R]`` (1 up to and including EOS or the token that completed a stop string),
+  meta_info["response_length"]`` if given, else ``rollout.response_length``), ``input_ids``,
+  ``attention_mask``, ``position_ids`` ``[B, P+R]``, ``response_mask [B, R]`` (1 up to and including
+  EOS or the token that completed a stop string),
   ``rollout_log_probs [B, R]`` (float32 log-prob of each sampled token under
   ``softmax(logits / temperature)``, before top-p/top-k; 0 after the end); the prompts'
   non-tensor fields are carried over. ``meta_info["rollout_log_prob_temperature"]`` is the

@@ -20,8 +20,10 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
 from rlvr.workers.batching import distinct_prompts
-from rlvr.workers.rollout.base import Weights, as_named_tensors, call_settings, register_rollout_engine, response_tensors
-from rlvr.workers.rollout.sampling import SamplingParams, sample_tokens
+from rlvr.workers.rollout.base import (
+    CallSettings, Weights, as_named_tensors, call_settings, register_rollout_engine, response_tensors,
+)
+from rlvr.workers.rollout.sampling import sample_tokens
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
 
 __all__ = ["HFRollout"]
@@ -56,8 +58,6 @@ class HFRollout:
         self.weights_version = 0
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
-        self.stop = [str(s) for s in config.stop]
-        self._stop_window = max((len(s) for s in self.stop), default=0) + 2
         if config.compile and not config.static_cache:
             raise ValueError("rollout.compile needs rollout.static_cache=true (the compiled step has fixed shapes)")
         if config.static_cache:
@@ -115,36 +115,47 @@ class HFRollout:
         See :mod:`rlvr.workers.rollout.base` for the input and output keys.
         """
         prompts, settings = call_settings(self.config, self.tokenizer, prompts)
-        params, eos_ids, pad_id = settings.sampling, settings.eos_ids, settings.pad_id
         self.module.eval()
         outputs = []
         size = int(self.config.micro_batch_size)
         for start in range(0, len(prompts), size):
             chunk = {key: prompts.batch[key][start : start + size] for key in _PROMPT_KEYS}
-            outputs.append(self._generate(chunk, params, eos_ids, pad_id))
+            outputs.append(self._generate(chunk, settings))
         tensors = {key: torch.cat([out[key] for out in outputs]) for key in outputs[0]}
         out_meta = {
-            "rollout_log_prob_temperature": params.log_prob_temperature,
+            "rollout_log_prob_temperature": settings.sampling.log_prob_temperature,
             "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32,
             "rollout_weights_version": self.weights_version,
         }
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=out_meta)
 
-    def _stopped_by_string(self, responses: torch.Tensor, step: int, active: torch.Tensor) -> torch.Tensor:
-        """Rows (among ``active``) whose response text now contains a stop string ``[b]`` bool."""
+    def _stopped_by_string(self, responses: torch.Tensor, step: int, active: torch.Tensor,
+                           stop: list[str]) -> torch.Tensor:
+        """Rows (among ``active``) whose response text now contains a stop string ``[b]`` bool.
+
+        Only the last tokens are decoded (enough characters for the longest stop string), so a stop
+        string counts once the token that completes it has been sampled.
+        """
         hit = torch.zeros_like(active)
-        first = max(0, step + 1 - self._stop_window)
+        first = max(0, step + 1 - (max(len(s) for s in stop) + 2))
         for row in active.nonzero().flatten().tolist():
             text = self.tokenizer.decode(responses[row, first : step + 1].tolist(), skip_special_tokens=False)
-            hit[row] = any(s in text for s in self.stop)
+            hit[row] = any(s in text for s in stop)
         return hit
 
-    def _generate(self, prompt: dict[str, torch.Tensor], params: SamplingParams, eos_ids: list[int],
-                  pad_id: int) -> dict[str, torch.Tensor]:
-        """Decode one micro-batch of prompts ``[b, P]``; returns the output tensors (CPU)."""
+    def _generate(self, prompt: dict[str, torch.Tensor], settings: CallSettings) -> dict[str, torch.Tensor]:
+        """Decode one micro-batch of prompts ``[b, P]`` for up to ``settings.response_length`` tokens;
+        returns the output tensors (CPU)."""
         input_ids, attention_mask, position_ids = (prompt[k] for k in _PROMPT_KEYS)
-        rows, response_len = input_ids.shape[0], int(self.config.response_length)
+        params, pad_id, stop = settings.sampling, settings.pad_id, settings.stop
+        rows, response_len = input_ids.shape[0], settings.response_length
         start = int(attention_mask.any(dim=0).nonzero()[0])
+        if isinstance(self.decoder, StaticCacheDecoder) and input_ids.shape[1] - start + response_len > \
+                self.decoder.max_cache_len:
+            raise ValueError(
+                f"a prompt batch {input_ids.shape[1] - start} tokens wide plus {response_len} new tokens does not "
+                f"fit the static KV cache of {self.decoder.max_cache_len} columns (rollout.prompt_length + "
+                "rollout.response_length); ask for fewer tokens with meta_info['response_length']")
         next_pos = position_ids[:, -1].to(self.device) + 1
         # with the growing cache each distinct prompt is prefilled once (a static cache has fixed rows)
         prefill_rows, row_of_prompt = slice(None), None
@@ -162,8 +173,8 @@ class HFRollout:
         log_probs = torch.zeros(rows, response_len, device=self.device)
         response_mask = torch.zeros(rows, response_len, dtype=attention_mask.dtype, device=self.device)
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        eos = torch.tensor(eos_ids, device=self.device)
-        can_stop = not self.config.ignore_eos or bool(self.stop)  # else no device read-back per step
+        eos = torch.tensor(settings.eos_ids, device=self.device)
+        can_stop = not self.config.ignore_eos or bool(stop)  # else no device read-back per step
         for step in range(response_len):
             tokens, token_log_probs = sample_tokens(logits, params, self.generator)
             active = ~done
@@ -172,8 +183,8 @@ class HFRollout:
             response_mask[:, step] = active.to(response_mask.dtype)
             if not self.config.ignore_eos:
                 done |= torch.isin(tokens, eos)
-            if self.stop:
-                done |= self._stopped_by_string(responses, step, active & ~done)
+            if stop:
+                done |= self._stopped_by_string(responses, step, active & ~done, stop)
             if step == response_len - 1 or (can_stop and bool(done.all())):
                 break
             logits = self.decoder.step(tokens, next_pos + step)

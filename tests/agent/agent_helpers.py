@@ -1,0 +1,187 @@
+"""Helpers of the agent-loop tests: a scripted rollout engine, rollout configs, a tools file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import threading
+import time
+
+import torch
+from omegaconf import OmegaConf
+
+from rlvr.agent.tools import BaseTool, ToolResponse, function_schema
+from rlvr.protocol import DataProto
+from rlvr.trainer.config.schema import RolloutConfig
+from rlvr.utils.testing import tiny_causal_lm
+from rlvr.utils.torch_functional import compute_position_ids
+
+
+def eos_prone_tiny_model():
+    """The tiny random model and tokenizer, made to end a turn after a few tokens (1 to about 30): the
+    output embedding of EOS (tied to its input embedding) points along a typical final hidden state."""
+    model, tokenizer = tiny_causal_lm(hidden_size=64, num_hidden_layers=2, seed=3)
+    with torch.no_grad():
+        hidden = model.model(tokenizer(["say 1 2 3", "what is 4"], return_tensors="pt", padding=True)["input_ids"])
+        direction = hidden.last_hidden_state.mean(dim=(0, 1))
+        model.lm_head.weight[tokenizer.eos_token_id] = 2.0 * direction / direction.norm()
+    return model, tokenizer
+
+
+def fake_log_prob(token: int) -> float:
+    """The log-prob the scripted engine reports for a sampled ``token`` (checkable afterwards)."""
+    return -((token % 97) + 1) / 100.0
+
+
+class ScriptedEngine:
+    """A rollout engine that "samples" scripted ids: one script per prompt (keyed by the prompt's
+    ids), one list of ids per model turn. Follows the engine protocol, ``meta_info["response_length"]``
+    and ``meta_info["stop"]`` included: a turn is cut after the token that completes a stop string
+    (the rest of that turn is dropped) or after ``response_length`` ids (the rest comes next call).
+
+    Attributes:
+        calls: ``(rows, response_length, stop)`` of every call, in order.
+    """
+
+    def __init__(self, tokenizer, scripts: dict[tuple[int, ...], list[list[int]]], response_length: int = 64) -> None:
+        self.tokenizer = tokenizer
+        self.response_length = response_length
+        self.turns = {key: [list(turn) for turn in turns] for key, turns in scripts.items()}
+        self.pending: dict[tuple[int, ...], list[int]] = {}
+        self.calls: list[tuple[int, int, list[str]]] = []
+
+    def _script_of(self, context: list[int]) -> tuple[int, ...]:
+        keys = [key for key in self.turns if tuple(context[: len(key)]) == key]
+        assert len(keys) == 1, f"no single script for context {context[:20]}..."
+        return keys[0]
+
+    def _emit(self, key: tuple[int, ...], length: int, stop: list[str]) -> list[int]:
+        if not self.pending.get(key):
+            self.pending[key] = self.turns[key].pop(0)
+        pending, out = self.pending[key], []
+        while pending and len(out) < length:
+            out.append(pending.pop(0))
+            if stop and any(s in self.tokenizer.decode(out) for s in stop):
+                pending.clear()
+        return out
+
+    def generate_sequences(self, prompts: DataProto) -> DataProto:
+        meta = prompts.meta_info
+        length, stop = int(meta.get("response_length", self.response_length)), list(meta.get("stop", []))
+        self.calls.append((len(prompts), length, stop))
+        pad = self.tokenizer.pad_token_id
+        ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
+        responses = torch.full((len(prompts), length), pad, dtype=torch.long)
+        response_mask = torch.zeros(len(prompts), length, dtype=torch.long)
+        log_probs = torch.zeros(len(prompts), length)
+        for row in range(len(prompts)):
+            out = self._emit(self._script_of(ids[row][mask[row].bool()].tolist()), length, stop)
+            responses[row, : len(out)] = torch.tensor(out)
+            response_mask[row, : len(out)] = 1
+            log_probs[row, : len(out)] = torch.tensor([fake_log_prob(t) for t in out])
+        attention = torch.cat([mask, response_mask], dim=1)
+        tensors = {"prompts": ids, "responses": responses, "input_ids": torch.cat([ids, responses], dim=1),
+                   "attention_mask": attention, "position_ids": compute_position_ids(attention),
+                   "response_mask": response_mask, "rollout_log_probs": log_probs}
+        return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch),
+                                   meta_info={"rollout_log_prob_temperature": 1.0, "rollout_log_probs_exact": True})
+
+
+def rollout_config(response_length: int = 64, prompt_length: int = 64, **multi_turn: Any):
+    """The ``rollout`` section as a DictConfig with the given lengths and ``multi_turn`` settings."""
+    cfg = OmegaConf.structured(RolloutConfig)
+    cfg.response_length, cfg.prompt_length = response_length, prompt_length
+    for key, value in multi_turn.items():
+        cfg.multi_turn[key] = value
+    return cfg
+
+
+def prompt_batch(tokenizer, prompt_ids: list[list[int]], non_tensors: dict | None = None, **meta) -> DataProto:
+    """Left-padded prompts as an engine input."""
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(prompt_ids), width, dtype=torch.long)
+    for i, row in enumerate(prompt_ids):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+    tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
+    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors or {}, meta_info=meta)
+
+
+def write_tools_file(path: Path, *entries: str, configs: dict[str, str] | None = None) -> Path:
+    """A tools YAML file with the given class names (``configs``: class name -> YAML flow mapping)."""
+    configs = configs or {}
+    lines = ["tools:"] + [f"  - class_name: {name}\n    config: {configs.get(name, '{}')}" for name in entries]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class EchoTool(BaseTool):
+    """``c(text)``: returns its config's ``reply`` (default: the ``text`` argument)."""
+
+    @classmethod
+    def default_schema(cls):
+        return function_schema("c", "echo", {"text": {"type": "string"}}, [])
+
+    def execute(self, instance_id, parameters, **kwargs):
+        return ToolResponse(str(self.config.get("reply", parameters.get("text", "2")))), 0.0, {}
+
+
+class SleepyTool(BaseTool):
+    """``sleep()``: sleeps ``config["seconds"]`` before answering (a hung tool when long)."""
+
+    @classmethod
+    def default_schema(cls):
+        return function_schema("sleep", "sleeps", {}, [])
+
+    def execute(self, instance_id, parameters, **kwargs):
+        time.sleep(float(self.config.get("seconds", 30)))
+        return ToolResponse("woke up"), 0.0, {}
+
+
+class FailingTool(BaseTool):
+    """``fail()``: raises."""
+
+    @classmethod
+    def default_schema(cls):
+        return function_schema("fail", "fails", {}, [])
+
+    def execute(self, instance_id, parameters, **kwargs):
+        raise RuntimeError("disk on fire")
+
+
+class CountingTool(BaseTool):
+    """``count()``: counts calls per trajectory; step reward 0.5 per call, final reward = the count.
+    Records the life cycle (``created``, ``released``, ``create_kwargs``) across all instances."""
+
+    created: list[str] = []
+    released: list[str] = []
+    create_kwargs: list[dict] = []
+
+    def __init__(self, config=None, tool_schema=None):
+        super().__init__(config, tool_schema)
+        self.calls: dict[str, int] = {}
+        self.lock = threading.Lock()
+
+    @classmethod
+    def default_schema(cls):
+        return function_schema("count", "counts", {}, [])
+
+    def create(self, instance_id=None, **kwargs):
+        instance = super().create(instance_id)
+        with self.lock:
+            CountingTool.created.append(instance)
+            CountingTool.create_kwargs.append(dict(kwargs))
+        return instance
+
+    def execute(self, instance_id, parameters, **kwargs):
+        self.calls[instance_id] = self.calls.get(instance_id, 0) + 1
+        return ToolResponse(str(self.calls[instance_id])), 0.5, {}
+
+    def calc_reward(self, instance_id, **kwargs):
+        return float(self.calls[instance_id])
+
+    def release(self, instance_id, **kwargs):
+        with self.lock:
+            CountingTool.released.append(instance_id)
