@@ -17,10 +17,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_tool_agent_trains_the_real_model_with_the_calculator(tmp_path):
-    train, test, tools = tool_use.build(tmp_path / "data", train_size=24, test_size=8, seed=0, fewshot=1)
+    train, test, tools = tool_use.build(tmp_path / "data", train_size=24, test_size=4, seed=0, fewshot=1)
     cfg = load_config("tool_job", [
         f"data.train_files={train}", f"data.val_files={test}",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+        # a quarter of the job's batch (2 questions x 4 samples) keeps the test to a few minutes on 2 cores
+        "data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "trainer.total_training_steps=3", "trainer.max_time_s=null", "trainer.seed=1",
         f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.export_hf=False", "trainer.progress_bar=False",
         "trainer.logger=[console,jsonl]",
