@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_tool_agent_trains_the_real_model_with_the_calculator(tmp_path):
-    train, test, tools = tool_use.build(tmp_path / "data", train_size=24, test_size=4, seed=0, fewshot=1)
+    train, test, tools = tool_use.build(tmp_path / "data", train_size=24, test_size=8, seed=0, fewshot=1)
     cfg = load_config("tool_job", [
         f"data.train_files={train}", f"data.val_files={test}",
         f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",

@@ -116,8 +116,9 @@ def test_metric_summary_shows_accuracy_and_tool_use_before_and_after():
             {"step": 1, "timing/step": 40.0}, {"step": 2, "timing/step": 60.0},
             {"step": 2, "val/acc": 0.7, "val/agent/tool_use_rate": 0.75, "val/agent/correct_with_tool": 1.0}]
     assert metric_summary(rows) == {
-        "val/acc before (step 0)": 0.28, "val/acc after (step 2)": 0.7,
+        "val/acc before (step 0)": 0.28, "val/acc after (step 2)": 0.7, "val/acc by step": "0: 0.28, 2: 0.70",
         "val/agent/tool_use_rate before (step 0)": 0.28, "val/agent/tool_use_rate after (step 2)": 0.75,
         "val/agent/correct_with_tool before (step 0)": 1.0, "val/agent/correct_with_tool after (step 2)": 1.0,
         "mean step time (s)": 50.0}
-    assert metric_summary([{"step": 0, "val/acc": 0.5}]) == {"val/acc before (step 0)": 0.5, "val/acc after (step 0)": 0.5}
+    assert metric_summary([{"step": 0, "val/acc": 0.5}]) == {"val/acc before (step 0)": 0.5, "val/acc after (step 0)": 0.5,
+                                                            "val/acc by step": "0: 0.50"}
