@@ -171,7 +171,7 @@ class EnvAgentLoop:
             return replies
 
         batch, engine_meta = self.driver.run(engine, prompts, respond, [])
-        meta = {**engine_meta, "metrics": trajectory_metrics(batch)}
+        meta = {**engine_meta, "metrics": trajectory_metrics(batch, ("env_reward", "observation_tokens"))}
         return batch.to_output(prompts, self.driver.limits.response_length, meta)
 
     def _with_first_observations(self, prompts: DataProto, rows: list[dict[str, Any]], firsts: list[Any]) -> DataProto:

@@ -16,18 +16,19 @@ INSERTED_OPEN, INSERTED_CLOSE = "[[", "]]"
 """Marks around inserted (mask 0) spans in a transcript."""
 
 
-def trajectory_metrics(batch: TrajectoryBatch) -> dict[str, float]:
+def trajectory_metrics(batch: TrajectoryBatch, counters: Sequence[str] = ()) -> dict[str, float]:
     """``agent/*`` metrics of a finished batch: model turns per sample (``agent/num_turns/mean|max|min``),
     how the trajectories ended (``agent/stop/<reason>``, fractions) and the per-sample means of the
     loop's counters (``agent/<counter>``: tool calls, tool errors, malformed calls, timeouts, truncated
-    tool responses, inserted tokens, environment rewards)."""
+    tool responses, inserted tokens, environment rewards). The names in ``counters`` are reported every
+    step (0.0 when nothing was counted), so a loop's metric keys do not come and go between steps."""
     items = batch.items
     turns = np.array([t.assistant_turns for t in items], dtype=np.float64)
     metrics = {"agent/num_turns/mean": float(turns.mean()), "agent/num_turns/max": float(turns.max()),
                "agent/num_turns/min": float(turns.min())}
     for reason in STOP_REASONS:
         metrics[f"agent/stop/{reason}"] = float(np.mean([t.stop_reason == reason for t in items]))
-    for name in sorted({name for t in items for name in t.counts}):
+    for name in sorted({name for t in items for name in t.counts} | set(counters)):
         metrics[f"agent/{name}"] = float(np.mean([t.counts.get(name, 0.0) for t in items]))
     return metrics
 

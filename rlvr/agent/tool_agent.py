@@ -104,6 +104,11 @@ class _Session:
                 items[row].count("tool_errors")
 
 
+TOOL_COUNTERS = ("tool_calls", "tool_errors", "malformed_tool_calls", "tool_timeouts", "tool_responses_truncated",
+                 "observation_tokens")
+"""The counters the tool loop reports every step (see the module docstring)."""
+
+
 @register_agent_loop("tool_agent")
 class ToolAgentLoop:
     """Multi-turn rollouts with tool calls (see the module docstring).
@@ -146,7 +151,7 @@ class ToolAgentLoop:
 
         batch, engine_meta = self.driver.run(engine, prompts, respond, self.stop)
         session.close(batch.items, float(self.settings.tool_timeout_s))
-        metrics = {**trajectory_metrics(batch), "agent/tool_time_s": waited[0]}
+        metrics = {**trajectory_metrics(batch, TOOL_COUNTERS), "agent/tool_time_s": waited[0]}
         return batch.to_output(prompts, self.driver.limits.response_length, {**engine_meta, "metrics": metrics})
 
     def _respond(self, session: _Session, rows: list[int], items: list[Trajectory], texts: list[str],

@@ -85,6 +85,10 @@ def test_response_is_sampled_ids_plus_inserted_ids_with_masks_and_log_probs(tok,
     metrics = out.meta_info["metrics"]
     assert metrics["agent/num_turns/mean"] == 1.5 and metrics["agent/tool_calls"] == 0.5
     assert metrics["agent/stop/answered"] == 1.0 and metrics["agent/tool_errors"] == 0.0
+    # every counter is reported every step, also those that counted nothing (stable metric keys)
+    assert metrics["agent/tool_timeouts"] == 0.0 and metrics["agent/malformed_tool_calls"] == 0.0
+    assert metrics["agent/tool_responses_truncated"] == 0.0
+    assert metrics["agent/observation_tokens"] == pytest.approx(len(inserted) / 2)
     assert out.meta_info["rollout_log_probs_exact"] is True
 
 

@@ -65,3 +65,13 @@ class SignalOnCall:
                 os.kill(os.getpid(), signum)
                 time.sleep(0.1)  # the handler runs between bytecodes of this thread
         return self.reward_fn(data, return_dict=return_dict)
+
+
+class RaiseWhilePeerHangs(Worker):
+    """Rank 1 raises at once; rank 0 never returns (a peer left waiting in a collective)."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def raise_while_peer_hangs(self) -> None:
+        if self.rank == 1:
+            raise RuntimeError("gloo: the collective failed on this rank")
+        time.sleep(3600)

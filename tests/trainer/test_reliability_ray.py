@@ -12,7 +12,7 @@ import signal
 import pytest
 import recovery_workers
 import torch
-from recovery_workers import CollectivePeer, ShareOfEvenTokens, SignalOnCall, TokenScoreWorker
+from recovery_workers import CollectivePeer, RaiseWhilePeerHangs, ShareOfEvenTokens, SignalOnCall, TokenScoreWorker
 from trainer_helpers import tiny_config
 
 from rlvr.protocol import DataProto
@@ -25,7 +25,7 @@ from rlvr.trainer.ppo.reward import load_reward_manager
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.recovery import RestartLimitError
 from rlvr.trainer.tracking import read_metrics
-from rlvr.utils.errors import WorkerDiedError
+from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from rlvr.utils.fault_injection import Fault, with_faults
 from rlvr.utils.testing import local_ray_cluster, tiny_tokenizer
 
@@ -106,6 +106,23 @@ def test_a_hung_worker_is_replaced_and_the_run_restarts_from_its_beginning(tiny_
     assert _comparable(steps) == _comparable(_steps(clean.metrics_history))
 
 
+def test_a_worker_that_dies_in_the_first_start_is_started_again(tiny_model_dir, tiny_data, tmp_path):
+    """The run's first start is retried like a restart: counted, recorded (nothing to redo) and the
+    run trains every step."""
+    extra = {"trainer.total_training_steps": 2, "trainer.save_freq": -1}
+    cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "first-start", **{**RAY, **extra})
+    marker = tmp_path / "killed-at-start"
+    trainer = run_ppo(cfg, _with_faults(cfg, Fault("init_model", rank=1, call=1, kind="kill", marker=str(marker))))
+    assert marker.exists()
+    (restart,) = trainer.recovery.restarts
+    assert (restart.failed_step, restart.restored_step, restart.steps_redone) == (0, 0, 0)
+    assert (restart.cause, restart.method, restart.rank) == ("worker died", "actor_rollout_init_model", 1)
+    steps = _steps(trainer.metrics_history)
+    assert [row["step"] for row in steps] == [1, 2]
+    assert [row["trainer/restarts"] for row in steps] == [1, 1]
+    assert all("actor/pg_loss" in row for row in steps)
+
+
 def test_past_max_restarts_the_run_stops_with_every_failure(tiny_model_dir, tiny_data, tmp_path):
     extra = {"trainer.max_restarts": 1, "trainer.total_training_steps": 2, "trainer.save_freq": 1}
     cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "doomed", **{**RAY, **extra})
@@ -179,6 +196,26 @@ def test_a_peer_death_is_reported_as_the_cause_of_the_other_ranks_failure():
             group.fail_then_die()
         assert (info.value.method, info.value.rank) == ("fail_then_die", 1)
         assert "Connection closed by peer" in str(info.value.__cause__)
+    finally:
+        group.shutdown()
+        pool.remove()
+
+
+def test_a_raise_while_a_peer_hangs_is_a_timeout_with_the_raise_as_its_cause():
+    """Rank 1 raises, rank 0 is still running at the call's deadline: the group is stuck, which a
+    restart cures, so the failure is a (recoverable) timeout naming the hung rank."""
+    pool = RayResourcePool([2], use_gpu=False, name_prefix="hung_peer")
+    group = RayWorkerGroup(pool, ClassWithInitArgs(RaiseWhilePeerHangs), name_prefix="hung_peer", call_timeout_s=8)
+    try:
+        with pytest.raises(WorkerTimeoutError) as info:
+            group.raise_while_peer_hangs()
+        assert (info.value.method, info.value.rank) == ("raise_while_peer_hangs", 0)
+        assert "rank 1 raised and rank(s) [0] gave no result within 8.0 s" in str(info.value)
+        cause = info.value.__cause__
+        assert isinstance(cause, WorkerError) and cause.rank == 1
+        assert "gloo: the collective failed on this rank" in str(cause)
+        with pytest.raises(WorkerError, match="raise_while_peer_hangs"):  # the group refuses further calls
+            group.raise_while_peer_hangs()
     finally:
         group.shutdown()
         pool.remove()

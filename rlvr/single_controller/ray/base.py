@@ -249,8 +249,11 @@ class RayWorkerGroup(WorkerGroup):
         return getattr(self._workers[rank], method).remote(*args, **kwargs)
 
     def _wait(self, handles: list, ranks: list[int], method: str, timeout_s: float) -> list:
-        """Results in order; the first failing rank raises as soon as it fails (as a death when
-        another rank of the call dies within ``PEER_DEATH_GRACE_S``)."""
+        """Results in order. When a rank raises, its error is raised once the other ranks of the
+        call have finished; as a :class:`WorkerDiedError` when one of them dies within
+        ``PEER_DEATH_GRACE_S`` (the death is the cause), and as a :class:`WorkerTimeoutError` (the
+        raise as its cause) when one of them is still running at the call's deadline: a rank that
+        raised inside a collective leaves its peers hung, and both are failures a restart cures."""
         deadline = time.monotonic() + timeout_s
         position = {ref: i for i, ref in enumerate(handles)}
         outputs: list[Any] = [None] * len(handles)
@@ -275,10 +278,24 @@ class RayWorkerGroup(WorkerGroup):
                 raise
             except WorkerError as err:
                 died = self._peer_death(pending, ranks, position, method, deadline)
-                if died is None:
+                if died is not None:
+                    raise died from err
+                stuck = self._stuck_peers(pending, ranks, position, deadline)
+                if not stuck:
                     raise
-                raise died from err
+                raise self._fail(WorkerTimeoutError(
+                    self.name, method, stuck[0],
+                    f"rank {ranks[i]} raised and rank(s) {stuck} gave no result within {timeout_s:.1f} s: the "
+                    "group is stuck in the call (a rank that raised inside a collective leaves its peers "
+                    "waiting); the raise is the cause below")) from err
         return outputs
+
+    def _stuck_peers(self, pending: list, ranks: list[int], position: dict, deadline: float) -> list[int]:
+        """The ranks of ``pending`` still running at ``deadline`` (after another rank of the call
+        raised): those are hung, and the group cannot be used again; [] when they all finished."""
+        if pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=max(deadline - time.monotonic(), 0.0))
+        return sorted(ranks[position[ref]] for ref in pending)
 
     def _peer_death(self, pending: list, ranks: list[int], position: dict, method: str,
                     deadline: float) -> WorkerDiedError | None:

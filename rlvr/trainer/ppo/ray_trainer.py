@@ -201,8 +201,27 @@ class RayPPOTrainer:
     def init_workers(self) -> None:
         """Create the resource pools, one colocated worker group per pool, spawn the role groups
         and initialise the models (critic and reference first, the actor last); with
-        ``reward.routes``, the reward worker groups first (once: a full restart starts them again
-        with the other stateless groups)."""
+        ``reward.routes``, the reward worker groups first. On the Ray backend a worker that dies or
+        hangs while starting counts as a failure like one during training (``trainer.max_restarts``):
+        every group is torn down and the start is tried again."""
+        first_failure = None
+        while True:
+            try:
+                if first_failure is not None:
+                    self.shutdown()
+                self._start_workers()
+                if first_failure is not None:
+                    self.workers.restart_stateless()
+                break
+            except RECOVERABLE_ERRORS if self.recovers else () as error:
+                started = self.recovery.admit(error, self.global_steps)
+                first_failure = first_failure or (error, started)
+        if first_failure is not None:
+            self.recovery.record(first_failure[0], self.global_steps, self.global_steps, first_failure[1])
+
+    def _start_workers(self) -> None:
+        """:meth:`init_workers` without the retries (the reward worker groups are started once: a
+        restart starts them again with the other stateless groups)."""
         if self.routes_rewards and self.reward_workers is None:
             self.create_reward_worker_groups()
         cfg = self.config
@@ -306,7 +325,7 @@ class RayPPOTrainer:
         while True:
             try:
                 self.shutdown()
-                self.init_workers()
+                self._start_workers()
                 self.workers.restart_stateless()
                 restored = self._restore_last_checkpoint()
                 break
