@@ -18,10 +18,11 @@ from rlvr.utils.testing import tiny_causal_lm
 from rlvr.utils.torch_functional import compute_position_ids
 
 
-def eos_prone_tiny_model():
+def eos_prone_tiny_model(**model_kwargs: Any):
     """The tiny random model and tokenizer, made to end a turn after a few tokens (1 to about 30): the
-    output embedding of EOS (tied to its input embedding) points along a typical final hidden state."""
-    model, tokenizer = tiny_causal_lm(hidden_size=64, num_hidden_layers=2, seed=3)
+    output embedding of EOS (tied to its input embedding) points along a typical final hidden state.
+    ``model_kwargs`` go to :func:`tiny_causal_lm` (default: hidden size 64, 2 layers, seed 3)."""
+    model, tokenizer = tiny_causal_lm(**{"hidden_size": 64, "num_hidden_layers": 2, "seed": 3, **model_kwargs})
     with torch.no_grad():
         hidden = model.model(tokenizer(["say 1 2 3", "what is 4"], return_tensors="pt", padding=True)["input_ids"])
         direction = hidden.last_hidden_state.mean(dim=(0, 1))
@@ -185,3 +186,27 @@ class CountingTool(BaseTool):
     def release(self, instance_id, **kwargs):
         with self.lock:
             CountingTool.released.append(instance_id)
+
+
+def agent_overrides(model_dir: Path, data: dict[str, Path], run_dir: Path, **extra: Any) -> list[str]:
+    """Command-line overrides of a 2-step GRPO run of the tiny model with the ``env_agent`` loop and
+    the ``retry`` environment (``wrong`` feedback, -0.5 per wrong turn, at most 3 turns); ``extra``
+    replaces or adds keys."""
+    base = {
+        "actor_rollout_ref.model.path": str(model_dir),
+        "data.train_files": str(data["train"]), "data.val_files": str(data["val"]),
+        "data.max_prompt_length": 32, "data.max_response_length": 48, "data.train_batch_size": 2,
+        "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4, "actor_rollout_ref.actor.optim.lr": 1e-3,
+        "actor_rollout_ref.rollout.agent.default_agent_loop": "env_agent",
+        "actor_rollout_ref.rollout.multi_turn.env_name": "retry",
+        "actor_rollout_ref.rollout.multi_turn.env_kwargs": "{feedback: wrong, wrong_reward: -0.5}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 3,
+        "actor_rollout_ref.rollout.val_kwargs.do_sample": True, "actor_rollout_ref.rollout.val_kwargs.temperature": 1.0,
+        "reward_model.num_examine": 0, "trainer.backend": "local", "trainer.device": "cpu",
+        "trainer.n_gpus_per_node": 1, "trainer.total_training_steps": 2, "trainer.val_before_train": True,
+        "trainer.default_local_dir": str(run_dir), "trainer.progress_bar": False, "trainer.logger": "[console,jsonl]",
+        "trainer.seed": 7, "trainer.export_hf": False, "trainer.call_timeout_s": 300,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]

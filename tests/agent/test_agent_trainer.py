@@ -4,61 +4,14 @@ transcripts."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import ray
-from agent_helpers import eos_prone_tiny_model, write_tools_file
+from agent_helpers import agent_overrides as overrides
+from agent_helpers import write_tools_file
 
 from rlvr.single_controller import init_ray
 from rlvr.trainer.config import load_config
 from rlvr.trainer.main_ppo import run_ppo
-
-
-@pytest.fixture(scope="module")
-def eos_prone_model_dir(tmp_path_factory) -> Path:
-    model, tokenizer = eos_prone_tiny_model()
-    path = tmp_path_factory.mktemp("eos_prone") / "model"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def gsm8k_like_data(tmp_path_factory) -> dict[str, Path]:
-    """Tiny questions scored by the strict GSM8K scorer ("#### <answer>"), which the retry environment uses too."""
-    root = tmp_path_factory.mktemp("data")
-
-    def write(name: str, size: int) -> Path:
-        rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"what is {i} + 1"}],
-                 "reward_model": {"ground_truth": str(i + 1)}, "extra_info": {"index": i}} for i in range(size)]
-        path = root / f"{name}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-        return path
-
-    return {"train": write("train", 16), "val": write("val", 4)}
-
-
-def overrides(model_dir: Path, data: dict[str, Path], run_dir: Path, **extra) -> list[str]:
-    base = {
-        "actor_rollout_ref.model.path": str(model_dir),
-        "data.train_files": str(data["train"]), "data.val_files": str(data["val"]),
-        "data.max_prompt_length": 32, "data.max_response_length": 48, "data.train_batch_size": 2,
-        "actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_mini_batch_size": 2,
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4, "actor_rollout_ref.actor.optim.lr": 1e-3,
-        "actor_rollout_ref.rollout.agent.default_agent_loop": "env_agent",
-        "actor_rollout_ref.rollout.multi_turn.env_name": "retry",
-        "actor_rollout_ref.rollout.multi_turn.env_kwargs": "{feedback: wrong, wrong_reward: -0.5}",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": 3,
-        "actor_rollout_ref.rollout.val_kwargs.do_sample": True, "actor_rollout_ref.rollout.val_kwargs.temperature": 1.0,
-        "reward_model.num_examine": 0, "trainer.backend": "local", "trainer.device": "cpu",
-        "trainer.n_gpus_per_node": 1, "trainer.total_training_steps": 2, "trainer.val_before_train": True,
-        "trainer.default_local_dir": str(run_dir), "trainer.progress_bar": False, "trainer.logger": "[console,jsonl]",
-        "trainer.seed": 7, "trainer.export_hf": False, "trainer.call_timeout_s": 300,
-    }
-    base.update(extra)
-    return [f"{k}={v}" for k, v in base.items()]
 
 
 def test_env_agent_trains_on_the_local_backend(eos_prone_model_dir, gsm8k_like_data, tmp_path):
