@@ -22,6 +22,7 @@ def test_grpo_raises_the_reward_on_the_real_model(tmp_path):
     cfg = load_config("main_job", [
         f"data.train_files={train}", "data.val_files=null",
         "actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.actor.optim.lr_scheduler_type=constant",
+        "actor_rollout_ref.actor.optim.warmup_steps=0",
         f"trainer.total_training_steps={STEPS}", "trainer.max_time_s=null",
         "trainer.seed=1", f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.export_hf=False",
         "trainer.progress_bar=False", "trainer.report=False", "trainer.logger=[console,jsonl]",
