@@ -17,8 +17,9 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
     update_weights the hybrid worker loads the new weights into its rollout engine in place; every
                   generation is checked to come from the actor's current weights version
 
-Validation (greedy, ``rollout.val_kwargs``) runs before training if asked, every ``test_freq``
-steps and at the end; checkpoints every ``save_freq`` steps and at the end.
+Validation (greedy, ``rollout.val_kwargs``; :mod:`rlvr.trainer.ppo.validation`) runs before training
+if asked, every ``test_freq`` steps and at the end; checkpoints (:mod:`rlvr.trainer.ppo.driver_state`)
+every ``save_freq`` steps and at the end.
 
 Faults (see :mod:`rlvr.trainer.recovery`): on the Ray backend a dead or hung worker makes the
 trainer tear down and restart every worker group, restore the last whole checkpoint and go on, up
@@ -39,11 +40,11 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from rlvr.agent.metrics import tool_use_metrics, transcript
+from rlvr.agent.metrics import tool_use_metrics
 from rlvr.protocol import DataProto
 from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
 from rlvr.single_controller import ClassWithInitArgs, RayWorkerGroup, WorkerGroup
-from rlvr.trainer.checkpoint import CheckpointError, RunCheckpoints
+from rlvr.trainer.checkpoint import RunCheckpoints
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
@@ -54,12 +55,12 @@ from rlvr.trainer.ppo.core_algos import (
     get_kl_controller,
     kl_penalty,
 )
+from rlvr.trainer.ppo.driver_state import DriverStateMixin
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
 from rlvr.trainer.ppo.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
-    per_source_metrics,
     reduce_metrics,
     sample_accuracy,
 )
@@ -67,14 +68,13 @@ from rlvr.trainer.ppo.resource_pool import ResourcePoolManager
 from rlvr.trainer.ppo.reward import compute_reward
 from rlvr.trainer.ppo.rollout_correction import compute_rollout_correction_and_add_to_batch, compute_rollout_mismatch_metrics
 from rlvr.trainer.ppo.utils import Role
+from rlvr.trainer.ppo.validation import ValidationMixin
 from rlvr.trainer.ppo.worker_groups import TrainerWorkerGroups
 from rlvr.trainer.graceful_stop import GracefulStop
 from rlvr.trainer.progress import TrainingProgress
 from rlvr.trainer.recovery import RECOVERABLE_ERRORS, Recovery, RestartableGroup
-from rlvr.trainer.report import first_and_last_generations, metric_summary, write_report
-from rlvr.trainer.tracking import Tracking, read_metrics
+from rlvr.trainer.tracking import Tracking
 from rlvr.utils.errors import ConfigError
-from rlvr.utils.seed import get_rng_state, set_rng_state
 from rlvr.utils.torch_functional import masked_mean
 from rlvr.workers.rollout.base import check_weights_version
 
@@ -98,7 +98,7 @@ def _timer(name: str, timing: dict[str, float]) -> Iterator[None]:
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
-class RayPPOTrainer:
+class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     """Distributed PPO-family trainer (PPO with GAE, GRPO, RLOO, REINFORCE++, ReMax, DAPO, EGPO, ...).
 
     Args:
@@ -317,38 +317,6 @@ class RayPPOTrainer:
         if cfg.export_hf and not self.stop.requested:
             self.actor_rollout_wg.export_hf(str(self.run_dir / "hf_model"))
 
-    def _recover(self, error: Any, progress: TrainingProgress) -> None:
-        """Restart every worker group and restore the last whole checkpoint of this run (or the
-        run's start); raises :class:`~rlvr.trainer.recovery.RestartLimitError` past the budget."""
-        failed_step = self.global_steps
-        started = self.recovery.admit(error, failed_step)
-        while True:
-            try:
-                self.shutdown()
-                self._start_workers()
-                self.workers.restart_stateless()
-                restored = self._restore_last_checkpoint()
-                break
-            except RECOVERABLE_ERRORS as again:  # a worker failed while starting: that counts too
-                self.recovery.admit(again, failed_step)
-        self.metrics_history = [row for row in self.metrics_history if row["step"] <= restored]
-        self.tracker.rewind(restored)
-        progress.rewind(restored)
-        self._last_val_step = self._last_save_step = restored
-        self.recovery.record(error, failed_step, restored, started)
-
-    def _restore_last_checkpoint(self) -> int:
-        """Load the newest whole checkpoint of this run, or go back to the run's start; returns the step."""
-        path = self.checkpoints.last_whole()
-        if path is not None:
-            self._restore_driver_state(self.checkpoints.load(path, self._checkpointed_groups()))
-        elif self._start_state is not None:
-            self._restore_driver_state(self._start_state)
-        else:
-            raise CheckpointError("no whole checkpoint of this run is left to restore after a worker failure; "
-                                  "resume from an older one with trainer.resume_mode=resume_path")
-        return self.global_steps
-
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics_history.append({"step": step, **metrics})
         self.tracker.log(metrics, step=step)
@@ -532,85 +500,6 @@ class RayPPOTrainer:
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
         with _timer("update_weights", timing):
             self.actor_rollout_wg.update_weights()
-
-    # ------------------------------------------------------------------ validation
-    def _validate(self) -> dict[str, float]:
-        """Greedy (``rollout.val_kwargs``) generation on the validation set; ``val/<source>/acc``,
-        ``val/<source>/score`` and ``val/acc``. Sample generations are kept for the report."""
-        cfg = self.config
-        val_n = cfg.actor_rollout_ref.rollout.val_kwargs.n
-        size = cfg.data.val_batch_size or len(self.val_dataset)
-        sources, scores, accs, tool_calls = [], [], [], []
-        for start in range(0, len(self.val_dataset), size):
-            items = [self.val_dataset[i] for i in range(start, min(start + size, len(self.val_dataset)))]
-            batch = DataProto.from_single_dict(self.collate_fn(items)).repeat(val_n, interleave=True)
-            batch = self._generate(batch, validate=True)
-            self._score(batch, self.val_reward_fn)
-            seq_scores = batch.batch["token_level_scores"].sum(-1).tolist()
-            sources += batch.non_tensor_batch["data_source"].tolist()
-            scores += seq_scores
-            accs += batch.non_tensor_batch["acc"].tolist()
-            tool_calls += batch.non_tensor_batch.get("num_tool_calls", np.full(len(batch), None)).tolist()
-            self._keep_generations(batch, seq_scores)
-        return {**per_source_metrics("val", sources, scores, accs), **tool_use_metrics("val", accs, tool_calls)}
-
-    def _keep_generations(self, batch: DataProto, seq_scores: list[float]) -> None:
-        limit = self.config.trainer.log_val_generations
-        taken = sum(1 for g in self.val_generations if g["step"] == self.global_steps)
-        response_len = batch.batch["responses"].shape[1]
-        for i in range(min(limit - taken, len(batch))):
-            self.val_generations.append({
-                "step": self.global_steps,
-                "prompt": batch.non_tensor_batch["raw_prompt"][i][-1]["content"],  # the last (user) message
-                "response": transcript(self.tokenizer, batch.batch["responses"][i], batch.batch["response_mask"][i],
-                                       batch.batch["attention_mask"][i, -response_len:]),
-                "ground_truth": batch.non_tensor_batch["reward_model"][i].get("ground_truth"),
-                "score": seq_scores[i]})
-
-    # ------------------------------------------------------------------ checkpoints
-    def _driver_state(self) -> dict[str, Any]:
-        """What the driver needs to continue exactly: step, data position, RNG, KL controller."""
-        return {"global_steps": self.global_steps, "data": self.train_iter.state_dict(),
-                "driver_rng": get_rng_state(),
-                "kl_ctrl": self.kl_ctrl_in_reward.state_dict() if self.kl_ctrl_in_reward else None,
-                "val_generations": list(self.val_generations)}
-
-    def _restore_driver_state(self, state: dict[str, Any]) -> None:
-        self.train_iter.load_state_dict(state["data"])
-        set_rng_state(state["driver_rng"])
-        if self.kl_ctrl_in_reward is not None:
-            self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])
-        self.val_generations = list(state["val_generations"])
-        self.global_steps = int(state["global_steps"])
-
-    def _checkpointed_groups(self) -> dict[str, Any]:
-        """Checkpoint sub-folder -> the worker group whose state it holds."""
-        return {"actor": self.actor_rollout_wg, **({"critic": self.critic_wg} if self.use_critic else {})}
-
-    def _save_checkpoint(self) -> None:
-        """Write ``global_step_<k>``: worker states, then the driver state, then the manifest."""
-        self.checkpoints.save(self.global_steps, self._checkpointed_groups(), self._driver_state())
-        self._last_save_step = self.global_steps
-
-    def _load_checkpoint(self) -> int | None:
-        """Resume per ``trainer.resume_mode``; returns the restored step or None."""
-        cfg = self.config.trainer
-        path = self.checkpoints.to_resume(cfg.resume_mode, cfg.resume_from_path)
-        if path is None:
-            return None
-        self._restore_driver_state(self.checkpoints.load(path, self._checkpointed_groups()))
-        return self.global_steps
-
-    # ------------------------------------------------------------------ report
-    def _write_report(self, train_time_s: float) -> None:
-        jsonl = self.run_dir / "metrics.jsonl"
-        rows = read_metrics(jsonl) if jsonl.is_file() else self.metrics_history
-        summary: dict[str, Any] = {
-            "algorithm": self.config.algorithm.adv_estimator, "model": self.config.actor_rollout_ref.model.path,
-            "steps": self.global_steps, "training wall time (s)": round(train_time_s, 1), **metric_summary(rows),
-            "worker restarts": len(self.recovery.failures)}
-        write_report(self.run_dir, rows, first_and_last_generations(self.val_generations), summary,
-                     self.recovery.report_rows())
 
 
 def _tool_use_metrics(prefix: str, batch: DataProto) -> dict[str, float]:
