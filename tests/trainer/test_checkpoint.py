@@ -16,8 +16,10 @@ from rlvr.trainer.checkpoint import (
     TRAINER_STATE_FILE,
     CheckpointError,
     CheckpointManager,
+    RunCheckpoints,
     checkpoint_problem,
 )
+from rlvr.trainer import checkpoint as checkpoint_module
 from rlvr.trainer.main_ppo import run_ppo
 
 
@@ -121,6 +123,48 @@ def test_keep_last_k_never_deletes_the_newest_whole_checkpoint(tmp_path):
     manager._prune()
     assert manager.steps() == [2, 3]  # step 2 is the newest whole one: kept; step 1 is older: removed
     assert manager.latest() == tmp_path / "global_step_2"
+
+
+def test_the_next_save_removes_what_an_interrupted_save_left(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 1)
+    tmp = manager.begin(2)  # the process died while the workers wrote step 2
+    (tmp / "actor").mkdir()
+    (tmp / "actor" / "model.pt").write_text("half of the weights")
+    (tmp_path / "global_step_1.old").mkdir()  # and a folder renamed aside by an earlier commit
+    with caplog.at_level(logging.WARNING):
+        _save(manager, 3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", "global_step_3", LATEST_FILE]
+    assert "global_step_2.tmp: removed what an interrupted save left" in caplog.text
+    assert "global_step_1.old: removed what an interrupted save left" in caplog.text
+
+
+def test_a_crash_while_replacing_a_step_keeps_that_step(tmp_path, monkeypatch, caplog):
+    """Step 2 is saved again (a restart redid it); the process dies after the old folder was moved
+    aside and before the new one was renamed in: an automatic resume still finds step 2, the new
+    save's, and clears the old copy."""
+    manager = CheckpointManager(tmp_path)
+    _save(manager, 2)
+    replace = checkpoint_module.os.replace
+
+    def die_on_the_rename_in(src, dst):
+        if str(src).endswith("global_step_2.tmp"):
+            raise KeyboardInterrupt("killed")
+        replace(src, dst)
+
+    monkeypatch.setattr(checkpoint_module.os, "replace", die_on_the_rename_in)
+    tmp = manager.begin(2)
+    (tmp / "actor").mkdir()
+    (tmp / "actor" / "model.pt").write_text("weights of the redone step 2")
+    with pytest.raises(KeyboardInterrupt):
+        manager.commit(tmp, 2, {"global_steps": 2, "redone": True})
+    monkeypatch.setattr(checkpoint_module.os, "replace", replace)
+    with caplog.at_level(logging.WARNING):
+        resumed = RunCheckpoints(tmp_path).to_resume("auto", None)
+    assert resumed == tmp_path / "global_step_2" and checkpoint_problem(resumed) is None
+    assert CheckpointManager.load_trainer_state(resumed) == {"global_steps": 2, "redone": True}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_2", LATEST_FILE]
+    assert "global_step_2.tmp: the save was whole but not renamed; renamed to global_step_2" in caplog.text
 
 
 def test_loading_a_non_checkpoint_says_what_to_do(tmp_path):
