@@ -8,6 +8,9 @@ per rollout, micro-batches per rank, token budget, where each role runs), builds
 the reward managers, the role -> worker mapping and resource pools, the datasets and the
 :class:`~rlvr.trainer.ppo.ray_trainer.RayPPOTrainer`, and runs ``init_workers(); fit()``.
 SIGINT/SIGTERM stop after the current step with a checkpoint; the command prints how to resume.
+Worker failures that end the run (past ``trainer.max_restarts``, a worker error a restart does not
+cure, a worker lost while stopping) print the error, the newest whole checkpoint and the same
+resume command, and exit with 1.
 
 Example (GRPO on the embedded SmolLM2-135M-Instruct, CPU, in-process workers)::
 
@@ -33,7 +36,7 @@ from rlvr.trainer.config.builtin_names import BUILTIN_NAMES
 from rlvr.trainer.graceful_stop import StopNow
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.run_settings import describe_run
-from rlvr.utils.errors import ConfigError, DataError
+from rlvr.utils.errors import ConfigError, DataError, WorkerError
 
 if TYPE_CHECKING:
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -142,9 +145,22 @@ def _stopped_message(trainer: RayPPOTrainer, argv: Sequence[str]) -> str:
             f"Resume with:\n  {resume_command(argv)}")
 
 
+def _worker_failure_message(error: Exception, cfg: DictConfig, argv: Sequence[str]) -> str:
+    """What the command prints when worker failures end the run (past ``trainer.max_restarts``, a
+    worker error that a restart does not cure, or a worker lost while stopping): the error, the
+    newest whole checkpoint on disk and the command that resumes from it."""
+    from rlvr.trainer.checkpoint import CheckpointManager
+
+    root = Path(cfg.trainer.default_local_dir) / "checkpoints"
+    latest = CheckpointManager(root).latest()
+    saved = (f"the last whole checkpoint is {latest}" if latest is not None
+             else f"no whole checkpoint is in {root}, so a resume starts from the beginning")
+    return f"rlvr: {error}\nThe run ended on a worker failure; {saved}.\nResume with:\n  {resume_command(argv)}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """The ``rlvr`` command; returns the exit code (2 for a config or data error, 128 + the signal
-    number after a stop signal)."""
+    """The ``rlvr`` command; returns the exit code (2 for a config or data error, 1 when worker
+    failures end the run, 128 + the signal number after a stop signal)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.help_config:
@@ -164,11 +180,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dry_run:
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from rlvr.trainer.recovery import RestartLimitError  # imports torch: after the config check
+
     try:
         trainer = run_ppo(cfg)
     except (ConfigError, DataError) as err:
         print(f"rlvr: {err}", file=sys.stderr)
         return 2
+    except (WorkerError, RestartLimitError) as err:
+        print(_worker_failure_message(err, cfg, argv), file=sys.stderr)
+        return 1
     except StopNow as stop:
         print(f"rlvr: {stop}; a resume takes the newest whole checkpoint in "
               f"{Path(cfg.trainer.default_local_dir) / 'checkpoints'}:\n  {resume_command(argv)}", file=sys.stderr)

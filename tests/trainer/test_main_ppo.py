@@ -10,16 +10,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainer_helpers import tiny_config
+from trainer_helpers import tiny_config, tiny_overrides
 
 from rlvr.trainer.config import check_names, load_config
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES
 from rlvr.trainer.config.validate import registered_names
+from rlvr.trainer import main_ppo
+from rlvr.trainer.checkpoint import CheckpointManager
 from rlvr.trainer.main_ppo import build_role_worker_mapping, main, resume_command
 from rlvr.trainer.run_settings import describe_run
 from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
 from rlvr.trainer.ppo.utils import Role
-from rlvr.utils.errors import ConfigError
+from rlvr.utils.errors import ConfigError, WorkerDiedError
 from rlvr.utils.testing import tiny_tokenizer
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 
@@ -161,3 +163,28 @@ def test_resume_command_continues_from_the_same_directory(monkeypatch, tmp_path)
     monkeypatch.setattr(sys, "argv", ["/x/rlvr/trainer/main_ppo.py"])
     assert f"{sys.executable} -m rlvr.trainer.main_ppo --preset grpo trainer.resume_mode=auto" in \
         resume_command(["--preset", "grpo"])
+
+
+def test_a_run_ended_by_a_worker_failure_names_the_last_whole_checkpoint_and_how_to_resume(
+        monkeypatch, capsys, tiny_model_dir, tiny_data, tmp_path):
+    """A worker lost while the run stops (a restart would be pointless) or past trainer.max_restarts
+    ends the command with a message, not a traceback: the failure, the newest whole checkpoint on
+    disk (an unfinished newer save is passed over) and the resume command."""
+    run_dir = tmp_path / "run"
+
+    def fails_after_a_checkpoint(cfg):
+        manager = CheckpointManager(run_dir / "checkpoints")
+        manager.commit(manager.begin(2), 2, {"global_steps": 2})
+        manager.begin(3)  # the save of step 3 did not finish
+        raise WorkerDiedError("actor_rollout", "actor_rollout_update_actor", 1, "the worker process died")
+
+    monkeypatch.setattr(main_ppo, "run_ppo", fails_after_a_checkpoint)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--preset", "grpo", *tiny_overrides(tiny_model_dir, tiny_data, run_dir)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("rlvr: worker group 'actor_rollout', method 'actor_rollout_update_actor', rank 1 failed:\n"
+                          "the worker process died\n")
+    assert f"The run ended on a worker failure; the last whole checkpoint is {run_dir}/checkpoints/global_step_2.\n" \
+           "Resume with:\n  cd " in err
+    assert err.rstrip().endswith("trainer.resume_mode=auto")

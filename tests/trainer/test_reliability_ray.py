@@ -7,6 +7,8 @@ trainer.resume_mode=auto reaches the metrics of an uninterrupted run."""
 
 from __future__ import annotations
 
+import logging
+import re
 import signal
 
 import pytest
@@ -106,14 +108,22 @@ def test_a_hung_worker_is_replaced_and_the_run_restarts_from_its_beginning(tiny_
     assert _comparable(steps) == _comparable(_steps(clean.metrics_history))
 
 
-def test_a_worker_that_dies_in_the_first_start_is_started_again(tiny_model_dir, tiny_data, tmp_path):
-    """The run's first start is retried like a restart: counted, recorded (nothing to redo) and the
-    run trains every step."""
+def test_a_worker_that_dies_in_the_first_start_is_started_again(tiny_model_dir, tiny_data, tmp_path, caplog):
+    """The run's first start is retried like a restart: counted, logged, recorded (nothing to redo)
+    and the run trains every step."""
     extra = {"trainer.total_training_steps": 2, "trainer.save_freq": -1}
     cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "first-start", **{**RAY, **extra})
     marker = tmp_path / "killed-at-start"
-    trainer = run_ppo(cfg, _with_faults(cfg, Fault("init_model", rank=1, call=1, kind="kill", marker=str(marker))))
+    with caplog.at_level(logging.WARNING, logger="rlvr.trainer.recovery"):
+        trainer = run_ppo(cfg, _with_faults(cfg, Fault("init_model", rank=1, call=1, kind="kill",
+                                                       marker=str(marker))))
     assert marker.exists()
+    logged = [r.getMessage() for r in caplog.records if r.name == "rlvr.trainer.recovery"]
+    assert len(logged) == 2, logged
+    assert logged[0].startswith("restart 1 of at most 3: worker died in worker group '")
+    assert logged[0].endswith("', method 'actor_rollout_init_model', rank 1 at step 0; restarting the workers")
+    assert re.fullmatch(r"recovered from the failure at step 0 in \d+\.\d s \(back to step 0, 0 step\(s\) to redo\)",
+                        logged[1]), logged[1]
     (restart,) = trainer.recovery.restarts
     assert (restart.failed_step, restart.restored_step, restart.steps_redone) == (0, 0, 0)
     assert (restart.cause, restart.method, restart.rank) == ("worker died", "actor_rollout_init_model", 1)
@@ -121,6 +131,25 @@ def test_a_worker_that_dies_in_the_first_start_is_started_again(tiny_model_dir, 
     assert [row["step"] for row in steps] == [1, 2]
     assert [row["trainer/restarts"] for row in steps] == [1, 1]
     assert all("actor/pg_loss" in row for row in steps)
+
+
+def test_a_worker_that_dies_while_the_resume_checkpoint_loads_is_started_again(tiny_model_dir, tiny_data, tmp_path):
+    """A run resumed with trainer.resume_mode=auto loses a worker while it loads the checkpoint: the
+    workers start again, load it again, and the run goes on from that checkpoint."""
+    extra = {**RAY, "trainer.save_freq": -1, "trainer.resume_mode": "auto"}
+    run_dir = tmp_path / "resumed"
+    run_ppo(tiny_config(tiny_model_dir, tiny_data, run_dir, **{**extra, "trainer.total_training_steps": 2}))
+    cfg = tiny_config(tiny_model_dir, tiny_data, run_dir, **{**extra, "trainer.total_training_steps": 3})
+    marker = tmp_path / "killed-while-loading"
+    trainer = run_ppo(cfg, _with_faults(cfg, Fault("load_checkpoint", rank=1, call=1, kind="kill",
+                                                   marker=str(marker))))
+    assert marker.exists()
+    (restart,) = trainer.recovery.restarts
+    assert (restart.method, restart.rank, restart.cause) == ("actor_rollout_load_checkpoint", 1, "worker died")
+    assert (restart.failed_step, restart.restored_step, restart.steps_redone) == (2, 2, 0)
+    steps = _steps(trainer.metrics_history)
+    assert [(row["step"], row["trainer/restarts"]) for row in steps] == [(3, 1.0)]
+    assert "actor/pg_loss" in steps[0]
 
 
 def test_past_max_restarts_the_run_stops_with_every_failure(tiny_model_dir, tiny_data, tmp_path):

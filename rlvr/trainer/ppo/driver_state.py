@@ -22,8 +22,8 @@ __all__ = ["DriverStateMixin"]
 
 class DriverStateMixin:
     """The trainer's checkpoint and recovery methods (they use its ``checkpoints``, worker groups,
-    ``train_iter``, ``kl_ctrl_in_reward``, ``val_generations``, ``global_steps``, ``recovery``,
-    ``tracker`` and ``metrics_history``)."""
+    ``_restart_workers``, ``train_iter``, ``kl_ctrl_in_reward``, ``val_generations``,
+    ``global_steps``, ``recovery``, ``tracker`` and ``metrics_history``)."""
 
     def _driver_state(self) -> dict[str, Any]:
         """What the driver needs to continue exactly: step, data position, RNG, KL controller."""
@@ -58,6 +58,12 @@ class DriverStateMixin:
         self._restore_driver_state(self.checkpoints.load(path, self._checkpointed_groups()))
         return self.global_steps
 
+    def _restart_and_load_checkpoint(self) -> int | None:
+        """After a worker failed while the resume checkpoint was loading: start every group again
+        and load it again."""
+        self._restart_workers()
+        return self._load_checkpoint()
+
     def _restore_last_checkpoint(self) -> int:
         """Load the newest whole checkpoint of this run, or go back to the run's start; returns the step."""
         path = self.checkpoints.last_whole()
@@ -77,9 +83,7 @@ class DriverStateMixin:
         started = self.recovery.admit(error, failed_step)
         while True:
             try:
-                self.shutdown()
-                self._start_workers()
-                self.workers.restart_stateless()
+                self._restart_workers()
                 restored = self._restore_last_checkpoint()
                 break
             except RECOVERABLE_ERRORS as again:  # a worker failed while starting: that counts too
