@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+from rlvr.utils.errors import ConfigError
 
 SandboxStatus = Literal["ok", "runtime_error", "timeout", "killed", "sandbox_error"]
 
@@ -25,6 +28,16 @@ class SandboxConfig:
     uid_count: int = field(default=4096, metadata={"help": "number of uids in the pool starting at uid_base"})
     python_executable: str = field(default="", metadata={"help": "interpreter that runs the programs (empty: the current one, or under basic isolation a system python3 when the sandbox uid cannot read the current one); with basic isolation it must be readable by other users"})
     max_concurrency: int = field(default=2, metadata={"help": "programs run at the same time by run_many (bounded thread pool)"})
+
+
+def sandbox_config(values: Mapping[str, Any], where: str) -> SandboxConfig:
+    """A :class:`SandboxConfig` from a mapping of its fields (e.g. the python tool's ``config``);
+    unknown keys are a :class:`ConfigError` at ``where`` that lists the valid ones."""
+    known = sorted(f.name for f in fields(SandboxConfig))
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ConfigError(where, f"unknown key(s) {unknown}; use SandboxConfig fields: {', '.join(known)}")
+    return SandboxConfig(**values)
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from agent_helpers import write_tools_file
 
-from rlvr.trainer.config import load_config, validate_config
+from rlvr.trainer.config import check_config, load_config, validate_config
 from rlvr.utils.errors import ConfigError
 
 LOOP = "actor_rollout_ref.rollout.agent.default_agent_loop"
@@ -35,3 +35,32 @@ def test_good_agent_settings_pass(tmp_path):
     validate_config(load_config("grpo", [f"{LOOP}=tool_agent", f"{MT}.tool_config_path={tools}"]),
                     require_data_files=False)
     validate_config(load_config("grpo", [f"{LOOP}=env_agent", f"{MT}.env_name=retry"]), require_data_files=False)
+
+
+PYTHON_TOOL = "rlvr.agent.tools.python_interpreter.PythonInterpreterTool"
+CALCULATOR = "rlvr.agent.tools.calculator.CalculatorTool"
+
+
+@pytest.mark.parametrize(("config", "message"), [
+    ("{python_executable: NOT_EXECUTABLE}", "config.python_executable: 'NOT_EXECUTABLE' is not an executable file"),
+    ("{wall_timeout: 2}", "config: unknown key(s) ['wall_timeout']; use SandboxConfig fields: cpu_seconds"),
+    ("{isolation: docker}", "config.isolation: must be 'auto', 'namespaces' or 'basic', got 'docker'"),
+])
+def test_a_python_tool_whose_sandbox_cannot_start_is_a_config_error(tmp_path, config, message):
+    """The config check starts the sandbox of the python tool (not only when the rollout workers
+    load the tools) and names the tools file, the entry and its setting."""
+    not_executable = tmp_path / "python3"
+    not_executable.write_text("")  # mode 0644
+    config, message = (text.replace("NOT_EXECUTABLE", str(not_executable)) for text in (config, message))
+    tools = write_tools_file(tmp_path / "tools.yaml", CALCULATOR, PYTHON_TOOL, configs={PYTHON_TOOL: config})
+    with pytest.raises(ConfigError) as err:
+        check_config(load_config("grpo", [f"{LOOP}=tool_agent", f"{MT}.tool_config_path={tools}"]),
+                     require_data_files=False)
+    assert err.value.key == f"{MT}.tool_config_path"
+    assert err.value.message.startswith(f"tools[1] of {tools} (the python interpreter tool): {message}")
+
+
+def test_a_python_tool_with_a_working_sandbox_passes_the_config_check(tmp_path):
+    tools = write_tools_file(tmp_path / "tools.yaml", PYTHON_TOOL, configs={PYTHON_TOOL: "{wall_timeout_s: 5}"})
+    check_config(load_config("grpo", [f"{LOOP}=tool_agent", f"{MT}.tool_config_path={tools}"]),
+                 require_data_files=False)

@@ -3,7 +3,8 @@
 Every call is a fresh program in :class:`rlvr.sandbox.LocalSandbox` (own process, no network, an
 unprivileged user in a throw-away directory, CPU / memory / process / file-size limits, a wall-clock
 timeout). The tool's ``config`` holds :class:`~rlvr.sandbox.SandboxConfig` fields, e.g.
-``{"wall_timeout_s": 5, "memory_bytes": 1073741824}``.
+``{"wall_timeout_s": 5, "memory_bytes": 1073741824}``. The config check of a run whose tools file
+lists this tool starts its sandbox, so a sandbox that cannot work there is a config error.
 
 The model sees stdout; a program that fails shows the last lines of stderr too, and a program
 stopped by a limit says which limit.
@@ -11,11 +12,11 @@ stopped by a limit says which limit.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from rlvr.agent.tools.base import BaseTool, ToolResponse, function_schema
-from rlvr.sandbox import LocalSandbox, SandboxConfig, SandboxResult
+from rlvr.sandbox import LocalSandbox, SandboxResult
+from rlvr.sandbox.config import sandbox_config
 
 __all__ = ["PythonInterpreterTool", "describe_result"]
 
@@ -40,12 +41,7 @@ class PythonInterpreterTool(BaseTool):
 
     def __init__(self, config: dict[str, Any] | None = None, tool_schema: dict[str, Any] | None = None) -> None:
         super().__init__(config, tool_schema)
-        known = {f.name for f in dataclasses.fields(SandboxConfig)}
-        unknown = sorted(set(self.config) - known)
-        if unknown:
-            raise ValueError(f"python tool config has unknown key(s) {unknown}; use SandboxConfig fields: "
-                             f"{', '.join(sorted(known))}")
-        self.sandbox = LocalSandbox(SandboxConfig(**self.config))
+        self.sandbox = LocalSandbox(sandbox_config(self.config, "python tool config"))
 
     @classmethod
     def default_schema(cls) -> dict[str, Any]:

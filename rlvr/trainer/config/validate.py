@@ -26,6 +26,8 @@ from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLET
 from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.utils.errors import ConfigError
 
+PYTHON_TOOL = "rlvr.agent.tools.python_interpreter.PythonInterpreterTool"
+
 BACKENDS = ("ray", "local")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = {"console": None, "jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
@@ -201,6 +203,7 @@ def _check_agent(rollout: DictConfig) -> None:
         _require(mt.tool_config_path is not None and Path(mt.tool_config_path).is_file(), f"{key}.tool_config_path",
                  f"the tool_agent loop needs a YAML file of tools (see rlvr.agent.tools); {mt.tool_config_path!r} "
                  "is not a file")
+        _check_python_tool_sandboxes(mt.tool_config_path, f"{key}.tool_config_path")
     if loop == "env_agent":
         _require(mt.env_name is not None, f"{key}.env_name",
                  "the env_agent loop needs an environment: set it to a registered one (built in: retry; "
@@ -316,6 +319,29 @@ def _check_code_sandbox(cfg: DictConfig) -> None:
         LocalSandbox(OmegaConf.to_object(section.sandbox))
     except ConfigError as err:
         raise ConfigError(f"reward.workers.code_sandbox.{err.key}", err.message) from None
+
+
+def _check_python_tool_sandboxes(path: str, key: str) -> None:
+    """Start the local sandbox of each python interpreter tool that the tools file ``path`` lists,
+    as :func:`_check_code_sandbox` does for the code reward: a sandbox that cannot work here is a
+    config error now, not a failure when the rollout workers load the tools. The other entries,
+    and the file's format, are checked when the tools load (that imports torch)."""
+    import yaml
+
+    from rlvr.sandbox.config import sandbox_config
+    from rlvr.sandbox.local import LocalSandbox
+
+    content = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    specs = content.get("tools") if isinstance(content, dict) else None
+    for index, spec in enumerate(specs if isinstance(specs, list) else []):
+        if not (isinstance(spec, dict) and spec.get("class_name") == PYTHON_TOOL):
+            continue
+        entry = f"tools[{index}] of {path} (the python interpreter tool)"
+        try:
+            LocalSandbox(sandbox_config(spec.get("config") or {}, "config"))
+        except ConfigError as err:
+            setting = err.key.replace("sandbox", "config", 1)
+            raise ConfigError(key, f"{entry}: {setting}: {err.message}") from None
 
 
 def registered_names() -> dict[str, list[str]]:
