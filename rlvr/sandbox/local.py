@@ -19,7 +19,12 @@ Not hidden: files that every user may read (the interpreter, site-packages, worl
 the program can read them but not change them.
 
 Running as root is required for the namespaces and for switching uid; a non-root caller gets only
-the rlimits and the socket shim (documented as weak) and a warning.
+the rlimits, the wall-clock timeout, a fresh directory and the socket shim, and a warning: the
+program runs as the caller (it can read and write what the caller can), leftover processes are
+killed by process group only and ``RLIMIT_NPROC`` is not set (it would count the caller's own
+processes). Unprivileged user namespaces are not tried: the program would still act with the
+caller's uid on the host, so the uid separation is lost anyway, and many distributions disable
+them. Without root, run the HTTP sandbox (``rlvr.sandbox.http``) as root in a container.
 
 The interpreter may live anywhere: a virtualenv under ``/tmp`` or a base interpreter under a private
 home (``/root``, mode 0700) is bind-mounted back, read-only, into the mount namespace. Without

@@ -1,5 +1,6 @@
 """The local sandbox contains hostile programs and leaves the host untouched."""
 
+import json
 import os
 import shutil
 import socket
@@ -9,6 +10,7 @@ import tempfile
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -20,27 +22,34 @@ WALL = 3.0
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="uid switch, NPROC and namespaces need root")
 
 
-def _readable_by_others(path: str) -> bool:
-    """Whether a user other than the owner can reach and read ``path`` (every ancestor traversable)."""
-    parts = os.path.abspath(path).strip("/").split("/")
-    ancestors = ["/" + "/".join(parts[:depth]) for depth in range(1, len(parts) + 1)]
-    return all(os.stat(a).st_mode & 0o001 for a in ancestors) and bool(os.stat(path).st_mode & 0o004)
+REPO = Path(__file__).resolve().parents[2]
 
 
-BASE_PYTHON_IS_PRIVATE = not _readable_by_others(os.path.join(sys.base_prefix, "lib"))
-
-
-@pytest.fixture(scope="module")
-def private_tmp_venv():
-    """A virtualenv inside a mode-0700 directory under /tmp (a project cloned into /tmp), with a
-    secret file beside it; yields ``(directory, venv python)``."""
-    home = tempfile.mkdtemp(prefix="rlvr-private-", dir="/tmp")
+def _private_venv(parent: str):
+    """A virtualenv inside a fresh mode-0700 directory under ``parent``, with a secret file beside
+    it; yields ``(directory, venv python)``."""
+    home = tempfile.mkdtemp(prefix="rlvr-private-", dir=parent)
     os.chmod(home, 0o700)
     with open(os.path.join(home, "secret.txt"), "w") as f:
         f.write("secret")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", os.path.join(home, "venv")], check=True, timeout=120)
     yield home, os.path.join(home, "venv", "bin", "python")
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def private_tmp_venv():
+    """A venv where a project cloned into /tmp has it: in a private directory under /tmp (which the
+    mount namespace covers with a tmpfs)."""
+    yield from _private_venv("/tmp")
+
+
+@pytest.fixture(scope="module")
+def private_home_venv():
+    """A venv in a private directory outside /tmp, made here so that the case does not depend on
+    where this machine's Python lives: the sandbox uid cannot traverse the directory (like a pyenv
+    interpreter under /root, mode 0700), and the mount namespace does not mask it."""
+    yield from _private_venv(os.path.expanduser("~"))
 
 
 @pytest.fixture(scope="module", params=["current_python", "venv_in_private_tmp_dir"])
@@ -173,8 +182,9 @@ def test_basic_isolation_blocks_sockets_with_the_shim():
 
 
 @needs_root
-def test_interpreter_under_private_tmp_dir_is_exposed_read_only_and_alone(private_tmp_venv):
-    home, python = private_tmp_venv
+@pytest.mark.parametrize("where", ["private_tmp_venv", "private_home_venv"])
+def test_interpreter_in_a_private_dir_is_exposed_read_only_and_alone(request, where):
+    home, python = request.getfixturevalue(where)
     sandbox = LocalSandbox(SandboxConfig(wall_timeout_s=WALL, python_executable=python))
     assert sandbox.isolation.mountns and sandbox.python == python
     code = (
@@ -191,16 +201,17 @@ def test_interpreter_under_private_tmp_dir_is_exposed_read_only_and_alone(privat
 
 
 @needs_root
-@pytest.mark.skipif(not BASE_PYTHON_IS_PRIVATE or not os.access("/usr/bin/python3", os.X_OK),
-                    reason="needs a base interpreter other users cannot read, and /usr/bin/python3")
-def test_basic_isolation_falls_back_to_a_readable_system_python():
+@pytest.mark.skipif(not os.access("/usr/bin/python3", os.X_OK), reason="needs /usr/bin/python3")
+def test_basic_isolation_falls_back_to_a_readable_system_python(monkeypatch, private_home_venv):
+    """The current interpreter is one the sandbox uid cannot run (it lives in a private home)."""
+    monkeypatch.setattr(sys, "executable", private_home_venv[1])
+    monkeypatch.setattr(sandbox_local, "_CHOSEN", {})
     sandbox = LocalSandbox(SandboxConfig(wall_timeout_s=WALL, cpu_seconds=2, isolation="basic"))
     assert sandbox.python == "/usr/bin/python3" and not sandbox.isolation.mountns
     assert sandbox.run("print(6 * 7)").stdout == "42\n"
 
 
 @needs_root
-@pytest.mark.skipif(not BASE_PYTHON_IS_PRIVATE, reason="needs a base interpreter other users cannot read")
 def test_basic_isolation_with_an_unreadable_interpreter_fails_at_construction(private_tmp_venv):
     config = SandboxConfig(isolation="basic", python_executable=private_tmp_venv[1])
     with pytest.raises(ConfigError, match="(?s)sandbox.python_executable.*/usr/bin/python3"):
@@ -223,3 +234,71 @@ def test_invalid_config_is_rejected():
         LocalSandbox(SandboxConfig(isolation="docker"))
     with pytest.raises(ConfigError, match="must be positive"):
         LocalSandbox(SandboxConfig(max_concurrency=0))
+
+
+CHECKOUT_RUN = """
+import json, sys
+import rlvr
+from rlvr.sandbox import LocalSandbox, SandboxConfig
+sandbox = LocalSandbox(SandboxConfig(wall_timeout_s=10, cpu_seconds=1))
+results = {"rlvr": rlvr.__file__}
+for name, code in json.loads(sys.argv[1]).items():
+    result = sandbox.run(code)
+    results[name] = [result.status, result.stdout, result.stderr[-300:]]
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def private_tmp_checkout():
+    """A copy of the rlvr package in a mode-0700 directory under /tmp: a project cloned into /tmp."""
+    home = tempfile.mkdtemp(prefix="rlvr-checkout-", dir="/tmp")
+    os.chmod(home, 0o700)
+    shutil.copytree(REPO / "rlvr", os.path.join(home, "rlvr"), ignore=shutil.ignore_patterns("__pycache__"))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def _run_from_checkout(checkout: str, programs: dict[str, str]) -> dict:
+    """Each program's ``[status, stdout, stderr tail]`` from a sandbox that this interpreter imports
+    from ``checkout`` (a separate process whose only rlvr is that copy)."""
+    done = subprocess.run([sys.executable, "-c", CHECKOUT_RUN, json.dumps(programs)], cwd=checkout, timeout=120,
+                          env={"PYTHONPATH": checkout, "PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.splitlines()[-1])
+    assert results.pop("rlvr") == os.path.join(checkout, "rlvr", "__init__.py")
+    return results
+
+
+def test_the_sandbox_works_from_a_checkout_in_a_private_tmp_dir(private_tmp_checkout):
+    """A normal program runs; an endless loop is ended by the CPU limit (1 s, well before the 10 s
+    wall clock); a connection to a port listening on the host is refused."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.settimeout(0.1)
+    connect = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), timeout=2)\nprint('in')"
+    try:
+        results = _run_from_checkout(private_tmp_checkout, {
+            "normal": "print(sum(range(10)))", "loop": "while True:\n    pass", "connect": connect})
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+    assert results["normal"] == ["ok", "45\n", ""]
+    assert results["loop"][0] == "killed"
+    status, stdout, stderr = results["connect"]
+    assert status == "runtime_error" and stdout == "", stderr
+    assert stderr.strip().splitlines()[-1] in ("OSError: [Errno 101] Network is unreachable",  # no interface
+                                               "PermissionError: network access is disabled in the rlvr sandbox")
+
+
+@needs_root
+def test_from_a_checkout_in_a_private_tmp_dir_writes_outside_the_job_dir_vanish(private_tmp_checkout):
+    """The write to /tmp lands in the run's throw-away tmpfs; the checkout is out of sight."""
+    marker = f"/tmp/rlvr_escape_{uuid.uuid4().hex}"
+    into_checkout = os.path.join(private_tmp_checkout, "rlvr", "escape.py")
+    code = (f"for path in [{marker!r}, {into_checkout!r}]:\n"
+            "    try:\n        open(path, 'w').write('x')\n    except OSError as exc:\n        print(type(exc).__name__)")
+    assert _run_from_checkout(private_tmp_checkout, {"write": code})["write"] == ["ok", "FileNotFoundError\n", ""]
+    assert not os.path.exists(marker) and not os.path.exists(into_checkout)
