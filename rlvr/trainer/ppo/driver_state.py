@@ -5,11 +5,13 @@ A checkpoint holds the worker groups' states (actor, and critic when there is on
 state that makes a resumed run continue exactly: the step, the data position, the driver's RNG
 states, the adaptive KL controller and the kept validation generations. Saving, resuming per
 ``trainer.resume_mode`` and, after a worker failure, restoring the newest whole checkpoint of the
-run (or the run's start), after starting the worker groups again, live here.
+run (or the run's start), after starting the worker groups again, and the retries of a start or
+a resume that a worker failure interrupted, live here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from rlvr.trainer.checkpoint import CheckpointError
@@ -22,8 +24,8 @@ __all__ = ["DriverStateMixin"]
 
 class DriverStateMixin:
     """The trainer's checkpoint and recovery methods (they use its ``checkpoints``, worker groups,
-    ``_restart_workers``, ``train_iter``, ``kl_ctrl_in_reward``, ``val_generations``,
-    ``global_steps``, ``recovery``, ``tracker`` and ``metrics_history``)."""
+    ``_start_workers``, ``shutdown``, ``recovers``, ``train_iter``, ``kl_ctrl_in_reward``,
+    ``val_generations``, ``global_steps``, ``recovery``, ``tracker`` and ``metrics_history``)."""
 
     def _driver_state(self) -> dict[str, Any]:
         """What the driver needs to continue exactly: step, data position, RNG, KL controller."""
@@ -75,6 +77,29 @@ class DriverStateMixin:
             raise CheckpointError("no whole checkpoint of this run is left to restore after a worker failure; "
                                   "resume from an older one with trainer.resume_mode=resume_path")
         return self.global_steps
+
+    def _with_worker_restarts(self, first: Callable[[], Any], again: Callable[[], Any]) -> Any:
+        """``first()``, or, when a worker dies or hangs in it (Ray backend), ``again()`` until it
+        succeeds; every failure counts against ``trainer.max_restarts`` and the first is recorded as
+        a restart with nothing to redo. Returns what the call that succeeded returned."""
+        attempt, first_failure = first, None
+        while True:
+            try:
+                result = attempt()
+                break
+            except RECOVERABLE_ERRORS if self.recovers else () as error:
+                started = self.recovery.admit(error, self.global_steps)
+                first_failure = first_failure or (error, started)
+                attempt = again
+        if first_failure is not None:
+            self.recovery.record(first_failure[0], self.global_steps, self.global_steps, first_failure[1])
+        return result
+
+    def _restart_workers(self) -> None:
+        """Tear every worker group down (hung workers too) and start them all again, models loaded."""
+        self.shutdown()
+        self._start_workers()
+        self.workers.restart_stateless()
 
     def _recover(self, error: Any, progress: TrainingProgress) -> None:
         """Restart every worker group and restore the last whole checkpoint of this run (or the

@@ -206,29 +206,6 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         every group is torn down and the start is tried again."""
         self._with_worker_restarts(self._start_workers, self._restart_workers)
 
-    def _with_worker_restarts(self, first: Callable[[], Any], again: Callable[[], Any]) -> Any:
-        """``first()``, or, when a worker dies or hangs in it (Ray backend), ``again()`` until it
-        succeeds; every failure counts against ``trainer.max_restarts`` and the first is recorded as
-        a restart with nothing to redo. Returns what the call that succeeded returned."""
-        attempt, first_failure = first, None
-        while True:
-            try:
-                result = attempt()
-                break
-            except RECOVERABLE_ERRORS if self.recovers else () as error:
-                started = self.recovery.admit(error, self.global_steps)
-                first_failure = first_failure or (error, started)
-                attempt = again
-        if first_failure is not None:
-            self.recovery.record(first_failure[0], self.global_steps, self.global_steps, first_failure[1])
-        return result
-
-    def _restart_workers(self) -> None:
-        """Tear every worker group down (hung workers too) and start them all again, models loaded."""
-        self.shutdown()
-        self._start_workers()
-        self.workers.restart_stateless()
-
     def _start_workers(self) -> None:
         """:meth:`init_workers` without the retries (the reward worker groups are started once: a
         restart starts them again with the other stateless groups)."""
