@@ -68,8 +68,10 @@ test: setup
 test-slow: setup
 	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
 
-# the vLLM engine's tests, in the vLLM venv (they are skipped where vLLM is not importable)
+# the vLLM engine's tests, in the vLLM venv; they skip themselves where vLLM is not importable, so
+# vLLM is imported first: a broken vLLM venv fails here instead of passing with every test skipped
 test-vllm: setup-vllm
+	$(VLLM_PY) -c "import vllm; print('vLLM', vllm.__version__)"
 	$(VLLM_PY) -m pytest -m "vllm and not gpu" $(PYTEST_ARGS)
 
 test-all: setup

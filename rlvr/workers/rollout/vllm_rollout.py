@@ -13,10 +13,11 @@ for greedy decoding, which vLLM runs only with ``n=1``); a row stops after
 an EOS id (``stop_token_ids``; vLLM's own EOS handling is off so that both engines stop on the same
 ids) or after the token that completes a stop string (kept, mask 1); responses are right-padded with
 the pad id to ``R`` = ``response_length``. Log-probs are vLLM's ``processed_logprobs`` of the sampled
-token: ``log_softmax(logits / temperature)`` (``logits`` for greedy decoding). With ``top_p < 1`` or
-``top_k > 0`` vLLM renormalises them over the kept tokens, unlike the HF engine. They are never
-reported exact (other kernels; bf16), so the actor recomputes ``old_log_probs`` and the trainer's
-mismatch metrics show the gap.
+token: ``log_softmax(logits / temperature)`` (``logits`` for greedy decoding), as the protocol asks.
+With ``top_p < 1`` or ``top_k > 0`` vLLM renormalises them over the kept tokens instead, so config
+validation refuses those for training (validation calls may use them: their log-probs go unused).
+They are never reported exact (other kernels; bf16), so the actor recomputes ``old_log_probs`` and
+the trainer's mismatch metrics show the gap.
 
 Memory: on GPU the engine is built with ``enable_sleep_mode`` and :meth:`VLLMRollout.sleep` frees its
 weights and KV cache between phases (vLLM's level-1 sleep); on CPU vLLM has no sleep mode, so
@@ -28,12 +29,14 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
+from rlvr.utils.errors import VLLM_MISSING, RlvrError
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.rollout.base import CallSettings, Weights, call_settings, register_rollout_engine, response_tensors
 from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
@@ -46,6 +49,21 @@ CPU_KV_CACHE_BYTES = 1 << 30
 CPU_BLOCK_SIZE = 32
 """Default KV-cache block on CPU: prefix caching reuses whole blocks, and vLLM's CPU default of 128
 tokens is longer than typical prompts (CPU attention wants multiples of 32)."""
+
+
+def _import_vllm() -> ModuleType:
+    """The ``vllm`` package, imported on first use (rlvr runs without it).
+
+    Raises:
+        RlvrError: vLLM is not installed in this Python (the message names the install command).
+    """
+    try:
+        import vllm
+    except ModuleNotFoundError as err:
+        if err.name != "vllm":  # vLLM is there but one of its own imports fails: that error says more
+            raise
+        raise RlvrError(VLLM_MISSING) from err
+    return vllm
 
 
 @register_rollout_engine("vllm")
@@ -85,7 +103,7 @@ class VLLMRollout:
         """Start the engine from the policy's config and tokenizer, written to a temporary folder
         (``load_format=auto``: from the policy's model folder, weights included)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, no subprocess
-        from vllm import LLM
+        LLM = _import_vllm().LLM
 
         folder = Path(self._model_dir.name)
         self.names.hf_config.save_pretrained(folder)
@@ -145,8 +163,7 @@ class VLLMRollout:
     def _sampling_params(self, call: CallSettings, count: int):
         """vLLM's sampling parameters for ``count`` samples of one prompt, with a seed drawn from the
         engine's generator."""
-        from vllm import SamplingParams
-
+        SamplingParams = _import_vllm().SamplingParams
         params = call.sampling
         seed = int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
         return SamplingParams(

@@ -74,6 +74,16 @@ def test_greedy_matches_the_hf_engine(tiny, engines):
                              "rollout_weights_version": 0}
 
 
+def test_validation_decodes_with_val_kwargs(tiny, engines):
+    _, tokenizer = tiny
+    hf, vllm_engine = engines
+    assert vllm_engine.config.do_sample and not vllm_engine.config.val_kwargs.do_sample  # sampling vs greedy
+    expected = hf.generate_sequences(prompts(tokenizer, do_sample=False))
+    got = vllm_engine.generate_sequences(prompts(tokenizer, validate=True))
+    assert_same_generation(expected, got)
+    assert got.meta_info["rollout_log_prob_temperature"] == 1.0
+
+
 def _mid_response_token(responses: torch.Tensor) -> int:
     """A token that the greedy decode emits after the first position of some row."""
     return int(responses[1, 3])
