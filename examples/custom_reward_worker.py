@@ -1,4 +1,4 @@
-"""A custom rule-based reward worker, written from scratch as the reward-worker guide writes it
+"""A custom rule-based reward worker, written from scratch on the reward-worker protocol
 (``initialize`` / ``compute_rewards``; rlvr's own workers subclass ``rlvr.reward.workers.RuleRewardWorker``).
 
 Only the import paths and the worker's config object are rlvr's. ``initialize`` runs once on every

@@ -3,10 +3,11 @@
 A batch holds ``prompts [batch, P]`` (left-padded), ``responses [batch, R]`` (right-padded),
 ``attention_mask [batch, P + R]`` and ``response_mask [batch, R]`` (derived from the response part of
 ``attention_mask`` when absent); the non-tensor fields ``reward_model`` (dicts with
-``ground_truth``; or a ``ground_truth`` column, as the reward-worker guide writes it), ``extra_info`` (optional) and the data
-source. A response is its tokens up to and including the last valid one (so tokens a multi-turn
-loop inserted between generated ones stay in the text), a prompt its non-padding tokens. Both are
-decoded with the tokenizer's ``batch_decode(..., skip_special_tokens=True)``, one call per batch.
+``ground_truth``; or a plain ``ground_truth`` column, as ``examples/custom_reward_worker.py`` reads
+it), ``extra_info`` (optional) and the data source. A response is its tokens up to and including
+the last valid one (so tokens a multi-turn loop inserted between generated ones stay in the text), a
+prompt its non-padding tokens. Both are decoded with the tokenizer's ``batch_decode(...,
+skip_special_tokens=True)``, one call per batch.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def decode_prompts(data: DataProto, tokenizer: Any) -> list[str]:
 
 def ground_truths(data: DataProto) -> list[Any]:
     """Per-sample ground truth: ``reward_model[i]["ground_truth"]`` (None when a dict has none), or
-    the ``ground_truth`` column (the reward-worker guide's format)."""
+    a plain ``ground_truth`` column."""
     columns = data.non_tensor_batch
     if "reward_model" in columns:
         if not all(isinstance(rm, dict) for rm in columns["reward_model"]):

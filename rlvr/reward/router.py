@@ -11,10 +11,10 @@ A route is one of:
   returning ``token_level_rewards [b, R]``, ``response_level_rewards [b]`` and ``scores [b]``
   (the reward-worker protocol). Its token-level scores are ``token_level_rewards`` when a row
   carries the response's reward (its sum must equal ``response_level_rewards``); a row left all
-  zero, as in the reward-worker guide's example, gets ``response_level_rewards`` on its last valid
-  response token; any other mismatch is an error. ``scores`` feed ``reward/<domain>/mean_score`` and
-  ``reward/<domain>/count``, and the worker's ``meta_info["metrics"]`` are passed on (lists
-  averaged);
+  zero (as a worker written from scratch may leave it, ``examples/custom_reward_worker.py``) gets
+  ``response_level_rewards`` on its last valid response token; any other mismatch is an error.
+  ``scores`` feed ``reward/<domain>/mean_score`` and ``reward/<domain>/count``, and the worker's
+  ``meta_info["metrics"]`` are passed on (lists averaged);
 - a reward manager (``manager(data, return_dict=True)``, see :mod:`rlvr.reward.managers.base`);
 - a scorer function ``(data_source, solution_str, ground_truth, extra_info)``, wrapped in a
   :class:`NaiveRewardManager` with the router's tokenizer and error policy.

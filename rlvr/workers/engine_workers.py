@@ -49,7 +49,7 @@ from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_lora, save_training_state
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
 from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
-from rlvr.workers.models import build_causal_lm, build_critic
+from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
 from rlvr.workers.worker_utils import (
@@ -390,6 +390,7 @@ class CriticWorker(TrainingWorker):
         """Load the value model and build its optimizer and schedule."""
         self._setup()
         cfg = self.config.critic
+        self.tokenizer = critic_tokenizer(self.config)
         path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
         module = build_critic(cfg.model, path).to(self.device)
         module = shard_module(module, self.world_size, self._device_type(), cfg.fsdp_config.reshard_after_forward)

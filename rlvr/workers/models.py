@@ -4,7 +4,8 @@ critic (the LM's backbone with a scalar value head).
 Models load through :func:`rlvr.utils.model.load_causal_lm` (hub id, local folder or GGUF file).
 LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models") goes through peft:
 the base weights are frozen and only the adapters train; with adapters disabled the same module
-is the frozen base model, which the reference policy reuses.
+is the frozen base model, which the reference policy reuses. The critic's tokenizer must have the
+policy's vocabulary (:func:`critic_tokenizer`).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from rlvr.utils.model import load_causal_lm
+from rlvr.utils.errors import ConfigError
+from rlvr.utils.model import load_causal_lm, load_tokenizer
 
-__all__ = ["torch_dtype", "build_causal_lm", "CriticModel", "build_critic", "unwrap_hf_model"]
+__all__ = ["torch_dtype", "build_causal_lm", "CriticModel", "build_critic", "critic_tokenizer", "unwrap_hf_model"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
@@ -133,3 +135,25 @@ def build_critic(model_config, path: str) -> CriticModel:
             backbone.enable_input_require_grads()
         backbone = get_peft_model(backbone, _lora_config(model_config, "FEATURE_EXTRACTION"))
     return CriticModel(backbone, lm.config.hidden_size)
+
+
+def critic_tokenizer(config) -> PreTrainedTokenizerBase:
+    """The critic's tokenizer, ``critic.model.tokenizer_path`` (None: the policy's tokenizer).
+
+    The critic scores the token ids the policy sampled, so a tokenizer of its own must map text to
+    the same ids as the policy's: one with another vocabulary raises :class:`ConfigError`.
+
+    Args:
+        config: the whole run config.
+    """
+    policy = config.actor_rollout_ref.model
+    policy_path = policy.tokenizer_path or policy.path
+    path = config.critic.model.tokenizer_path or policy_path
+    tokenizer = load_tokenizer(path, trust_remote_code=config.critic.model.trust_remote_code)
+    if path != policy_path and tokenizer.get_vocab() != load_tokenizer(
+            policy_path, trust_remote_code=policy.trust_remote_code).get_vocab():
+        raise ConfigError("critic.model.tokenizer_path",
+                          f"the tokenizer at {path!r} has another vocabulary than the policy's ({policy_path!r}); "
+                          "the critic reads the policy's token ids, so give it a tokenizer with the same "
+                          "vocabulary, or leave the key unset (the policy's tokenizer)")
+    return tokenizer

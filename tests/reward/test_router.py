@@ -15,8 +15,8 @@ from rlvr.reward.contract import check_response_scores, check_token_level_scores
 
 
 class LengthRewardWorker:
-    """A reward worker as the reward-worker guide writes one: zeros per token, the reward per response
-    (fp16 as in the guide)."""
+    """A reward worker written from scratch like examples/custom_reward_worker.py: zeros per token,
+    the reward per response, float16."""
 
     def __init__(self, shape_bug: bool = False, placed: bool = False, inconsistent: bool = False) -> None:
         self.calls: list[int] = []

@@ -1,4 +1,4 @@
-"""The custom reward worker of the reward-worker guide (examples/custom_reward_worker.py) on a 2-worker RayWorkerGroup."""
+"""The reward worker written from scratch (examples/custom_reward_worker.py) on a 2-worker RayWorkerGroup."""
 
 from __future__ import annotations
 

@@ -57,7 +57,9 @@ def test_derived_fields(overrides):
     assert cfg.actor_rollout_ref.rollout.response_length == 12
     assert cfg.actor_rollout_ref.rollout.prompt_length == 32
     assert cfg.data.seed == 11
-    assert cfg.critic.model.path == cfg.actor_rollout_ref.model.path
+    assert cfg.critic.model.path == cfg.critic.model.tokenizer_path == cfg.actor_rollout_ref.model.path
+    own = load_config(None, ["actor_rollout_ref.model.tokenizer_path=/tok", "critic.model.path=/critic"]).critic.model
+    assert (own.path, own.tokenizer_path) == ("/critic", "/tok")  # the critic reads the policy's token ids
     assert cfg.critic.enable is False  # grpo preset
     assert load_config(None, ["algorithm.adv_estimator=gae"]).critic.enable is True  # None follows the estimator
 

@@ -4,24 +4,27 @@ loss or estimator is a schema field (settable from YAML and the command line, sh
 
 from __future__ import annotations
 
-import ast
 import dataclasses
+import functools
 import inspect
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from schema_reads import fields_read
 
 import rlvr
 from rlvr.trainer.config import ActorConfig, AlgorithmConfig, PolicyLossConfig, RlvrConfig, help_config, load_config
+from rlvr.trainer.config.schema import CriticConfig
 from rlvr.trainer.config.suggest import schema_keys
 from rlvr.trainer.ppo import advantage, policy_loss
 from rlvr.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 from rlvr.utils.errors import ConfigError
 
 PACKAGE = Path(rlvr.__file__).parent
-SCHEMA = PACKAGE / "trainer" / "config" / "schema.py"
+CONFIG_PACKAGE = PACKAGE / "trainer" / "config"
 ESTIMATOR_DATA_INPUTS = {"token_level_rewards", "response_mask", "index", "values", "reward_baselines",
                          "old_log_prob", "rollout_log_prob", "config", "kwargs"}
 VERL_SIGNATURE_ONLY = {
@@ -29,38 +32,110 @@ VERL_SIGNATURE_ONLY = {
     "f_norm": "verl's GPG argument that its trainer never passes (the paper's optional std scaling)",
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
 }
+VALIDATED_VERL_KEYS = {
+    "actor_rollout_ref.hybrid_engine": "verl's choice between one worker group for actor, rollout and reference "
+                                       "and separate ones; rlvr has only the first, validation rejects false",
+    "actor_rollout_ref.actor.strategy": "verl's training backend; fsdp and fsdp2 both run FSDP2 here, validation "
+                                        "rejects the others (megatron)",
+    "critic.strategy": "the same for the critic",
+}
+"""verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
+for another is rejected with the reason."""
 
 
-def _names_read_by_the_code() -> set[str]:
-    """Attribute names and string constants (``cfg.key``, ``cfg["key"]``) in rlvr outside the schema."""
-    names: set[str] = set()
-    for path in PACKAGE.rglob("*.py"):
-        if path == SCHEMA:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Attribute):
-                names.add(node.attr)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                names.add(node.value)
-    return names
+def _code_files() -> list[Path]:
+    """rlvr's modules outside the config package: what the config package does with a key (its
+    schema, defaults and validation) does not make the key do anything."""
+    return [path for path in PACKAGE.rglob("*.py") if CONFIG_PACKAGE not in path.parents]
+
+
+@functools.cache
+def _read_by_the_code(schema: type) -> dict[str, set[str]]:
+    return fields_read(_code_files(), schema)
+
+
+def _dead_keys(schema: type = RlvrConfig) -> list[str]:
+    read = _read_by_the_code(schema)
+    return [key for key in schema_keys(schema) if key not in read and key not in VALIDATED_VERL_KEYS]
 
 
 def test_every_schema_field_is_read_by_the_code():
-    """A field no code reads is a dead key: a user sets it and nothing happens. (By name: a field
-    whose name another section also uses is covered when either is read.)"""
-    read = _names_read_by_the_code()
-    dead = [key for key in schema_keys(RlvrConfig) if key.rsplit(".", 1)[-1] not in read]
-    assert dead == []
+    """A field no code reads is a dead key: a user sets it and nothing happens. A field counts as
+    read only where the code reads that field of that section (``schema_reads`` says how)."""
+    assert _dead_keys() == []
+
+
+def test_the_validated_verl_keys_are_validated_and_read_nowhere_else():
+    validated = fields_read([CONFIG_PACKAGE / "validate.py"], RlvrConfig)
+    assert [key for key in VALIDATED_VERL_KEYS if key not in validated] == []
+    assert [key for key in VALIDATED_VERL_KEYS if key in _read_by_the_code(RlvrConfig)] == []
+
+
+@dataclasses.dataclass
+class _CriticWithDeadKeys(CriticConfig):
+    seed: int = 0
+    name: str = ""
+
+
+@dataclasses.dataclass
+class _WithDeadKeys(RlvrConfig):
+    critic: _CriticWithDeadKeys = dataclasses.field(default_factory=_CriticWithDeadKeys)
+    dataloader_num_workers_never_read: int = 0
 
 
 def test_the_dead_key_check_catches_a_dead_key():
-    @dataclasses.dataclass
-    class WithDeadKey(RlvrConfig):
-        dataloader_num_workers_never_read: int = 0
+    """Dead keys named like keys that other sections' code reads (``seed``, ``name``) are caught."""
+    assert _dead_keys(_WithDeadKeys) == ["critic.seed", "critic.name", "dataloader_num_workers_never_read"]
 
-    read = _names_read_by_the_code()
-    assert [k for k in schema_keys(WithDeadKey) if k.rsplit(".", 1)[-1] not in read] == [
-        "dataloader_num_workers_never_read"]
+
+def test_a_field_counts_as_read_only_in_its_own_section(tmp_path):
+    """What the check sees in code like rlvr's before the critic read its tokenizer: the actor's
+    ``model.tokenizer_path`` is read, the critic's only written; aliases, ``self`` attributes and
+    annotations lead each chain to its section."""
+    code = tmp_path / "code.py"
+    code.write_text(textwrap.dedent('''
+        def finalize(cfg):
+            critic_model, actor_model = cfg.critic.model, cfg.actor_rollout_ref.model
+            critic_model.tokenizer_path = actor_model.tokenizer_path
+
+        class Worker:
+            def __init__(self, config):
+                self.config = config
+
+            def init_model(self):
+                cfg = self.config.actor_rollout_ref
+                return cfg.model.path, self.config.trainer.seed
+
+        def reward_worker_config(cfg, name) -> RewardWorkerConfig:
+            config = make(cfg.reward.workers, name)
+            if config.tokenizer_path is None:
+                config.tokenizer_path = "policy"
+            return config
+
+        def sample(rollout_config, validate):
+            source = rollout_config.val_kwargs if validate else rollout_config
+            return source.top_k
+
+        def _algo(config) -> AlgorithmConfig:
+            return config
+
+        def returns(config=None):
+            return _algo(config).gamma
+
+        class Loop:
+            def __init__(self, rollout_config):
+                self.settings = rollout_config.multi_turn
+
+            def run(self):
+                return self.settings.env_kwargs
+    '''))
+    read = fields_read([code], RlvrConfig)
+    assert "actor_rollout_ref.model.tokenizer_path" in read and "critic.model.tokenizer_path" not in read
+    assert "reward.workers.math_rule.tokenizer_path" in read
+    assert {"actor_rollout_ref.model.path", "trainer.seed", "actor_rollout_ref.rollout.top_k",
+            "actor_rollout_ref.rollout.val_kwargs.top_k", "algorithm.gamma",
+            "actor_rollout_ref.rollout.multi_turn.env_kwargs"} <= set(read)
+    assert not {"critic.model.path", "data.seed", "reward.route_key"} & set(read)
 
 
 class _Recorder:
@@ -137,3 +212,6 @@ def test_a_verl_key_without_meaning_says_why():
     with pytest.raises(ConfigError, match="no DataLoader workers to set; remove the key") as info:
         load_config("grpo", ["data.dataloader_num_workers=8"])
     assert info.value.key == "data.dataloader_num_workers"
+    with pytest.raises(ConfigError, match="frozen and has no optimizer state to offload") as info:
+        load_config("grpo", ["actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"])
+    assert info.value.key == "actor_rollout_ref.ref.fsdp_config.optimizer_offload"

@@ -144,11 +144,14 @@ def test_derived_settings_follow_the_config(tiny_model_dir, tiny_data, tmp_path)
 
 
 def test_builtin_names_match_the_registries():
-    """The command checks names against a table before the registries load; it must hold exactly
-    what they hold (add a new built-in entry to rlvr/trainer/config/builtin_names.py)."""
+    """The command checks names, and what each estimator needs, against tables before the
+    registries load; they must hold exactly what the registries hold: the names, and the
+    ``needs_*`` flags of each ``@register_adv_est`` (add a new built-in entry to
+    rlvr/trainer/config/builtin_names.py)."""
     assert registered_names() == {key: sorted(names) for key, names in BUILTIN_NAMES.items()}
     from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY, get_adv_estimator_needs
 
+    # AdvantageEstimatorNeeds objects compare by their flags
     assert {name: get_adv_estimator_needs(name) for name in ADV_ESTIMATOR_REGISTRY.names()} == BUILTIN_ESTIMATOR_NEEDS
     with pytest.raises(ConfigError, match="'nope' is not valid"):
         check_names(load_config("grpo", ["reward_model.reward_manager=nope"]), BUILTIN_NAMES)

@@ -1,6 +1,7 @@
 """Training on a mixed batch (math + IFEval + code, tiny random model) through the command line,
-each domain scored by its own reward worker group: the per-domain metrics, the same run on Ray,
-and a domain without a route stopping the run before anything starts."""
+each domain scored by its own reward worker group: every domain's training and validation metrics
+over a few steps, the same run on Ray, and a domain without a route stopping the run before
+anything starts."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from rlvr.trainer.tracking import read_metrics
 
 DOMAINS = ("math", "ifeval", "code")
 SAMPLES_PER_STEP = 6 * 4  # train_batch_size prompts x rollout.n
+STEPS = 2
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def mixed_data(tmp_path_factory) -> dict[str, Path]:
 
 
 def _argv(model_dir: Path, data: dict[str, Path], run_dir: Path, **extra) -> list[str]:
-    settings = {"trainer.total_training_steps": 1, "trainer.val_before_train": False, "data.max_prompt_length": 192,
+    settings = {"trainer.total_training_steps": STEPS, "trainer.val_before_train": False, "data.max_prompt_length": 192,
                 "data.train_batch_size": 6,
                 "actor_rollout_ref.actor.ppo_mini_batch_size": 6, **extra}
     overrides = tiny_overrides(model_dir, {**data, "reward": None}, run_dir, **settings)
@@ -38,7 +40,11 @@ def _argv(model_dir: Path, data: dict[str, Path], run_dir: Path, **extra) -> lis
 def _check_per_domain_metrics(run_dir: Path) -> None:
     rows = read_metrics(run_dir / "metrics.jsonl")
     steps = [row for row in rows if "timing/step" in row]
-    assert [row["step"] for row in steps] == [1]
+    assert [row["step"] for row in steps] == list(range(1, STEPS + 1))
+    for domain in DOMAINS:  # every domain was scored by its reward worker group and trained on
+        trained = [row for row in steps if f"reward/{domain}/count" in row]
+        assert trained, f"no training step had {domain} samples"
+        assert all(f"reward/{domain}/mean_score" in row and f"train/{domain}/score" in row for row in trained)
     for row in steps:
         present = [d for d in DOMAINS if f"reward/{d}/count" in row]
         assert sum(row[f"reward/{d}/count"] for d in present) == SAMPLES_PER_STEP

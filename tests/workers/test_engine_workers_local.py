@@ -9,8 +9,10 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup
-from rlvr.utils.testing import save_tiny_model
+from rlvr.utils.errors import ConfigError, WorkerError
+from rlvr.utils.testing import save_tiny_model, tiny_tokenizer
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
+from rlvr.workers.models import critic_tokenizer
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder
 
 
@@ -180,6 +182,18 @@ def test_critic_values_move_toward_the_returns(model_dir):
         clipfracs.append(metrics["critic/vf_clipfrac"][0])
         assert metrics["critic/vf_loss"][0] == pytest.approx(0.5 * errors[-1], rel=1e-4)  # unclipped at the centre
     assert errors[-1] < 0.5 * errors[0], errors
+
+
+def test_the_critic_tokenizer_is_the_policys_unless_set_and_must_share_its_vocabulary(model_dir, tmp_path):
+    assert critic_tokenizer(make_config(model_dir)).get_vocab() == tiny_tokenizer().get_vocab()
+    copy, other = tiny_tokenizer(), tiny_tokenizer()
+    copy.save_pretrained(tmp_path / "copy")
+    other.add_tokens(["<extra>"])
+    other.save_pretrained(tmp_path / "other")
+    assert critic_tokenizer(make_config(model_dir, f"critic.model.tokenizer_path={tmp_path / 'copy'}")) is not None
+    with pytest.raises(WorkerError, match="has another vocabulary than the policy's") as info:
+        local_group(CriticWorker, make_config(model_dir, f"critic.model.tokenizer_path={tmp_path / 'other'}"))
+    assert isinstance(info.value.__cause__, ConfigError) and info.value.__cause__.key == "critic.model.tokenizer_path"
 
 
 def test_checkpoint_round_trip_and_hf_export(model_dir, tmp_path):

@@ -15,8 +15,9 @@ Every reward worker is a :class:`~rlvr.single_controller.base.worker.Worker` wit
 Input: ``responses [batch, response_len]`` (right-padded), ``response_mask [batch, response_len]``
 (or ``attention_mask [batch, prompt_len + response_len]``), ``prompts [batch, prompt_len]``; the
 ground truth per sample in ``non_tensor_batch["reward_model"][i]["ground_truth"]`` (the common
-format) or ``non_tensor_batch["ground_truth"][i]`` (the reward-worker guide's format); both are read
-by :mod:`rlvr.reward.decode`, which also decodes the responses.
+format) or ``non_tensor_batch["ground_truth"][i]`` (a plain column, as in
+``examples/custom_reward_worker.py``); both are read by :mod:`rlvr.reward.decode`, which also
+decodes the responses.
 """
 
 from __future__ import annotations

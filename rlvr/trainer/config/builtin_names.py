@@ -1,12 +1,14 @@
 """The names rlvr's registries hold out of the box, known without importing them.
 
-The registries live beside their torch code, and importing them takes seconds; the ``rlvr``
-command checks a config's registry-backed values against this table first (with
+Why a copy: the registries live beside their torch code, and importing them takes seconds, but
+the ``rlvr`` command checks a config before it pays for torch. So it checks the config's
+registry-backed values against :data:`BUILTIN_NAMES` (with
 :func:`~rlvr.trainer.config.validate.check_names`), and what a built-in advantage estimator needs
-against :data:`BUILTIN_ESTIMATOR_NEEDS`, so that a misspelt estimator or a GAE run without a critic
-fails at once. The trainer validates against the registries themselves, which also hold names
-(and needs) registered from Python. ``tests/trainer/test_config.py`` checks that these tables equal
-the registries' contents.
+against :data:`BUILTIN_ESTIMATOR_NEEDS` (a copy of the ``needs_*`` flags of each estimator's
+``@register_adv_est``), so that a misspelt estimator or a GAE run without a critic fails at once.
+The trainer validates against the registries themselves, which also hold names (and needs)
+registered from Python. ``tests/trainer/test_main_ppo.py::test_builtin_names_match_the_registries``
+keeps both tables equal to the registries: every name, and every estimator's needs flags.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ _BASE_KEY = "base"
 VERL_KEYS_WITHOUT_MEANING = {
     "data.dataloader_num_workers": "rlvr tokenizes the prompts once when the dataset loads and builds each "
                                    "batch in the driver, so there are no DataLoader workers to set; remove the key",
+    "actor_rollout_ref.ref.fsdp_config.optimizer_offload": "the reference policy is frozen and has no optimizer "
+                                                           "state to offload; remove the key (param_offload "
+                                                           "offloads its weights)",
 }
 """Keys of verl's config that rlvr has no use for, with what to do instead."""
 
@@ -83,8 +86,9 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
 
 def finalize_config(cfg: DictConfig) -> DictConfig:
     """Fill the derived fields: rollout lengths from ``data``, the data seed from ``trainer.seed``,
-    critic model fields from the actor's, ``critic.enable`` from what the estimator's registry
-    entry needs (an unknown estimator leaves it off; validation then names the estimator)."""
+    the critic's model and tokenizer from the actor's (verl's defaults), ``critic.enable`` from what
+    the estimator's registry entry needs (an unknown estimator leaves it off; validation then names
+    the estimator)."""
     rollout = cfg.actor_rollout_ref.rollout
     rollout.response_length = cfg.data.max_response_length
     rollout.prompt_length = cfg.data.max_prompt_length
@@ -93,7 +97,8 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
     critic_model, actor_model = cfg.critic.model, cfg.actor_rollout_ref.model
     if critic_model.path is None:
         critic_model.path = actor_model.path
-        critic_model.tokenizer_path = actor_model.tokenizer_path
+    if critic_model.tokenizer_path is None:
+        critic_model.tokenizer_path = actor_model.tokenizer_path or actor_model.path
     if cfg.critic.enable is None:
         from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
 

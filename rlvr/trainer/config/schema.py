@@ -80,6 +80,14 @@ class FSDPConfig:
     reshard_after_forward: bool = _f(True, "FSDP2 reshard_after_forward")
 
 
+@dataclass
+class RefFSDPConfig:
+    """The frozen reference's FSDP settings: it has no optimizer, so no ``optimizer_offload``."""
+
+    param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
+    reshard_after_forward: bool = _f(True, "FSDP2 reshard_after_forward")
+
+
 # ------------------------------------------------------------------------------------------ actor
 @dataclass
 class PolicyLossConfig:
@@ -137,7 +145,7 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = _f(16, "sequences per forward when computing reference log-probs")
-    fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
+    fsdp_config: RefFSDPConfig = _sub(RefFSDPConfig, "FSDP2 and offload settings")
 
 
 @dataclass
@@ -213,6 +221,7 @@ class ActorRolloutRefConfig:
 @dataclass
 class CriticModelConfig(ModelConfig):
     path: Optional[str] = _f(None, "critic model location (LM with a scalar value head); None = the actor's model.path")
+    tokenizer_path: Optional[str] = _f(None, "critic's tokenizer; it reads the policy's token ids, so it must have the policy's vocabulary (None = the policy's tokenizer)")
 
 
 @dataclass

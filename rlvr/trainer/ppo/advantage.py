@@ -105,7 +105,7 @@ def _require(value: Any, estimator: str, what: str, hint: str) -> Any:
     return value
 
 
-def _algo(config: Any) -> Any:
+def _algo(config: Any) -> AlgorithmConfig:
     return AlgorithmConfig() if config is None else config
 
 

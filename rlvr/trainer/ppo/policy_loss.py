@@ -72,8 +72,8 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     ``global_batch_size`` (sequences, for the ``seq-mean-*`` modes); the local sum is divided by them
     and multiplied by ``dp_size``, so that the gradient averaged over ranks (DDP/FSDP) is the
     gradient of the whole batch's loss. ``token-sum`` is multiplied by ``dp_size`` for the same
-    reason. With ``dp_size=1`` and no counts, the counts are the local ones: the seed signature
-    ``agg_loss(loss_mat, loss_mask, loss_agg_mode)`` keeps its meaning.
+    reason. With ``dp_size=1`` and no counts, the counts are the local ones: verl's three-argument
+    form ``agg_loss(loss_mat, loss_mask, loss_agg_mode)`` keeps its meaning.
 
     The local sequence count is the number of sequences with at least one valid token: a fully
     masked row (padding added to balance a micro-batch) neither produces NaN nor dilutes the mean.

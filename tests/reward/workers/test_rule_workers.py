@@ -52,7 +52,7 @@ def test_math_worker_with_think_sections(tokenizer_path):
     assert metrics["reward/math/correct"] == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
-def test_seed_002_ground_truth_field(tokenizer_path):
+def test_math_worker_reads_a_plain_ground_truth_column(tokenizer_path):
     data = build_batch(["\\boxed{4}", "\\boxed{5}"], ["4", "4"], gt_key="ground_truth")
     out = _run(MathRuleRewardWorker(MathRuleRewardConfig(tokenizer_path=tokenizer_path)), data)
     assert out.batch["scores"].tolist() == [1.0, 0.0]

@@ -1,4 +1,4 @@
-"""rlvr.trainer.ppo.core_algos: the seed's names and signatures, kl_penalty, the clipped value loss
+"""rlvr.trainer.ppo.core_algos: verl's names and signatures, kl_penalty, the clipped value loss
 and the KL controllers (hand-computed values and agreement with ppo_reference_impl)."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from rlvr.utils.errors import ConfigError
 TOL = dict(rtol=1e-6, atol=1e-6)
 
 
-def test_seed_names_and_signatures():
+def test_verl_names_and_signatures():
     params = lambda fn: list(inspect.signature(fn).parameters)  # noqa: E731
     assert params(core_algos.agg_loss)[:3] == ["loss_mat", "loss_mask", "loss_agg_mode"]
     assert params(core_algos.compute_policy_loss) == [

@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 
-SEED_SIGNATURES = {
+VERL_SIGNATURES = {
     "rlvr.trainer.ppo.ray_trainer.RayPPOTrainer": [
         "config", "tokenizer", "role_worker_mapping", "resource_pool_manager", "ray_worker_group_cls",
         "processor", "reward_fn", "val_reward_fn", "train_dataset", "val_dataset", "collate_fn",
@@ -27,14 +27,14 @@ SEED_SIGNATURES = {
     ],
 }
 
-SEED_DEFAULTS = {
+VERL_DEFAULTS = {
     "rlvr.trainer.ppo.core_algos.compute_policy_loss": {"clip_ratio_c": 3.0, "loss_agg_mode": "token-mean"},
     "rlvr.utils.tokenizer.hf_tokenizer": {"correct_pad_token": True, "correct_gemma2": True},
     "rlvr.workers.reward_manager.NaiveRewardManager": {"compute_score": None, "reward_fn_key": "data_source"},
     "rlvr.workers.reward_manager.DAPORewardManager": {"max_resp_len": None, "overlong_buffer_cfg": None},
 }
 
-OTHER_SEED_NAMES = [
+OTHER_VERL_NAMES = [
     "rlvr.trainer.ppo.ray_trainer.ResourcePoolManager",
     "rlvr.trainer.ppo.utils.Role",
     "rlvr.single_controller.base.worker.Worker",
@@ -61,13 +61,13 @@ def _resolve(dotted: str):
     return getattr(importlib.import_module(module_name), attr)
 
 
-@pytest.mark.parametrize("dotted", sorted(SEED_SIGNATURES))
-def test_seed_signature(dotted):
+@pytest.mark.parametrize("dotted", sorted(VERL_SIGNATURES))
+def test_verl_signature(dotted):
     params = inspect.signature(_resolve(dotted)).parameters
     names = [name for name in params if name != "self"]
-    expected = SEED_SIGNATURES[dotted]
+    expected = VERL_SIGNATURES[dotted]
     assert names[: len(expected)] == expected
-    for name, default in SEED_DEFAULTS.get(dotted, {}).items():
+    for name, default in VERL_DEFAULTS.get(dotted, {}).items():
         assert params[name].default == default, f"{dotted}: default of {name}"
 
 
@@ -83,6 +83,6 @@ def test_trainer_defaults_to_ray_worker_group():
     assert callable(RayPPOTrainer.init_workers) and callable(RayPPOTrainer.fit)
 
 
-@pytest.mark.parametrize("dotted", OTHER_SEED_NAMES)
-def test_seed_name_imports(dotted):
+@pytest.mark.parametrize("dotted", OTHER_VERL_NAMES)
+def test_verl_name_imports(dotted):
     assert _resolve(dotted) is not None
