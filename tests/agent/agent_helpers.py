@@ -43,6 +43,7 @@ class ScriptedEngine:
 
     Attributes:
         calls: ``(rows, response_length, stop)`` of every call, in order.
+        widths: the prompt width (``input_ids.shape[1]``) of every call, in order.
     """
 
     def __init__(self, tokenizer, scripts: dict[tuple[int, ...], list[list[int]]], response_length: int = 64) -> None:
@@ -51,6 +52,7 @@ class ScriptedEngine:
         self.turns = {key: [list(turn) for turn in turns] for key, turns in scripts.items()}
         self.pending: dict[tuple[int, ...], list[int]] = {}
         self.calls: list[tuple[int, int, list[str]]] = []
+        self.widths: list[int] = []
 
     def _script_of(self, context: list[int]) -> tuple[int, ...]:
         keys = [key for key in self.turns if tuple(context[: len(key)]) == key]
@@ -71,6 +73,7 @@ class ScriptedEngine:
         meta = prompts.meta_info
         length, stop = int(meta.get("response_length", self.response_length)), list(meta.get("stop", []))
         self.calls.append((len(prompts), length, stop))
+        self.widths.append(int(prompts.batch["input_ids"].shape[1]))
         pad = self.tokenizer.pad_token_id
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         responses = torch.full((len(prompts), length), pad, dtype=torch.long)

@@ -211,8 +211,10 @@ def test_a_turn_cut_short_by_the_context_window_continues_without_an_insertion(t
         [1] * len(b_first) + [0] * inserted + [1] * len(b_answer)
     assert out.batch["responses"][1, len(b_first) + inserted: len(b_first) + inserted + len(b_answer)].tolist() == b_answer
     assert out.non_tensor_batch["num_turns"].tolist() == [2, 2]
-    for rows, length, _ in engine.calls:  # no round overflows prompt_length + response_length
-        assert length >= 1
+    assert len(engine.widths) == 3
+    for width, (_, length, _) in zip(engine.widths, engine.calls):  # no round overflows the context window
+        assert length >= 1 and width + length <= len(long_prompt) + 120
+    assert engine.widths[1] + engine.calls[1][1] == len(long_prompt) + 120  # the cut round fills it exactly
 
 
 def test_tool_agent_needs_a_tools_file(tok):
