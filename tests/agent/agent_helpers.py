@@ -133,15 +133,28 @@ class EchoTool(BaseTool):
 
 
 class SleepyTool(BaseTool):
-    """``sleep()``: sleeps ``config["seconds"]`` before answering (a hung tool when long)."""
+    """``sleep()``: sleeps ``config["seconds"]`` before answering (a hung tool when long). Records
+    its life cycle in ``events``: ``(create | execute-start | execute-end | release, instance id)``."""
+
+    events: list[tuple[str, str]] = []
 
     @classmethod
     def default_schema(cls):
         return function_schema("sleep", "sleeps", {}, [])
 
+    def create(self, instance_id=None, **kwargs):
+        instance = super().create(instance_id)
+        SleepyTool.events.append(("create", instance))
+        return instance
+
     def execute(self, instance_id, parameters, **kwargs):
+        SleepyTool.events.append(("execute-start", instance_id))
         time.sleep(float(self.config.get("seconds", 30)))
+        SleepyTool.events.append(("execute-end", instance_id))
         return ToolResponse("woke up"), 0.0, {}
+
+    def release(self, instance_id, **kwargs):
+        SleepyTool.events.append(("release", instance_id))
 
 
 class FailingTool(BaseTool):
@@ -156,8 +169,9 @@ class FailingTool(BaseTool):
 
 
 class CountingTool(BaseTool):
-    """``count()``: counts calls per trajectory; step reward 0.5 per call, final reward = the count.
-    Records the life cycle (``created``, ``released``, ``create_kwargs``) across all instances."""
+    """``count()``: counts calls per trajectory; step reward 0.5 per call, final reward = the count,
+    metrics ``{"count": the count, "note": a string}``. Records the life cycle (``created``,
+    ``released``, ``create_kwargs``) across all instances."""
 
     created: list[str] = []
     released: list[str] = []
@@ -181,7 +195,7 @@ class CountingTool(BaseTool):
 
     def execute(self, instance_id, parameters, **kwargs):
         self.calls[instance_id] = self.calls.get(instance_id, 0) + 1
-        return ToolResponse(str(self.calls[instance_id])), 0.5, {}
+        return ToolResponse(str(self.calls[instance_id])), 0.5, {"count": self.calls[instance_id], "note": "n/a"}
 
     def calc_reward(self, instance_id, **kwargs):
         return float(self.calls[instance_id])
