@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from agent_helpers import write_tools_file
 
@@ -35,3 +37,13 @@ def test_good_agent_settings_pass(tmp_path):
     validate_config(load_config("grpo", [f"{LOOP}=tool_agent", f"{MT}.tool_config_path={tools}"]),
                     require_data_files=False)
     validate_config(load_config("grpo", [f"{LOOP}=env_agent", f"{MT}.env_name=retry"]), require_data_files=False)
+
+
+def test_a_relative_tools_file_is_made_absolute_when_the_config_is_loaded(tmp_path, monkeypatch):
+    write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("grpo", [f"{LOOP}=tool_agent", f"{MT}.tool_config_path=tools.yaml"])
+    path = Path(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path)
+    assert path.is_absolute() and path.samefile(tmp_path / "tools.yaml")
+    monkeypatch.chdir(tmp_path.parent)  # a worker elsewhere still finds it
+    validate_config(cfg, require_data_files=False)
