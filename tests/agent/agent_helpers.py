@@ -12,6 +12,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlvr.agent.tools import BaseTool, ToolResponse, function_schema
+from rlvr.agent.trajectory import left_pad
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RolloutConfig
 from rlvr.utils.testing import tiny_causal_lm
@@ -28,6 +29,55 @@ def eos_prone_tiny_model(**model_kwargs: Any):
         direction = hidden.last_hidden_state.mean(dim=(0, 1))
         model.lm_head.weight[tokenizer.eos_token_id] = 2.0 * direction / direction.norm()
     return model, tokenizer
+
+
+TINY_TOOL_CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+AFTER_CALL = " Let me check."
+"""What :func:`tool_calling_tiny_model` writes after its call when no stop string ends the turn."""
+
+
+def tool_calling_tiny_model(questions: int = 16, **model_kwargs: Any):
+    """The tiny random model and tokenizer, trained (Adam, ~130 steps, about 10 s on one CPU thread) to
+    answer "what is <i> + 1" (``i < questions``, the ``gsm8k_like_data`` questions) by calling the
+    calculator: first ``TINY_TOOL_CALL + AFTER_CALL`` and EOS, then, after the tool's reply, "#### 2"
+    and EOS. At temperature 1 it writes the exact call in most samples (14 of 16 in a trial), so a
+    rollout really calls the tool. ``model_kwargs`` go to :func:`tiny_causal_lm`."""
+    model, tokenizer = tiny_causal_lm(**{"hidden_size": 64, "num_hidden_layers": 2, "seed": 3, **model_kwargs})
+
+    def length(messages: list[dict[str, str]], prompt: bool = False) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    rows, targets = [], []
+    for i in range(questions):
+        conversation = [{"role": "user", "content": f"what is {i} + 1"},
+                        {"role": "assistant", "content": TINY_TOOL_CALL + AFTER_CALL},
+                        {"role": "tool", "content": "2"}, {"role": "assistant", "content": "#### 2"}]
+        ids = tokenizer(tokenizer.apply_chat_template(conversation, tokenize=False), add_special_tokens=False)["input_ids"]
+        target = [-100] * len(ids)
+        for turn in (1, 3):  # the assistant turns and their <|im_end|>, not the "\n" after it
+            start, end = length(conversation[:turn], prompt=True), length(conversation[: turn + 1]) - 1
+            target[start:end] = ids[start:end]
+        rows.append(ids)
+        targets.append(target)
+    input_ids, mask = left_pad(rows, max(len(r) for r in rows), tokenizer.pad_token_id)
+    labels, _ = left_pad(targets, input_ids.shape[1], -100)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model trains many times faster on one thread than on contended cores
+    try:
+        for _ in range(400):
+            loss = model(input_ids=input_ids, attention_mask=mask, position_ids=compute_position_ids(mask),
+                         labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            if loss.item() < 1e-3:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    assert loss.item() < 1e-3, f"the tiny model did not learn its tool call (loss {loss.item():.4f})"
+    return model.eval(), tokenizer
 
 
 def fake_log_prob(token: int) -> float:

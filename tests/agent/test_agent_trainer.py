@@ -85,3 +85,28 @@ def test_env_agent_trains_on_the_ray_backend(eos_prone_model_dir, gsm8k_like_dat
         ray.shutdown()
     step = [row for row in trainer.metrics_history if "timing/step" in row][0]
     assert step["agent/num_turns/mean"] > 1.0 and step["critic/score/mean"] < 0
+
+
+@pytest.mark.ray
+def test_tool_agent_calls_the_calculator_on_the_ray_backend(tool_calling_model_dir, gsm8k_like_data, tmp_path,
+                                                            monkeypatch):
+    write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("grpo", overrides(tool_calling_model_dir, gsm8k_like_data, tmp_path / "run", **{
+        "trainer.backend": "ray", "trainer.n_gpus_per_node": 2, "trainer.num_threads": 1,
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 2, "data.max_response_length": 128,
+        "actor_rollout_ref.rollout.agent.default_agent_loop": "tool_agent",
+        "actor_rollout_ref.rollout.multi_turn.tool_config_path": "tools.yaml",  # relative to the start directory
+        "trainer.total_training_steps": 1, "trainer.report": False, "trainer.val_before_train": False}))
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")  # the driver and its workers run in another directory
+    init_ray(num_cpus=2)
+    try:
+        trainer = run_ppo(cfg)
+    finally:
+        ray.shutdown()
+    step = [row for row in trainer.metrics_history if "timing/step" in row][0]
+    assert step["agent/tool_calls"] > 0 and step["train/agent/tool_use_rate"] > 0
+    assert step["agent/tool_errors"] < step["agent/tool_calls"]  # calculator answers came back
+    assert step["agent/num_turns/mean"] > 1.0 and step["agent/observation_tokens"] > 0
+    assert step["agent/tool_timeouts"] == 0.0 and "actor/pg_loss" in step
