@@ -19,6 +19,10 @@ from rlvr.utils.testing import tiny_causal_lm
 from rlvr.utils.torch_functional import compute_position_ids
 
 
+VLLM_SIZE = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256}
+"""Tiny-model sizes with head size 64: vLLM's CPU attention kernels take no smaller heads."""
+
+
 def eos_prone_tiny_model(**model_kwargs: Any):
     """The tiny random model and tokenizer, made to end a turn after a few tokens (1 to about 30): the
     output embedding of EOS (tied to its input embedding) points along a typical final hidden state.
@@ -53,7 +57,8 @@ def tool_calling_tiny_model(questions: int = 16, **model_kwargs: Any):
         conversation = [{"role": "user", "content": f"what is {i} + 1"},
                         {"role": "assistant", "content": TINY_TOOL_CALL + AFTER_CALL},
                         {"role": "tool", "content": "2"}, {"role": "assistant", "content": "#### 2"}]
-        ids = tokenizer(tokenizer.apply_chat_template(conversation, tokenize=False), add_special_tokens=False)["input_ids"]
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         target = [-100] * len(ids)
         for turn in (1, 3):  # the assistant turns and their <|im_end|>, not the "\n" after it
             start, end = length(conversation[:turn], prompt=True), length(conversation[: turn + 1]) - 1
@@ -78,6 +83,58 @@ def tool_calling_tiny_model(questions: int = 16, **model_kwargs: Any):
         torch.set_num_threads(threads)
     assert loss.item() < 1e-3, f"the tiny model did not learn its tool call (loss {loss.item():.4f})"
     return model.eval(), tokenizer
+
+
+def tool_calling_rollout(engine, tokenizer, tools_path: Path, questions: int = 8):
+    """A ``tool_agent`` rollout of :func:`tool_calling_tiny_model` on ``engine`` (built with
+    :func:`tool_calling_rollout_config`): ``questions`` of its questions, sampled at temperature 1."""
+    from rlvr.agent import AgentLoopManager
+    from rlvr.agent.chat import render_prompt_ids
+
+    cfg = tool_calling_rollout_config(tools_path)
+    ids = [render_prompt_ids(tokenizer, [{"role": "user", "content": f"what is {i} + 1"}]) for i in range(questions)]
+    return AgentLoopManager(cfg, tokenizer).generate_sequences(engine, prompt_batch(tokenizer, ids, do_sample=True))
+
+
+def tool_calling_rollout_config(tools_path: Path):
+    """The rollout section of :func:`tool_calling_rollout`: 128 response tokens, 2 model turns, the calculator."""
+    cfg = rollout_config(128, 32, tool_config_path=str(tools_path), max_assistant_turns=2)
+    cfg.agent.default_agent_loop = "tool_agent"
+    cfg.temperature = 1.0
+    return cfg
+
+
+def check_tool_calling_rollout(model, tokenizer, out, atol: float) -> None:
+    """What a :func:`tool_calling_rollout` must look like on any engine: some sample's first turn is
+    exactly the sampled call, ended by the ``</tool_call>`` stop string (not by EOS, and before
+    ``AFTER_CALL``), with mask 1; then the calculator's reply as the chat template's ids, mask 0 and
+    no log-probs; then the model's next turn, mask 1. Every sampled token's rollout log-prob equals
+    an fp32 forward of the assembled sequence (within ``atol``), so no id was re-tokenised or shifted."""
+    from rlvr.agent.chat import ChatTurns
+    from rlvr.utils.testing import forward_log_probs
+
+    call = tokenizer(TINY_TOOL_CALL, add_special_tokens=False)["input_ids"]
+    inserted = ChatTurns(tokenizer, [tokenizer.eos_token_id]).after_turn([{"role": "tool", "content": "2"}],
+                                                                         last_token=call[-1])
+    assert tokenizer.decode(inserted) == "<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n"
+    responses, mask, log_probs = (out.batch[key] for key in ("responses", "response_mask", "rollout_log_probs"))
+    width = responses.shape[1]
+    real = out.batch["attention_mask"][:, -width:]
+    assert ((mask == 1) <= (real == 1)).all()  # sampled tokens are real tokens
+    called = [row for row in range(len(out)) if responses[row, : len(call)].tolist() == call
+              and mask[row, : len(call) + 1].tolist() == [1] * len(call) + [0]]
+    assert called, "no sample's first turn is the call, ended right after </tool_call>"
+    for row in called:
+        span = slice(len(call), len(call) + len(inserted))
+        assert responses[row, span].tolist() == inserted and mask[row, span].sum() == 0 and real[row, span].all()
+        assert mask[row, len(call) + len(inserted)] == 1  # the model's next turn
+        assert log_probs[row, span].abs().sum() == 0
+    assert out.non_tensor_batch["num_tool_calls"][called[0]] == 1
+    sampled = mask.bool()
+    assert (log_probs[sampled] < 0).all() and log_probs[~sampled].abs().sum() == 0
+    with torch.no_grad():
+        reference = forward_log_probs(model, out.batch, temperature=1.0)
+    torch.testing.assert_close(log_probs[sampled], reference[sampled], rtol=0, atol=atol)
 
 
 def fake_log_prob(token: int) -> float:

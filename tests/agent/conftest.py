@@ -8,10 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agent_helpers import eos_prone_tiny_model, tool_calling_tiny_model
-
-VLLM_SIZE = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256}
-"""Head size 64: vLLM's CPU attention kernels take no smaller heads."""
+from agent_helpers import VLLM_SIZE, eos_prone_tiny_model, tool_calling_tiny_model
 
 
 def _save(path: Path, make: Callable, **model_kwargs) -> Path:
@@ -36,12 +33,6 @@ def vllm_eos_prone_model_dir(tmp_path_factory) -> Path:
 def tool_calling_model_dir(tmp_path_factory) -> Path:
     """The tiny model trained to call the calculator (:func:`agent_helpers.tool_calling_tiny_model`)."""
     return _save(tmp_path_factory.mktemp("tool_calling") / "model", tool_calling_tiny_model)
-
-
-@pytest.fixture(scope="module")
-def vllm_tool_calling_model_dir(tmp_path_factory) -> Path:
-    """The same with head size 64 (``VLLM_SIZE``)."""
-    return _save(tmp_path_factory.mktemp("vllm_tool_calling") / "model", tool_calling_tiny_model, **VLLM_SIZE)
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,8 @@ def test_tool_agent_run_reports_tool_metrics(eos_prone_model_dir, gsm8k_like_dat
 def test_tool_and_environment_rewards_do_not_change_accuracy(eos_prone_model_dir, gsm8k_like_data, tmp_path):
     cfg = load_config("grpo", overrides(eos_prone_model_dir, gsm8k_like_data, tmp_path / "run", **{
         "actor_rollout_ref.actor.use_kl_loss": False}))
-    pools = ResourcePoolManager({"global_pool": [1]}, {Role.ActorRollout: "global_pool"}, use_gpu=False, backend="local")
+    pools = ResourcePoolManager({"global_pool": [1]}, {Role.ActorRollout: "global_pool"}, use_gpu=False,
+                                backend="local")
     task_scores = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]])
 
     def scorer_without_acc(data, return_dict=True):  # a scorer that reports a score and no "acc"

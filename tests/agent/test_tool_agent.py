@@ -7,7 +7,8 @@ import time
 
 import pytest
 import torch
-from agent_helpers import CountingTool, ScriptedEngine, SleepyTool, fake_log_prob, prompt_batch, rollout_config, write_tools_file
+from agent_helpers import (CountingTool, ScriptedEngine, SleepyTool, fake_log_prob, prompt_batch, rollout_config,
+                           write_tools_file)
 
 from rlvr.agent import AgentLoopManager
 from rlvr.agent.chat import ChatTurns, render_prompt_ids
