@@ -15,8 +15,9 @@ the rollout fails naming the environment). After each model turn ``step`` gets t
 ``multi_turn.max_assistant_turns`` turns. Each ``reward`` is put on the last sampled token of the
 turn it answers (``turn_scores``), so per-turn rewards and a final reward both reach the trainer,
 which adds them to the reward manager's scores. Numeric ``info`` values become ``agent/env/<key>``
-metrics; ``agent/env_responses_truncated`` counts the observations that were cut. Environment calls run concurrently for all samples, bounded by ``multi_turn.tool_timeout_s``;
-an environment that raises or hangs fails the rollout with a message naming it and the sample.
+metrics; ``agent/env_responses_truncated`` counts the observations that were cut. Environment calls
+run concurrently for all samples, bounded by ``multi_turn.tool_timeout_s``; an environment that
+raises or hangs fails the rollout with a message naming it and the sample.
 
 Built in: ``retry`` - checks each answer with the row's reward scorer and says "try again" until
 it is right (:class:`RetryEnvironment`).
@@ -202,8 +203,8 @@ class EnvAgentLoop:
             if len(ids[i]) > self.driver.limits.prompt_length:
                 raise ValueError(f"environment {self.settings.env_name!r} made the prompt of sample {i} "
                                  f"{len(ids[i])} tokens long with its first observation, more than "
-                                 f"rollout.prompt_length={self.driver.limits.prompt_length} (data.max_prompt_length); "
-                                 "shorten what reset returns or raise data.max_prompt_length")
+                                 f"rollout.prompt_length={self.driver.limits.prompt_length} "
+                                 "(data.max_prompt_length); shorten what reset returns or raise data.max_prompt_length")
         input_ids, mask = left_pad(ids, max(len(row) for row in ids), self.pad_id)
         tensors = {"input_ids": input_ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch),

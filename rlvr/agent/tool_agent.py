@@ -41,7 +41,7 @@ from rlvr.agent.trajectory import Trajectory
 from rlvr.protocol import DataProto
 from rlvr.workers.rollout.base import RolloutEngine, tokenizer_ids
 
-__all__ = ["ToolAgentLoop", "CallResult", "truncate_text"]
+__all__ = ["ToolAgentLoop", "truncate_text"]
 
 TRUNCATED = " ...(truncated)"
 
