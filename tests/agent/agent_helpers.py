@@ -40,12 +40,14 @@ AFTER_CALL = " Let me check."
 """What :func:`tool_calling_tiny_model` writes after its call when no stop string ends the turn."""
 
 
-def tool_calling_tiny_model(questions: int = 16, **model_kwargs: Any):
-    """The tiny random model and tokenizer, trained (Adam, ~130 steps, about 10 s on one CPU thread) to
-    answer "what is <i> + 1" (``i < questions``, the ``gsm8k_like_data`` questions) by calling the
-    calculator: first ``TINY_TOOL_CALL + AFTER_CALL`` and EOS, then, after the tool's reply, "#### 2"
-    and EOS. At temperature 1 it writes the exact call in most samples (14 of 16 in a trial), so a
-    rollout really calls the tool. ``model_kwargs`` go to :func:`tiny_causal_lm`."""
+def tool_calling_tiny_model(questions: int = 16, lr: float = 1e-2, **model_kwargs: Any):
+    """The tiny random model and tokenizer, trained (Adam at ``lr`` decaying to 0 over 300 steps; it
+    stops at a loss of 1e-3, after about 150 steps, 10-20 s on one CPU thread) to answer "what is <i>
+    + 1" (``i < questions``, the ``gsm8k_like_data`` questions) by calling the calculator: first
+    ``TINY_TOOL_CALL + AFTER_CALL`` and EOS, then, after the tool's reply, "#### 2" and EOS. At
+    temperature 1 it writes the exact call in most samples (14 of 16 in a trial), so a rollout really
+    calls the tool. ``model_kwargs`` go to :func:`tiny_causal_lm` (the wider ``VLLM_SIZE`` model
+    needs ``lr=5e-3``)."""
     model, tokenizer = tiny_causal_lm(**{"hidden_size": 64, "num_hidden_layers": 2, "seed": 3, **model_kwargs})
 
     def length(messages: list[dict[str, str]], prompt: bool = False) -> int:
@@ -67,16 +69,20 @@ def tool_calling_tiny_model(questions: int = 16, **model_kwargs: Any):
         targets.append(target)
     input_ids, mask = left_pad(rows, max(len(r) for r in rows), tokenizer.pad_token_id)
     labels, _ = left_pad(targets, input_ids.shape[1], -100)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    steps = 300
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / steps)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model trains many times faster on one thread than on contended cores
     try:
-        for _ in range(400):
+        for step in range(steps):
             loss = model(input_ids=input_ids, attention_mask=mask, position_ids=compute_position_ids(mask),
                          labels=labels).loss
             optimizer.zero_grad()
             loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
+            schedule.step()
             if loss.item() < 1e-3:
                 break
     finally:

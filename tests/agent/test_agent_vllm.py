@@ -38,7 +38,7 @@ def test_env_agent_trains_with_the_vllm_engine(vllm_eos_prone_model_dir, gsm8k_l
 def test_tool_agent_on_the_vllm_engine_stops_at_the_call_and_inserts_the_result(tmp_path):
     from rlvr.workers.rollout import VLLMRollout
 
-    model, tokenizer = tool_calling_tiny_model(**VLLM_SIZE)
+    model, tokenizer = tool_calling_tiny_model(questions=8, lr=5e-3, **VLLM_SIZE)
     tools = write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")
     cfg = tool_calling_rollout_config(tools)
     cfg.kv_cache_memory_bytes = 64 << 20
