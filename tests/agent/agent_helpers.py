@@ -1,4 +1,5 @@
-"""Helpers of the agent-loop tests: a scripted rollout engine, rollout configs, a tools file."""
+"""Helpers of the agent-loop tests: a scripted rollout engine, rollout configs, a tools file, scripted
+tools, and a tiny model trained to call the calculator with the checks its rollouts must pass."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import time
 import torch
 from omegaconf import OmegaConf
 
+from rlvr.agent import AgentLoopManager
+from rlvr.agent.chat import ChatTurns, render_prompt_ids
 from rlvr.agent.tools import BaseTool, ToolResponse, function_schema
 from rlvr.agent.trajectory import left_pad
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RolloutConfig
-from rlvr.utils.testing import tiny_causal_lm
+from rlvr.utils.testing import forward_log_probs, tiny_causal_lm
 from rlvr.utils.torch_functional import compute_position_ids
-
 
 VLLM_SIZE = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256}
 """Tiny-model sizes with head size 64: vLLM's CPU attention kernels take no smaller heads."""
@@ -94,9 +96,6 @@ def tool_calling_tiny_model(questions: int = 16, lr: float = 1e-2, **model_kwarg
 def tool_calling_rollout(engine, tokenizer, tools_path: Path, questions: int = 8):
     """A ``tool_agent`` rollout of :func:`tool_calling_tiny_model` on ``engine`` (built with
     :func:`tool_calling_rollout_config`): ``questions`` of its questions, sampled at temperature 1."""
-    from rlvr.agent import AgentLoopManager
-    from rlvr.agent.chat import render_prompt_ids
-
     cfg = tool_calling_rollout_config(tools_path)
     ids = [render_prompt_ids(tokenizer, [{"role": "user", "content": f"what is {i} + 1"}]) for i in range(questions)]
     return AgentLoopManager(cfg, tokenizer).generate_sequences(engine, prompt_batch(tokenizer, ids, do_sample=True))
@@ -116,9 +115,6 @@ def check_tool_calling_rollout(model, tokenizer, out, atol: float) -> None:
     ``AFTER_CALL``), with mask 1; then the calculator's reply as the chat template's ids, mask 0 and
     no log-probs; then the model's next turn, mask 1. Every sampled token's rollout log-prob equals
     an fp32 forward of the assembled sequence (within ``atol``), so no id was re-tokenised or shifted."""
-    from rlvr.agent.chat import ChatTurns
-    from rlvr.utils.testing import forward_log_probs
-
     call = tokenizer(TINY_TOOL_CALL, add_special_tokens=False)["input_ids"]
     inserted = ChatTurns(tokenizer, [tokenizer.eos_token_id]).after_turn([{"role": "tool", "content": "2"}],
                                                                          last_token=call[-1])
