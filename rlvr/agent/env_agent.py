@@ -8,14 +8,16 @@ An environment is made per trajectory (``multi_turn.env_name`` from the registry
 
 ``reset`` returns the task the model sees first: the content of the prompt's last user message
 (returning that content unchanged, or None, keeps the prompt's ids; anything else re-renders the
-prompt from the row's ``raw_prompt``). After each model turn ``step`` gets the turn's text; unless
+prompt from the row's ``raw_prompt``, which must still fit ``rollout.prompt_length`` tokens, else
+the rollout fails naming the environment). After each model turn ``step`` gets the turn's text; unless
 ``done``, its observation is inserted as a ``user`` message (cut to
 ``multi_turn.max_tool_response_tokens`` tokens) and the model answers again, up to
 ``multi_turn.max_assistant_turns`` turns. Each ``reward`` is put on the last sampled token of the
 turn it answers (``turn_scores``), so per-turn rewards and a final reward both reach the trainer,
 which adds them to the reward manager's scores. Numeric ``info`` values become ``agent/env/<key>``
-metrics. Environment calls run concurrently for all samples, bounded by ``multi_turn.tool_timeout_s``;
-an environment that raises or hangs fails the rollout with a message naming it and the sample.
+metrics; ``agent/env_responses_truncated`` counts the observations that were cut. Environment calls
+run concurrently for all samples, bounded by ``multi_turn.tool_timeout_s``; an environment that
+raises or hangs fails the rollout with a message naming it and the sample.
 
 Built in: ``retry`` - checks each answer with the row's reward scorer and says "try again" until
 it is right (:class:`RetryEnvironment`).
@@ -108,6 +110,10 @@ class RetryEnvironment:
         return ("" if correct else self.feedback), reward, correct, {"correct": float(correct)}
 
 
+ENV_COUNTERS = ("env_reward", "env_responses_truncated", "observation_tokens")
+"""The counters the environment loop reports every step (see the module docstring)."""
+
+
 def _rows(prompts: DataProto) -> list[dict[str, Any]]:
     """Each row's non-tensor fields as a dict."""
     return [{key: value[i] for key, value in prompts.non_tensor_batch.items()} for i in range(len(prompts))]
@@ -166,16 +172,23 @@ class EnvAgentLoop:
                 for key, value in info.items():
                     if isinstance(value, (int, float)):
                         item.count(f"env/{key}", float(value))
-                content, _ = truncate_text(self.tokenizer, str(observation), int(self.settings.max_tool_response_tokens))
+                content, truncated = truncate_text(self.tokenizer, str(observation),
+                                                   int(self.settings.max_tool_response_tokens))
+                item.count("env_responses_truncated", float(truncated))
                 replies.append(Reply([{"role": "user", "content": content}], float(reward), bool(done)))
             return replies
 
         batch, engine_meta = self.driver.run(engine, prompts, respond, [])
-        meta = {**engine_meta, "metrics": trajectory_metrics(batch, ("env_reward", "observation_tokens"))}
+        meta = {**engine_meta, "metrics": trajectory_metrics(batch, ENV_COUNTERS)}
         return batch.to_output(prompts, self.driver.limits.response_length, meta)
 
     def _with_first_observations(self, prompts: DataProto, rows: list[dict[str, Any]], firsts: list[Any]) -> DataProto:
-        """``prompts`` with the prompt of every row whose first observation is new re-rendered."""
+        """``prompts`` with the prompt of every row whose first observation is new re-rendered.
+
+        Raises:
+            ValueError: a re-rendered prompt is longer than ``rollout.prompt_length`` (what the
+                engine's context window holds besides the response).
+        """
         changed = [i for i, (row, first) in enumerate(zip(rows, firsts))
                    if first is not None and str(first) != last_user_content(row)]
         if not changed:
@@ -187,6 +200,11 @@ class EnvAgentLoop:
                 raise ValueError(f"environment {self.settings.env_name!r} gave sample {i} a new first observation, "
                                  "but the row has no raw_prompt ending with a user message to put it in")
             ids[i] = render_prompt_ids(self.tokenizer, [*messages[:-1], {"role": "user", "content": str(firsts[i])}])
+            if len(ids[i]) > self.driver.limits.prompt_length:
+                raise ValueError(f"environment {self.settings.env_name!r} made the prompt of sample {i} "
+                                 f"{len(ids[i])} tokens long with its first observation, more than "
+                                 f"rollout.prompt_length={self.driver.limits.prompt_length} "
+                                 "(data.max_prompt_length); shorten what reset returns or raise data.max_prompt_length")
         input_ids, mask = left_pad(ids, max(len(row) for row in ids), self.pad_id)
         tensors = {"input_ids": input_ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch),

@@ -84,11 +84,19 @@ class TurnDriver:
     def run(self, engine: RolloutEngine, prompts: DataProto, respond: Responder, stop: list[str]
             ) -> tuple[TrajectoryBatch, dict]:
         """Generate until every trajectory is done (one row per sample: expand ``meta_info["n"]``
-        first); returns them and the engine's output ``meta_info`` (log-prob temperature and exactness)."""
+        first); returns them and the engine's output ``meta_info`` (log-prob temperature and exactness).
+
+        Raises:
+            ValueError: a prompt is longer than ``limits.prompt_length`` (the engine's context window
+                holds ``prompt_length + response_length`` tokens).
+        """
         batch = TrajectoryBatch(prompts, self.pad_id)
         meta = dict(prompts.meta_info)
-        max_context = max(self.limits.prompt_length, max(len(t.prompt_ids) for t in batch.items)) \
-            + self.limits.response_length
+        longest = max(range(len(batch.items)), key=lambda i: len(batch.items[i].prompt_ids))
+        if len(batch.items[longest].prompt_ids) > self.limits.prompt_length:
+            raise ValueError(f"the prompt of sample {longest} has {len(batch.items[longest].prompt_ids)} tokens, more "
+                             f"than rollout.prompt_length={self.limits.prompt_length} (data.max_prompt_length)")
+        max_context = self.limits.prompt_length + self.limits.response_length
         engine_meta: dict = {}
         while rows := batch.running():
             budget = max(self.limits.response_length - len(batch.items[i].response_ids) for i in rows)

@@ -16,21 +16,26 @@ crash. Per trajectory, each tool that was used gets ``create`` (with the row's
 
 Counters (``agent/<name>``, per-sample means): ``tool_calls``, ``tool_errors`` (every failed call),
 ``malformed_tool_calls``, ``tool_timeouts``, ``tool_responses_truncated``, ``observation_tokens``;
-``agent/tool_time_s`` is the wall time spent waiting for tools in the call.
+``agent/tool_time_s`` is the wall time spent waiting for tools in the call, and each numeric metric a
+tool's ``execute`` returns is ``agent/tool/<tool>/<metric>``, its mean over the calls that returned it.
+A call abandoned after its timeout keeps its tool instance until it returns (see ``_Session``).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.agent.loop import expand_samples, register_agent_loop
 from rlvr.agent.metrics import trajectory_metrics
 from rlvr.agent.multi_turn import Reply, TurnDriver, TurnLimits
 from rlvr.agent.tool_parser import ParsedTurn, ToolCall, get_tool_parser
-from rlvr.agent.tools import BaseTool, ToolArgumentError, load_tools
+from rlvr.agent.tools import BaseTool, ToolArgumentError, ToolResponse, load_tools
 from rlvr.agent.tools.executor import CallOutcome, run_with_timeout
 from rlvr.agent.trajectory import Trajectory
 from rlvr.protocol import DataProto
@@ -55,49 +60,108 @@ def _row_kwargs(extra_info: Any, tool_name: str) -> dict:
     return dict((tools_kwargs.get(tool_name) or {}).get("create_kwargs") or {})
 
 
+@dataclass(frozen=True)
+class CallResult:
+    """One tool call's answer: the text for the model, its step reward, whether it failed, and the
+    tool's numeric metrics as ``{"<tool>/<metric>": value}``."""
+
+    text: str
+    reward: float = 0.0
+    failed: bool = False
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
 class _Session:
-    """The tool instances one ``generate_sequences`` call opened: ``(row, tool name) -> instance id``."""
+    """The tool instances one ``generate_sequences`` call opened: ``(row, tool name) -> instance id``.
+
+    Calls run in worker threads that a timeout may abandon, so the session keeps count of the calls
+    still running on each instance (``busy``; calls on one instance run one at a time, ``key_locks``).
+    :meth:`close` asks ``calc_reward`` of and releases every idle instance; an instance with a call
+    still running is released by that call's thread when the tool returns (without ``calc_reward``:
+    its trajectory is finished by then), and a call that has not started ``execute`` by ``close``
+    creates and runs nothing. So every created instance is released exactly once and never while it
+    executes; ``close`` itself waits for no call. The instance of a tool that never returns is never
+    released (its daemon thread ends with the process).
+    """
 
     def __init__(self, tools: dict[str, BaseTool], extra_infos: Any) -> None:
         self.tools = tools
         self.extra_infos = extra_infos
         self.instances: dict[tuple[int, str], str] = {}
+        self.busy: dict[tuple[int, str], int] = {}
+        self.key_locks: dict[tuple[int, str], threading.Lock] = {}
+        self.lock = threading.Lock()
+        self.closed = False
+        self.call_metrics: dict[str, list[float]] = {}  # "<tool>/<metric>" -> one value per call that gave it
 
-    def run_calls(self, row: int, calls: list[ToolCall]) -> list[tuple[str, float, bool]]:
-        """Run one row's calls in order (inside a worker thread); ``[(text, step reward, failed)]``."""
+    def run_calls(self, row: int, calls: list[ToolCall]) -> list[CallResult]:
+        """Run one row's calls in order (inside a worker thread)."""
         results = []
         for call in calls:
-            tool = self.tools.get(call.name)
-            if tool is None:
-                results.append((f"Error: unknown tool {call.name!r}; available tools: {', '.join(self.tools)}",
-                                0.0, True))
+            if call.name not in self.tools:
+                results.append(CallResult(f"Error: unknown tool {call.name!r}; available tools: "
+                                          f"{', '.join(self.tools)}", failed=True))
                 continue
             try:
-                key = (row, call.name)
-                if key not in self.instances:
-                    self.instances[key] = tool.create(None, **_row_kwargs(self.extra_infos[row], call.name))
-                response, reward, _ = tool.execute(self.instances[key], call.arguments)
+                response, reward, metrics = self._execute((row, call.name), call.arguments)
             except ToolArgumentError as err:
-                results.append((f"Error: {err}", 0.0, True))
+                results.append(CallResult(f"Error: {err}", failed=True))
             except Exception as err:  # noqa: BLE001 - a failing tool becomes an error message for the model
-                results.append((f"Error: the tool failed: {type(err).__name__}: {err}", 0.0, True))
+                results.append(CallResult(f"Error: the tool failed: {type(err).__name__}: {err}", failed=True))
             else:
-                results.append((response.text, float(reward), False))
+                numeric = {f"{call.name}/{key}": float(value) for key, value in metrics.items()
+                           if isinstance(value, (int, float))}
+                results.append(CallResult(response.text, float(reward), False, numeric))
         return results
 
+    def _execute(self, key: tuple[int, str], arguments: dict[str, Any]) -> tuple[ToolResponse, float, dict[str, Any]]:
+        """``execute`` on the key's instance (``create`` it first if needed), counted in ``busy``.
+
+        Raises:
+            RuntimeError: the session closed before the call got to run (nothing is created or run).
+        """
+        tool = self.tools[key[1]]
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("the rollout finished before this call started")
+            self.busy[key] = self.busy.get(key, 0) + 1
+            key_lock = self.key_locks.setdefault(key, threading.Lock())
+        try:
+            with key_lock:
+                with self.lock:
+                    if self.closed:  # it waited for an abandoned call on the same instance
+                        raise RuntimeError("the rollout finished before this call started")
+                    instance = self.instances.get(key)
+                if instance is None:
+                    instance = tool.create(None, **_row_kwargs(self.extra_infos[key[0]], key[1]))
+                    with self.lock:
+                        self.instances[key] = instance
+                return tool.execute(instance, arguments)
+        finally:
+            with self.lock:
+                self.busy[key] -= 1
+                orphan = self.instances.pop(key, None) if self.closed and not self.busy[key] else None
+            if orphan is not None:  # the session closed while this call ran: release now that it is done
+                tool.release(orphan)
+
     def close(self, items: list[Trajectory], timeout_s: float) -> None:
-        """``calc_reward`` (onto each trajectory's last sampled token) and ``release`` every instance."""
-        keys = list(self.instances)
+        """``calc_reward`` (onto each trajectory's last sampled token) and ``release`` every idle
+        instance; the busy ones are left to their running calls (see the class docstring)."""
+        with self.lock:
+            self.closed = True
+            idle = {key: instance for key, instance in self.instances.items() if not self.busy.get(key)}
+            for key in idle:
+                del self.instances[key]
 
         def finish(key: tuple[int, str]) -> float:
-            tool, instance = self.tools[key[1]], self.instances[key]
+            tool = self.tools[key[1]]
             try:
-                return float(tool.calc_reward(instance))
+                return float(tool.calc_reward(idle[key]))
             finally:
-                tool.release(instance)
+                tool.release(idle[key])
 
-        outcomes = run_with_timeout([lambda key=key: finish(key) for key in keys], timeout_s, "tool-release")
-        for (row, _), outcome in zip(keys, outcomes):
+        outcomes = run_with_timeout([lambda key=key: finish(key) for key in idle], timeout_s, "tool-release")
+        for (row, _), outcome in zip(idle, outcomes):
             if outcome.status == "ok":
                 items[row].reward_last_token(outcome.value)
             else:
@@ -151,7 +215,8 @@ class ToolAgentLoop:
 
         batch, engine_meta = self.driver.run(engine, prompts, respond, self.stop)
         session.close(batch.items, float(self.settings.tool_timeout_s))
-        metrics = {**trajectory_metrics(batch, TOOL_COUNTERS), "agent/tool_time_s": waited[0]}
+        metrics = {**trajectory_metrics(batch, TOOL_COUNTERS), "agent/tool_time_s": waited[0],
+                   **{f"agent/tool/{name}": float(np.mean(values)) for name, values in session.call_metrics.items()}}
         return batch.to_output(prompts, self.driver.limits.response_length, {**engine_meta, "metrics": metrics})
 
     def _respond(self, session: _Session, rows: list[int], items: list[Trajectory], texts: list[str],
@@ -163,12 +228,13 @@ class ToolAgentLoop:
         outcomes = run_with_timeout([lambda k=k: session.run_calls(rows[k], parsed[k].calls[:limit]) for k in runnable],
                                     float(self.settings.tool_timeout_s), "tool")
         outcome_of = dict(zip(runnable, outcomes))
-        return [self._reply(item, turn, outcome_of.get(k)) if more else Reply(done=not turn.wants_tools)
+        return [self._reply(session, item, turn, outcome_of.get(k)) if more else Reply(done=not turn.wants_tools)
                 for k, (item, turn, more) in enumerate(zip(items, parsed, may_continue))]
 
-    def _reply(self, item: Trajectory, turn: ParsedTurn, outcome: CallOutcome | None) -> Reply:
-        """The tool messages for one turn that may go on (and the counters); ``done`` when the turn
-        made no call. ``outcome`` is the run of the turn's well-formed calls (None without any)."""
+    def _reply(self, session: _Session, item: Trajectory, turn: ParsedTurn, outcome: CallOutcome | None) -> Reply:
+        """The tool messages for one turn that may go on (and the counters, and the calls' metrics
+        into ``session.call_metrics``); ``done`` when the turn made no call. ``outcome`` is the run
+        of the turn's well-formed calls (None without any)."""
         if not turn.wants_tools:
             return Reply(done=True)
         item.count("tool_calls", len(turn.calls) + len(turn.errors))
@@ -178,10 +244,12 @@ class ToolAgentLoop:
         reward = 0.0
         limit = int(self.settings.max_parallel_calls)
         if outcome is not None and outcome.status == "ok":
-            for text, step_reward, failed in outcome.value:
-                item.count("tool_errors", float(failed))
-                texts.append(text)
-                reward += step_reward
+            for result in outcome.value:
+                item.count("tool_errors", float(result.failed))
+                texts.append(result.text)
+                reward += result.reward
+                for name, value in result.metrics.items():
+                    session.call_metrics.setdefault(name, []).append(value)
         elif outcome is not None:
             timed_out = outcome.status == "timeout"
             item.count("tool_timeouts", float(timed_out))

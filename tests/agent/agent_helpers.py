@@ -1,4 +1,5 @@
-"""Helpers of the agent-loop tests: a scripted rollout engine, rollout configs, a tools file."""
+"""Helpers of the agent-loop tests: a scripted rollout engine, rollout configs, a tools file, scripted
+tools, and a tiny model trained to call the calculator with the checks its rollouts must pass."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ import time
 import torch
 from omegaconf import OmegaConf
 
+from rlvr.agent import AgentLoopManager
+from rlvr.agent.chat import ChatTurns, render_prompt_ids
 from rlvr.agent.tools import BaseTool, ToolResponse, function_schema
+from rlvr.agent.trajectory import left_pad
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RolloutConfig
-from rlvr.utils.testing import tiny_causal_lm
+from rlvr.utils.testing import forward_log_probs, tiny_causal_lm
 from rlvr.utils.torch_functional import compute_position_ids
+
+VLLM_SIZE = {"hidden_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 256}
+"""Tiny-model sizes with head size 64: vLLM's CPU attention kernels take no smaller heads."""
 
 
 def eos_prone_tiny_model(**model_kwargs: Any):
@@ -28,6 +35,108 @@ def eos_prone_tiny_model(**model_kwargs: Any):
         direction = hidden.last_hidden_state.mean(dim=(0, 1))
         model.lm_head.weight[tokenizer.eos_token_id] = 2.0 * direction / direction.norm()
     return model, tokenizer
+
+
+TINY_TOOL_CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "1+1"}}</tool_call>'
+AFTER_CALL = " Let me check."
+"""What :func:`tool_calling_tiny_model` writes after its call when no stop string ends the turn."""
+
+
+def tool_calling_tiny_model(questions: int = 16, lr: float = 1e-2, **model_kwargs: Any):
+    """The tiny random model and tokenizer, trained (Adam at ``lr`` decaying to 0 over 300 steps; it
+    stops at a loss of 1e-3, after about 150 steps, 10-20 s on one CPU thread) to answer "what is <i>
+    + 1" (``i < questions``, the ``gsm8k_like_data`` questions) by calling the calculator: first
+    ``TINY_TOOL_CALL + AFTER_CALL`` and EOS, then, after the tool's reply, "#### 2" and EOS. At
+    temperature 1 it writes the exact call in most samples (14 of 16 in a trial), so a rollout really
+    calls the tool. ``model_kwargs`` go to :func:`tiny_causal_lm` (the wider ``VLLM_SIZE`` model
+    needs ``lr=5e-3``)."""
+    model, tokenizer = tiny_causal_lm(**{"hidden_size": 64, "num_hidden_layers": 2, "seed": 3, **model_kwargs})
+
+    def length(messages: list[dict[str, str]], prompt: bool = False) -> int:
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    rows, targets = [], []
+    for i in range(questions):
+        conversation = [{"role": "user", "content": f"what is {i} + 1"},
+                        {"role": "assistant", "content": TINY_TOOL_CALL + AFTER_CALL},
+                        {"role": "tool", "content": "2"}, {"role": "assistant", "content": "#### 2"}]
+        text = tokenizer.apply_chat_template(conversation, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        target = [-100] * len(ids)
+        for turn in (1, 3):  # the assistant turns and their <|im_end|>, not the "\n" after it
+            start, end = length(conversation[:turn], prompt=True), length(conversation[: turn + 1]) - 1
+            target[start:end] = ids[start:end]
+        rows.append(ids)
+        targets.append(target)
+    input_ids, mask = left_pad(rows, max(len(r) for r in rows), tokenizer.pad_token_id)
+    labels, _ = left_pad(targets, input_ids.shape[1], -100)
+    steps = 300
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / steps)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model trains many times faster on one thread than on contended cores
+    try:
+        for step in range(steps):
+            loss = model(input_ids=input_ids, attention_mask=mask, position_ids=compute_position_ids(mask),
+                         labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            schedule.step()
+            if loss.item() < 1e-3:
+                break
+    finally:
+        torch.set_num_threads(threads)
+    assert loss.item() < 1e-3, f"the tiny model did not learn its tool call (loss {loss.item():.4f})"
+    return model.eval(), tokenizer
+
+
+def tool_calling_rollout(engine, tokenizer, tools_path: Path, questions: int = 8):
+    """A ``tool_agent`` rollout of :func:`tool_calling_tiny_model` on ``engine`` (built with
+    :func:`tool_calling_rollout_config`): ``questions`` of its questions, sampled at temperature 1."""
+    cfg = tool_calling_rollout_config(tools_path)
+    ids = [render_prompt_ids(tokenizer, [{"role": "user", "content": f"what is {i} + 1"}]) for i in range(questions)]
+    return AgentLoopManager(cfg, tokenizer).generate_sequences(engine, prompt_batch(tokenizer, ids, do_sample=True))
+
+
+def tool_calling_rollout_config(tools_path: Path):
+    """The rollout section of :func:`tool_calling_rollout`: 128 response tokens, 2 model turns, the calculator."""
+    cfg = rollout_config(128, 32, tool_config_path=str(tools_path), max_assistant_turns=2)
+    cfg.agent.default_agent_loop = "tool_agent"
+    cfg.temperature = 1.0
+    return cfg
+
+
+def check_tool_calling_rollout(model, tokenizer, out, atol: float) -> None:
+    """What a :func:`tool_calling_rollout` must look like on any engine: some sample's first turn is
+    exactly the sampled call, ended by the ``</tool_call>`` stop string (not by EOS, and before
+    ``AFTER_CALL``), with mask 1; then the calculator's reply as the chat template's ids, mask 0 and
+    no log-probs; then the model's next turn, mask 1. Every sampled token's rollout log-prob equals
+    an fp32 forward of the assembled sequence (within ``atol``), so no id was re-tokenised or shifted."""
+    call = tokenizer(TINY_TOOL_CALL, add_special_tokens=False)["input_ids"]
+    inserted = ChatTurns(tokenizer, [tokenizer.eos_token_id]).after_turn([{"role": "tool", "content": "2"}],
+                                                                         last_token=call[-1])
+    assert tokenizer.decode(inserted) == "<|im_end|>\n<|im_start|>tool\n2<|im_end|>\n<|im_start|>assistant\n"
+    responses, mask, log_probs = (out.batch[key] for key in ("responses", "response_mask", "rollout_log_probs"))
+    width = responses.shape[1]
+    real = out.batch["attention_mask"][:, -width:]
+    assert ((mask == 1) <= (real == 1)).all()  # sampled tokens are real tokens
+    called = [row for row in range(len(out)) if responses[row, : len(call)].tolist() == call
+              and mask[row, : len(call) + 1].tolist() == [1] * len(call) + [0]]
+    assert called, "no sample's first turn is the call, ended right after </tool_call>"
+    for row in called:
+        span = slice(len(call), len(call) + len(inserted))
+        assert responses[row, span].tolist() == inserted and mask[row, span].sum() == 0 and real[row, span].all()
+        assert mask[row, len(call) + len(inserted)] == 1  # the model's next turn
+        assert log_probs[row, span].abs().sum() == 0
+    assert out.non_tensor_batch["num_tool_calls"][called[0]] == 1
+    sampled = mask.bool()
+    assert (log_probs[sampled] < 0).all() and log_probs[~sampled].abs().sum() == 0
+    with torch.no_grad():
+        reference = forward_log_probs(model, out.batch, temperature=1.0)
+    torch.testing.assert_close(log_probs[sampled], reference[sampled], rtol=0, atol=atol)
 
 
 def fake_log_prob(token: int) -> float:
@@ -43,6 +152,7 @@ class ScriptedEngine:
 
     Attributes:
         calls: ``(rows, response_length, stop)`` of every call, in order.
+        widths: the prompt width (``input_ids.shape[1]``) of every call, in order.
     """
 
     def __init__(self, tokenizer, scripts: dict[tuple[int, ...], list[list[int]]], response_length: int = 64) -> None:
@@ -51,6 +161,7 @@ class ScriptedEngine:
         self.turns = {key: [list(turn) for turn in turns] for key, turns in scripts.items()}
         self.pending: dict[tuple[int, ...], list[int]] = {}
         self.calls: list[tuple[int, int, list[str]]] = []
+        self.widths: list[int] = []
 
     def _script_of(self, context: list[int]) -> tuple[int, ...]:
         keys = [key for key in self.turns if tuple(context[: len(key)]) == key]
@@ -71,6 +182,7 @@ class ScriptedEngine:
         meta = prompts.meta_info
         length, stop = int(meta.get("response_length", self.response_length)), list(meta.get("stop", []))
         self.calls.append((len(prompts), length, stop))
+        self.widths.append(int(prompts.batch["input_ids"].shape[1]))
         pad = self.tokenizer.pad_token_id
         ids, mask = prompts.batch["input_ids"], prompts.batch["attention_mask"]
         responses = torch.full((len(prompts), length), pad, dtype=torch.long)
@@ -130,15 +242,28 @@ class EchoTool(BaseTool):
 
 
 class SleepyTool(BaseTool):
-    """``sleep()``: sleeps ``config["seconds"]`` before answering (a hung tool when long)."""
+    """``sleep()``: sleeps ``config["seconds"]`` before answering (a hung tool when long). Records
+    its life cycle in ``events``: ``(create | execute-start | execute-end | release, instance id)``."""
+
+    events: list[tuple[str, str]] = []
 
     @classmethod
     def default_schema(cls):
         return function_schema("sleep", "sleeps", {}, [])
 
+    def create(self, instance_id=None, **kwargs):
+        instance = super().create(instance_id)
+        SleepyTool.events.append(("create", instance))
+        return instance
+
     def execute(self, instance_id, parameters, **kwargs):
+        SleepyTool.events.append(("execute-start", instance_id))
         time.sleep(float(self.config.get("seconds", 30)))
+        SleepyTool.events.append(("execute-end", instance_id))
         return ToolResponse("woke up"), 0.0, {}
+
+    def release(self, instance_id, **kwargs):
+        SleepyTool.events.append(("release", instance_id))
 
 
 class FailingTool(BaseTool):
@@ -153,8 +278,9 @@ class FailingTool(BaseTool):
 
 
 class CountingTool(BaseTool):
-    """``count()``: counts calls per trajectory; step reward 0.5 per call, final reward = the count.
-    Records the life cycle (``created``, ``released``, ``create_kwargs``) across all instances."""
+    """``count()``: counts calls per trajectory; step reward 0.5 per call, final reward = the count,
+    metrics ``{"count": the count, "note": a string}``. Records the life cycle (``created``,
+    ``released``, ``create_kwargs``) across all instances."""
 
     created: list[str] = []
     released: list[str] = []
@@ -178,7 +304,7 @@ class CountingTool(BaseTool):
 
     def execute(self, instance_id, parameters, **kwargs):
         self.calls[instance_id] = self.calls.get(instance_id, 0) + 1
-        return ToolResponse(str(self.calls[instance_id])), 0.5, {}
+        return ToolResponse(str(self.calls[instance_id])), 0.5, {"count": self.calls[instance_id], "note": "n/a"}
 
     def calc_reward(self, instance_id, **kwargs):
         return float(self.calls[instance_id])

@@ -1,17 +1,18 @@
-"""Fixtures of the agent tests: an EOS-prone tiny model (it ends a turn after a few tokens) and
-GSM8K-like questions."""
+"""Fixtures of the agent tests: an EOS-prone tiny model (it ends a turn after a few tokens), a tiny
+model trained to call the calculator, and GSM8K-like questions."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from agent_helpers import eos_prone_tiny_model
+from agent_helpers import VLLM_SIZE, eos_prone_tiny_model, tool_calling_tiny_model
 
 
-def _save_eos_prone(path: Path, **model_kwargs) -> Path:
-    model, tokenizer = eos_prone_tiny_model(**model_kwargs)
+def _save(path: Path, make: Callable, **model_kwargs) -> Path:
+    model, tokenizer = make(**model_kwargs)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -19,14 +20,19 @@ def _save_eos_prone(path: Path, **model_kwargs) -> Path:
 
 @pytest.fixture(scope="module")
 def eos_prone_model_dir(tmp_path_factory) -> Path:
-    return _save_eos_prone(tmp_path_factory.mktemp("eos_prone") / "model")
+    return _save(tmp_path_factory.mktemp("eos_prone") / "model", eos_prone_tiny_model)
 
 
 @pytest.fixture(scope="module")
 def vllm_eos_prone_model_dir(tmp_path_factory) -> Path:
-    """The same kind of model with head size 64 (vLLM's CPU attention kernels take no smaller heads)."""
-    return _save_eos_prone(tmp_path_factory.mktemp("vllm_eos_prone") / "model", hidden_size=128,
-                           num_attention_heads=2, num_key_value_heads=1, intermediate_size=256)
+    """The same kind of model with head size 64 (``VLLM_SIZE``)."""
+    return _save(tmp_path_factory.mktemp("vllm_eos_prone") / "model", eos_prone_tiny_model, **VLLM_SIZE)
+
+
+@pytest.fixture(scope="module")
+def tool_calling_model_dir(tmp_path_factory) -> Path:
+    """The tiny model trained to call the calculator (:func:`agent_helpers.tool_calling_tiny_model`)."""
+    return _save(tmp_path_factory.mktemp("tool_calling") / "model", tool_calling_tiny_model)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from agent_helpers import write_tools_file
 
@@ -64,3 +66,13 @@ def test_a_python_tool_with_a_working_sandbox_passes_the_config_check(tmp_path):
     tools = write_tools_file(tmp_path / "tools.yaml", PYTHON_TOOL, configs={PYTHON_TOOL: "{wall_timeout_s: 5}"})
     check_config(load_config("grpo", [f"{LOOP}=tool_agent", f"{MT}.tool_config_path={tools}"]),
                  require_data_files=False)
+
+
+def test_a_relative_tools_file_is_made_absolute_when_the_config_is_loaded(tmp_path, monkeypatch):
+    write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config("grpo", [f"{LOOP}=tool_agent", f"{MT}.tool_config_path=tools.yaml"])
+    path = Path(cfg.actor_rollout_ref.rollout.multi_turn.tool_config_path)
+    assert path.is_absolute() and path.samefile(tmp_path / "tools.yaml")
+    monkeypatch.chdir(tmp_path.parent)  # a worker elsewhere still finds it
+    validate_config(cfg, require_data_files=False)

@@ -1,13 +1,16 @@
 """The agent-loop registry and manager on the real hf engine (tiny random model): single_turn is the
-engine itself, rows pick their loop by agent_name, multi-turn log-probs are the actor's, and a
-multi-turn batch goes through the existing advantage estimators unchanged."""
+engine itself, rows pick their loop by agent_name, multi-turn log-probs are the actor's, a
+multi-turn batch goes through the existing advantage estimators unchanged, and a tiny model trained
+to call the calculator gets its call ended by the stop string and the result inserted."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
-from agent_helpers import eos_prone_tiny_model, prompt_batch, rollout_config
+from agent_helpers import (check_tool_calling_rollout, eos_prone_tiny_model, prompt_batch, rollout_config,
+                           tool_calling_rollout, tool_calling_rollout_config, tool_calling_tiny_model,
+                           write_tools_file)
 from omegaconf import OmegaConf
 
 from rlvr.agent import AGENT_LOOPS, AgentLoopManager
@@ -128,3 +131,12 @@ def test_multi_turn_batches_go_through_the_advantage_estimators(multi_turn_batch
     assert advantages.shape == mask.shape
     assert advantages[mask == 0].abs().sum() == 0  # inserted tokens and padding carry no advantage
     assert advantages[mask == 1].abs().sum() > 0
+
+
+def test_tool_agent_stops_at_the_call_and_inserts_the_result_on_the_hf_engine(tmp_path):
+    model, tokenizer = tool_calling_tiny_model()
+    tools = write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")
+    hf = HFRollout(tool_calling_rollout_config(tools), model, tokenizer, "cpu", seed=5, owns_module=False)
+    out = tool_calling_rollout(hf, tokenizer, tools)
+    check_tool_calling_rollout(model, tokenizer, out, atol=1e-4)
+    assert out.meta_info["metrics"]["agent/tool_calls"] > 0.5

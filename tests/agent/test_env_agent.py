@@ -35,8 +35,9 @@ def gsm8k_rows(questions: list[str], answers: list[str]) -> dict[str, np.ndarray
             "extra_info": column([{} for _ in questions])}
 
 
-def env_manager(tok, env_name: str, env_kwargs: dict | None = None, **multi_turn):
-    cfg = rollout_config(200, 64, env_name=env_name, env_kwargs=env_kwargs or {}, max_assistant_turns=3, **multi_turn)
+def env_manager(tok, env_name: str, env_kwargs: dict | None = None, prompt_length: int = 64, **multi_turn):
+    cfg = rollout_config(200, prompt_length, env_name=env_name, env_kwargs=env_kwargs or {}, max_assistant_turns=3,
+                         **multi_turn)
     cfg.agent.default_agent_loop = "env_agent"
     return AgentLoopManager(cfg, tok)
 
@@ -120,6 +121,32 @@ def test_reset_can_replace_the_first_observation(tok):
     assert prompt.tolist() == rephrased
     assert out.batch["turn_scores"][0, 1] == 0.5  # the final reward on the last sampled token
     assert out.meta_info["metrics"]["agent/env/length"] == 1.0
+
+
+def test_a_first_observation_longer_than_the_prompt_window_fails_naming_the_environment(tok):
+    original = render_prompt_ids(tok, [{"role": "user", "content": "What is 1+1?"}])
+    engine = ScriptedEngine(tok, {tuple(original): [enc(tok, "2") + [tok.eos_token_id]]})
+    loops = env_manager(tok, "rephrase_test", prompt_length=len(original) + 5)  # "Please answer: " is 15 tokens
+    with pytest.raises(ValueError, match=rf"environment 'rephrase_test' made the prompt of sample 0 "
+                                         rf"{len(original) + 15} tokens long .* rollout.prompt_length={len(original) + 5}"):
+        loops.generate_sequences(engine, prompt_batch(tok, [original], gsm8k_rows(["What is 1+1?"], ["2"])))
+    assert engine.calls == []  # nothing reached the engine
+
+
+def test_long_environment_replies_are_cut_and_counted(tok):
+    eos = tok.eos_token_id
+    questions = ["What is 40+2?", "What is 1+1?"]
+    prompts = [render_prompt_ids(tok, [{"role": "user", "content": q}]) for q in questions]
+    scripts = {tuple(prompts[0]): [enc(tok, "#### 41") + [eos], enc(tok, "#### 42") + [eos]],
+               tuple(prompts[1]): [enc(tok, "#### 2") + [eos]]}
+    engine = ScriptedEngine(tok, scripts)
+    loops = env_manager(tok, "retry", {"feedback": "wrong " * 10}, max_tool_response_tokens=8)
+    out = loops.generate_sequences(engine, prompt_batch(tok, prompts, gsm8k_rows(questions, ["42", "2"])))
+    metrics = out.meta_info["metrics"]
+    assert metrics["agent/env_responses_truncated"] == 0.5  # sample 0 got one cut reply, sample 1 none
+    width = out.batch["responses"].shape[1]
+    text = tok.decode(out.batch["responses"][0][out.batch["attention_mask"][0, -width:].bool()])
+    assert "<|im_start|>user\nwrong wr ...(truncated)<|im_end|>" in text
 
 
 def test_a_failing_or_hung_environment_fails_loudly_naming_it(tok):

@@ -7,7 +7,8 @@ import time
 
 import pytest
 import torch
-from agent_helpers import CountingTool, ScriptedEngine, fake_log_prob, prompt_batch, rollout_config, write_tools_file
+from agent_helpers import (CountingTool, ScriptedEngine, SleepyTool, fake_log_prob, prompt_batch, rollout_config,
+                           write_tools_file)
 
 from rlvr.agent import AgentLoopManager
 from rlvr.agent.chat import ChatTurns, render_prompt_ids
@@ -192,6 +193,29 @@ def test_tool_rewards_and_life_cycle(tok, tmp_path):
     assert scores[ends[0]] == 0.5 and scores[ends[1]] == 0.5  # step rewards at the end of each calling turn
     assert scores[last] == 2.0  # calc_reward: two calls
     assert float(scores.sum()) == 3.0 and out.batch["turn_scores"][1].abs().sum() == 0
+    metrics = out.meta_info["metrics"]
+    assert metrics["agent/tool/count/count"] == 1.5  # execute's metrics, mean over the calls (1 and 2)
+    assert "agent/tool/count/note" not in metrics  # not a number
+    assert not any(key.startswith("agent/tool/calculator") for key in metrics)
+
+
+def test_a_call_abandoned_at_its_timeout_keeps_its_instance_until_it_returns(tok, tmp_path):
+    SleepyTool.events.clear(), CountingTool.created.clear(), CountingTool.released.clear()
+    eos = tok.eos_token_id
+    p = prompt(tok, "slow")
+    scripts = [(p, [enc(tok, call("sleep") + call("count")), enc(tok, "ok") + [eos]])]
+    out, _ = run(tok, tmp_path, scripts, f"{HELPERS}.SleepyTool", f"{HELPERS}.CountingTool", tool_timeout_s=0.3,
+                 max_parallel_calls=2, configs={f"{HELPERS}.SleepyTool": "{seconds: 1.5}"})
+    assert out.meta_info["metrics"]["agent/tool_timeouts"] == 1.0
+    # the rollout is over (its tools closed) while sleep still runs: its instance is not released under it
+    assert [event for event, _ in SleepyTool.events] == ["create", "execute-start"]
+    deadline = time.monotonic() + 10
+    while len(SleepyTool.events) < 4 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [event for event, _ in SleepyTool.events] == ["create", "execute-start", "execute-end", "release"]
+    assert len({instance for _, instance in SleepyTool.events}) == 1  # one instance, released once, after it ran
+    time.sleep(0.2)
+    assert CountingTool.created == [] and CountingTool.released == []  # the call queued behind it never started
 
 
 def test_a_turn_cut_short_by_the_context_window_continues_without_an_insertion(tok, tmp_path):
@@ -211,8 +235,10 @@ def test_a_turn_cut_short_by_the_context_window_continues_without_an_insertion(t
         [1] * len(b_first) + [0] * inserted + [1] * len(b_answer)
     assert out.batch["responses"][1, len(b_first) + inserted: len(b_first) + inserted + len(b_answer)].tolist() == b_answer
     assert out.non_tensor_batch["num_turns"].tolist() == [2, 2]
-    for rows, length, _ in engine.calls:  # no round overflows prompt_length + response_length
-        assert length >= 1
+    assert len(engine.widths) == 3
+    for width, (_, length, _) in zip(engine.widths, engine.calls):  # no round overflows the context window
+        assert length >= 1 and width + length <= len(long_prompt) + 120
+    assert engine.widths[1] + engine.calls[1][1] == len(long_prompt) + 120  # the cut round fills it exactly
 
 
 def test_tool_agent_needs_a_tools_file(tok):

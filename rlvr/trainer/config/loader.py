@@ -88,10 +88,13 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
     """Fill the derived fields: rollout lengths from ``data``, the data seed from ``trainer.seed``,
     the critic's model and tokenizer from the actor's (verl's defaults), ``critic.enable`` from what
     the estimator's registry entry needs (an unknown estimator leaves it off; validation then names
-    the estimator)."""
+    the estimator), and the tools file of ``tool_agent`` as an absolute path (read by rollout
+    workers, which may run in another working directory)."""
     rollout = cfg.actor_rollout_ref.rollout
     rollout.response_length = cfg.data.max_response_length
     rollout.prompt_length = cfg.data.max_prompt_length
+    if rollout.multi_turn.tool_config_path is not None:
+        rollout.multi_turn.tool_config_path = str(Path(rollout.multi_turn.tool_config_path).absolute())
     if cfg.data.seed is None:
         cfg.data.seed = cfg.trainer.seed
     critic_model, actor_model = cfg.critic.model, cfg.actor_rollout_ref.model

@@ -407,12 +407,14 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         return batch.union(generated)
 
     def _score(self, batch: DataProto, reward_fn: Any) -> dict[str, float]:
-        """``token_level_scores`` and per-sample ``acc`` into ``batch``; returns the reward metrics."""
+        """``token_level_scores`` and per-sample ``acc`` into ``batch``; returns the reward metrics.
+        ``acc`` is the task scorer's verdict alone: tool and environment rewards of a multi-turn
+        rollout (``turn_scores``) are added to the scores after it, so they never make an answer right."""
         reward_tensor, extra = compute_reward(batch, reward_fn)
+        acc = sample_accuracy(reward_tensor.sum(-1), extra)
         if "turn_scores" in batch.batch.keys():  # rewards of tools / environments during a multi-turn rollout
             reward_tensor = reward_tensor + batch.batch["turn_scores"]
         batch.batch["token_level_scores"] = reward_tensor
-        acc = sample_accuracy(reward_tensor.sum(-1), extra)
         batch.non_tensor_batch["acc"] = np.array(acc.tolist(), dtype=object)
         return reduce_metrics(batch.meta_info.pop("metrics", {}))
 
