@@ -56,29 +56,32 @@ UNTIMED = ("timing", "perf/", "trainer/restarts")
 @dataclass
 class Plan:
     """One run's fault: ``kind`` in ``kill | segfault | hang`` fires in ``method`` on ``rank`` at its
-    ``call``-th call; ``external`` SIGKILLs a random worker after ``delay_s``."""
+    ``call``-th call; ``external`` SIGKILLs a random worker ``delay_s`` after step ``after_step`` is
+    logged (so the kill lands inside the run whatever the machine's speed)."""
 
     kind: str
     method: str = ""
     rank: int = 0
     call: int = 0
+    after_step: int = 0
     delay_s: float = 0.0
 
     def describe(self) -> str:
         if self.kind == "external":
-            return f"SIGKILL from outside, {self.delay_s:.1f} s after step 1"
+            return f"SIGKILL from outside, {self.delay_s:.1f} s after step {self.after_step}"
         return f"{self.kind} in {self.method}, rank {self.rank}, call {self.call}"
 
 
-def plan_faults(runs: int, steps: int, save_freq: int, training_s: float, seed: int) -> list[Plan]:
+def plan_faults(runs: int, steps: int, save_freq: int, step_s: float, seed: int) -> list[Plan]:
     """A reproducible fault per run; calls fall inside the run (saves happen every ``save_freq``
-    steps), outside kills within the first 80% of the training time after step 1."""
+    steps); an outside kill comes after a random step but the last, within 80% of ``step_s`` (the
+    reference run's median step time after its first step)."""
     rng = random.Random(seed)
     plans = []
     for _ in range(runs):
         kind = rng.choice(KINDS)
         if kind == "external":
-            plans.append(Plan(kind, delay_s=rng.uniform(0.0, 0.8) * training_s))
+            plans.append(Plan(kind, after_step=rng.randint(1, steps - 1), delay_s=rng.uniform(0.0, 0.8) * step_s))
             continue
         method = rng.choice(FAULT_METHODS)
         calls = max(steps // save_freq - 1, 1) if method == "save_checkpoint" else steps
@@ -135,16 +138,23 @@ def _overrides(model: Path, data: Path, reward: Path, run_dir: Path, args: argpa
     return [f"{key}={value}" for key, value in values.items()]
 
 
-def _kill_a_worker_later(metrics: Path, delay_s: float, rng: random.Random, killed: list[int]) -> threading.Thread:
-    """A thread that waits for the first logged step (training runs), then after ``delay_s`` SIGKILLs
-    one rlvr worker process of this benchmark's own Ray cluster (descendants of this process; other
-    users' workers are never touched)."""
+def _logged_steps(metrics: Path) -> int:
+    """How many step rows ``metrics`` holds so far (0 before the file exists)."""
+    return len(metrics.read_text().splitlines()) if metrics.is_file() else 0
+
+
+def _kill_a_worker_later(metrics: Path, plan: Plan, done: threading.Event, rng: random.Random,
+                         killed: list[int]) -> threading.Thread:
+    """A thread that waits until step ``plan.after_step`` is logged, then after ``plan.delay_s``
+    SIGKILLs one rlvr worker process of this benchmark's own Ray cluster (descendants of this
+    process; other users' workers are never touched). It gives up when ``done`` is set first."""
 
     def kill() -> None:
-        deadline = time.monotonic() + 600
-        while not (metrics.is_file() and metrics.read_text().strip()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(delay_s)
+        while _logged_steps(metrics) < plan.after_step:
+            if done.wait(0.05):
+                return
+        if done.wait(plan.delay_s):
+            return
         workers = sorted(p.pid for p in psutil.Process().children(recursive=True)
                          if p.cmdline()[:1] and p.cmdline()[0].startswith("ray::FusedWorker"))
         if workers:
@@ -164,9 +174,9 @@ def run_with_fault(plan: Plan, job: tuple[Path, Path, Path], run_dir: Path, args
     mapping, _ = build_role_worker_mapping(cfg)
     marker = run_dir / "fault-fired"
     killed: list[int] = []
-    killer = None
+    killer, done = None, threading.Event()
     if plan.kind == "external":
-        killer = _kill_a_worker_later(run_dir / "metrics.jsonl", plan.delay_s, rng, killed)
+        killer = _kill_a_worker_later(run_dir / "metrics.jsonl", plan, done, rng, killed)
     else:
         fault = Fault(plan.method, plan.rank, plan.call, plan.kind, str(marker))
         mapping = {role: with_faults(cls, [fault]) for role, cls in mapping.items()}
@@ -176,6 +186,7 @@ def run_with_fault(plan: Plan, job: tuple[Path, Path, Path], run_dir: Path, args
         error, restarts, steps = None, trainer.recovery.restarts, trainer.global_steps
     except Exception as err:  # noqa: BLE001 - a failed run is a result of the benchmark
         error, restarts, steps = f"{type(err).__name__}: {str(err).splitlines()[0]}", [], 0
+    done.set()
     if killer is not None:
         killer.join()  # a kill planned after the end of this run must not hit the next one
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
@@ -216,10 +227,10 @@ def main() -> None:
         run_ppo(load_config("grpo", _overrides(*job, root / "reference", args)))
         reference_s = time.monotonic() - start
         reference = read_metrics(root / "reference" / "metrics.jsonl")
-        training_s = sum(row["timing/step"] for row in reference if "timing/step" in row)
+        step_s = statistics.median(row["timing/step"] for row in reference[1:])
         rng = random.Random(args.seed)
         results = []
-        for i, plan in enumerate(plan_faults(args.runs, args.steps, args.save_freq, training_s, args.seed), 1):
+        for i, plan in enumerate(plan_faults(args.runs, args.steps, args.save_freq, step_s, args.seed), 1):
             results.append(run_with_fault(plan, job, root / f"run{i}", args, reference, rng))
             print(f"run {i}: {results[-1]}", flush=True)
     summary = {"reference run s": round(reference_s, 1), **summarize(results)}
