@@ -311,17 +311,12 @@ def _check_code_sandbox(cfg: DictConfig) -> None:
     sandbox: start it now (it probes the kernel's isolation and an interpreter the sandbox can run,
     once per process), so that a sandbox that cannot work is a config error, not a failure at the
     first reward."""
-    from rlvr.sandbox.local import LocalSandbox
-
     if "code_sandbox" not in cfg.reward.routes.values():
         return
     section = cfg.reward.workers.code_sandbox
     if section.sandbox_url:
         return
-    try:
-        LocalSandbox(OmegaConf.to_object(section.sandbox))
-    except ConfigError as err:
-        raise ConfigError(f"reward.workers.code_sandbox.{err.key}", err.message) from None
+    _start_local_sandbox(OmegaConf.to_object(section.sandbox), "reward.workers.code_sandbox.sandbox")
 
 
 def _check_python_tool_sandboxes(path: str, key: str) -> None:
@@ -332,7 +327,6 @@ def _check_python_tool_sandboxes(path: str, key: str) -> None:
     import yaml
 
     from rlvr.sandbox.config import sandbox_config
-    from rlvr.sandbox.local import LocalSandbox
 
     content = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     specs = content.get("tools") if isinstance(content, dict) else None
@@ -341,10 +335,22 @@ def _check_python_tool_sandboxes(path: str, key: str) -> None:
             continue
         entry = f"tools[{index}] of {path} (the python interpreter tool)"
         try:
-            LocalSandbox(sandbox_config(spec.get("config") or {}, "config"))
+            _start_local_sandbox(sandbox_config(spec.get("config") or {}, "config"), "config")
         except ConfigError as err:
-            setting = err.key.replace("sandbox", "config", 1)
-            raise ConfigError(key, f"{entry}: {setting}: {err.message}") from None
+            raise ConfigError(key, f"{entry}: {err.key}: {err.message}") from None
+
+
+def _start_local_sandbox(config: Any, at: str) -> None:
+    """Start a local sandbox with ``config`` (a ``SandboxConfig``) the way the run will: it probes
+    the kernel's isolation and an interpreter the sandbox can run (once per process). Its
+    :class:`ConfigError`, keyed ``sandbox[.<field>]``, is raised again keyed ``at[.<field>]``, where
+    ``at`` is the config path that holds those fields."""
+    from rlvr.sandbox.local import LocalSandbox
+
+    try:
+        LocalSandbox(config)
+    except ConfigError as err:
+        raise ConfigError(at + err.key.removeprefix("sandbox"), err.message) from None
 
 
 def registered_names() -> dict[str, list[str]]:
