@@ -74,18 +74,18 @@ class OptimConfig:
 
 
 @dataclass
-class FSDPConfig:
-    param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
-    optimizer_offload: bool = _f(False, "keep optimizer state on CPU between phases (GPU only)")
-    reshard_after_forward: bool = _f(True, "FSDP2 reshard_after_forward")
-
-
-@dataclass
 class RefFSDPConfig:
     """The frozen reference's FSDP settings: it has no optimizer, so no ``optimizer_offload``."""
 
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
     reshard_after_forward: bool = _f(True, "FSDP2 reshard_after_forward")
+
+
+@dataclass
+class FSDPConfig(RefFSDPConfig):
+    """A trained model's FSDP settings: the reference's and its optimizer's offload."""
+
+    optimizer_offload: bool = _f(False, "keep optimizer state on CPU between phases (GPU only)")
 
 
 # ------------------------------------------------------------------------------------------ actor
