@@ -110,7 +110,7 @@ class AgentLoopManager:
             return [self.default_name] * len(prompts)
         names = [self.default_name if name is None else str(name) for name in column]
         for row, name in enumerate(names):
-            if name not in AGENT_LOOPS:
+            if not AGENT_LOOPS.has(name):
                 raise KeyError(f"row {row} has agent_name={name!r}, which is not a registered agent loop; "
                                f"valid names: {', '.join(AGENT_LOOPS.names())}")
         return names

@@ -105,6 +105,48 @@ class DetectionRewardConfig(RewardWorkerConfig):
     iou_threshold: float = field(default=0.5, metadata={"help": "IoU for a match in the f1 metric"})
 
 
+# --------------------------------------------------------- the reward manager (verl's sections)
+@dataclass
+class OverlongBufferConfig:
+    """DAPO's overlong-buffer length penalty (``reward_model.overlong_buffer``)."""
+
+    enable: bool = field(default=False, metadata={"help": "DAPO overlong-buffer length penalty"})
+    len: int = field(default=0, metadata={"help": "length of the buffer before max_resp_len where the penalty ramps up"})
+    penalty_factor: float = field(default=1.0, metadata={"help": "penalty at max_resp_len"})
+    log: bool = field(default=False, metadata={"help": "log the penalty per sample"})
+
+
+@dataclass
+class RewardModelConfig:
+    """The reward manager of a run without routes (``reward_model``)."""
+
+    reward_manager: str = field(default="naive", metadata={"help": "reward manager from the registry: naive | dapo | batch | parallel, or pkg.module:Class"})
+    reward_kwargs: dict = field(default_factory=dict, metadata={"help": "extra keyword arguments for the reward manager"})
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig, metadata={"help": "DAPO overlong penalty"})
+    num_workers: int = field(default=2, metadata={"help": "processes of the parallel reward manager"})
+    timeout_s: float = field(default=10.0, metadata={"help": "per-sample scoring time limit (parallel manager / isolated scorers)"})
+    on_error: str = field(default="raise", metadata={"help": "a scorer that raises or times out: raise | fallback (score fallback_score, counted)"})
+    fallback_score: float = field(default=0.0, metadata={"help": "score used for a failed sample when on_error=fallback"})
+    num_examine: int = field(default=1, metadata={"help": "decoded samples printed per data source per step"})
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    """A scoring function in a file of the user's (``custom_reward_function``)."""
+
+    path: str | None = field(default=None, metadata={"help": "python file with a custom compute_score function (a module already imported from it, e.g. by trainer.user_modules, is reused)"})
+    name: str = field(default="compute_score", metadata={"help": "function name inside path"})
+    reward_kwargs: dict = field(default_factory=dict, metadata={"help": "keyword arguments passed to the custom function on every call"})
+
+
+@dataclass
+class RewardManagerSections:
+    """The sections of the run config that building a reward manager reads (verl's layout)."""
+
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+
+
 # ------------------------------------------------------------------------------- the run's section
 @dataclass
 class RewardWorkersConfig:

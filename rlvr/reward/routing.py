@@ -22,6 +22,7 @@ Without routes, ``reward_model.reward_manager`` scores every sample (verl's path
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -35,6 +36,7 @@ from rlvr.reward.workers import REWARD_WORKER_REGISTRY, get_reward_worker
 from rlvr.single_controller import ClassWithInitArgs, create_colocated_worker_cls
 from rlvr.single_controller.backend import get_resource_pool_cls, get_worker_group_cls
 from rlvr.utils.errors import ConfigError
+from rlvr.utils.user_code import is_object_path
 
 __all__ = [
     "RewardWorkerGroups",
@@ -54,7 +56,7 @@ __all__ = [
 
 def routed_worker_names(cfg: DictConfig) -> list[str]:
     """The reward workers that ``reward.routes`` sends at least one domain to (sorted)."""
-    return sorted({str(target) for target in cfg.reward.routes.values() if target in REWARD_WORKER_REGISTRY})
+    return sorted({str(target) for target in cfg.reward.routes.values() if REWARD_WORKER_REGISTRY.has(target)})
 
 
 def check_reward_routes(cfg: DictConfig) -> None:
@@ -63,7 +65,9 @@ def check_reward_routes(cfg: DictConfig) -> None:
     reward = cfg.reward
     for domain, target in reward.routes.items():
         key = f"reward.routes.{domain}"
-        is_worker, is_manager = target in REWARD_WORKER_REGISTRY, target in REWARD_MANAGER_REGISTRY
+        is_worker, is_manager = REWARD_WORKER_REGISTRY.has(target), REWARD_MANAGER_REGISTRY.has(target)
+        if is_object_path(target) and not (is_worker or is_manager):
+            raise ConfigError(key, _unloadable(target))
         if is_worker and is_manager:
             raise ConfigError(key, f"{target!r} is registered both as a reward worker and as a reward manager; "
                               "register one of them under another name")
@@ -78,6 +82,23 @@ def check_reward_routes(cfg: DictConfig) -> None:
     if reward.routes:
         for what, files in (("training data", cfg.data.train_files), ("validation data", cfg.data.val_files)):
             check_routed_domains(file_domains(files, reward.route_key, what), cfg, what)
+
+
+def _unloadable(target: str) -> str:
+    """Why the object path ``target`` is neither a reward worker nor a reward manager."""
+    reasons = []
+    for registry in (REWARD_WORKER_REGISTRY, REWARD_MANAGER_REGISTRY):
+        try:
+            registry[target]
+        except KeyError as err:
+            reasons.append(str(err))
+    return "; ".join(reasons)
+
+
+def _role(name: str) -> str:
+    """The role (method prefix) of the routed reward worker ``name`` in the colocated class: the
+    name itself, or an object path with its dots and colon made underscores."""
+    return re.sub(r"\W", "_", name)
 
 
 def file_domains(files: Any, key: str, what: str) -> set[str]:
@@ -168,7 +189,7 @@ class RewardWorkerGroups:
 
     def __init__(self, cfg: DictConfig, backend: str) -> None:
         names = routed_worker_names(cfg)
-        classes = {name: ClassWithInitArgs(get_reward_worker(name).worker_cls, reward_worker_config(cfg, name))
+        classes = {_role(name): ClassWithInitArgs(get_reward_worker(name).worker_cls, reward_worker_config(cfg, name))
                    for name in names}
         processes = int(cfg.reward.num_workers) if backend == "ray" else 1
         self.pool = get_resource_pool_cls(backend)(process_on_nodes=[processes], use_gpu=False, name_prefix="reward")
@@ -181,7 +202,8 @@ class RewardWorkerGroups:
             self.pool.remove()
             raise
         self._stopped = False
-        self.groups: dict[str, Any] = self._group.spawn(names)
+        roles = self._group.spawn([_role(name) for name in names])
+        self.groups: dict[str, Any] = {name: roles[_role(name)] for name in names}
         try:
             for group in self.groups.values():
                 group.initialize(cfg)

@@ -3,7 +3,9 @@
 
 The command loads and checks the whole config before it imports torch, Ray or transformers (which
 take seconds), so a wrong key, value or batch size is reported at once, with a suggestion for a
-misspelt key. It then prints the derived settings (prompts and samples per step, optimizer steps
+misspelt key. A config that names the user's own code (``trainer.user_modules``, or an object path
+``pkg.module:Name`` where a registry name goes) imports it first and checks the names against the
+registries, which then hold the user's registrations. It then prints the derived settings (prompts and samples per step, optimizer steps
 per rollout, micro-batches per rank, token budget, where each role runs), builds the tokenizer,
 the reward managers, the role -> worker mapping and resource pools, the datasets and the
 :class:`~rlvr.trainer.ppo.ray_trainer.RayPPOTrainer`, and runs ``init_workers(); fit()``.
@@ -31,7 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from rlvr.trainer.config import check_config, check_names, help_config, list_presets, load_config, use_reference
+from rlvr.trainer.config import (check_config, check_names, help_config, list_presets, load_config, use_reference,
+                                 validate_config)
+from rlvr.trainer.config.validate import uses_user_code
 from rlvr.trainer.config.builtin_names import BUILTIN_NAMES
 from rlvr.trainer.graceful_stop import StopNow
 from rlvr.trainer.ppo.utils import Role
@@ -167,9 +171,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(help_config())
         return 0
     try:
-        cfg = load_config(args.preset, args.overrides)
-        check_config(cfg)
-        check_names(cfg, BUILTIN_NAMES)
+        cfg = load_config(args.preset, args.overrides)  # imports the user's modules (trainer.user_modules)
+        if uses_user_code(cfg):
+            validate_config(cfg)  # the names against the registries, which hold the user's registrations
+        else:
+            check_config(cfg)  # torch-free: the registry names against the built-in ones
+            check_names(cfg, BUILTIN_NAMES)
     except ConfigError as err:
         print(f"rlvr: {err}", file=sys.stderr)
         return 2

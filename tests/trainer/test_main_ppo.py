@@ -148,7 +148,8 @@ def test_builtin_names_match_the_registries():
     registries load; they must hold exactly what the registries hold: the names, and the
     ``needs_*`` flags of each ``@register_adv_est`` (add a new built-in entry to
     rlvr/trainer/config/builtin_names.py)."""
-    assert registered_names() == {key: sorted(names) for key, names in BUILTIN_NAMES.items()}
+    assert {key: sorted(names) for key, names in registered_names().items()} == \
+        {key: sorted(names) for key, names in BUILTIN_NAMES.items()}
     from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY, get_adv_estimator_needs
 
     # AdvantageEstimatorNeeds objects compare by their flags

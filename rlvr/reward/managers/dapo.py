@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from rlvr.trainer.config.schema import OverlongBufferConfig
+from rlvr.reward.config import OverlongBufferConfig
 from rlvr.reward.decode import DecodedBatch
 from rlvr.reward.managers.base import RewardBook, RewardConfigError
 from rlvr.reward.managers.naive import NaiveRewardManager

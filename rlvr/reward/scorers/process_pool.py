@@ -4,8 +4,9 @@
 process: a task that runs past its deadline gets its worker SIGKILLed (and replaced), a worker
 that dies mid-task reports an error, and neither blocks the caller longer than the limit.
 Workers start through ``forkserver`` (a clean interpreter, nothing inherited from a driver
-that holds CUDA or Ray state), import only what the task function needs, and stay alive
-between calls until :meth:`TimeoutProcessPool.close`.
+that holds CUDA or Ray state), import the user's modules the parent imported
+(:mod:`rlvr.utils.user_code`) and what the task function needs, and stay alive between calls
+until :meth:`TimeoutProcessPool.close`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
+from rlvr.utils.user_code import UserCode, current_user_code, import_user_code
+
 _JOIN_TIMEOUT_S = 5.0
 
 
@@ -32,10 +35,12 @@ class TaskResult:
     error: str = ""
 
 
-def _worker_loop(conn: Connection, initializer: Callable[[], Any] | None) -> None:
-    """Child process: run ``initializer`` and report ready, then run ``(fn, args)`` tasks from the
-    pipe until it closes or gets ``None``."""
+def _worker_loop(conn: Connection, initializer: Callable[[], Any] | None, user_code: UserCode) -> None:
+    """Child process: import the user's code of the parent (its scorers register there), run
+    ``initializer`` and report ready, then run ``(fn, args)`` tasks from the pipe until it closes
+    or gets ``None``."""
     try:
+        import_user_code(user_code)
         if initializer is not None:
             initializer()
     except BaseException as exc:  # noqa: BLE001 - reported to the parent
@@ -61,7 +66,8 @@ class _Worker:
 
     def __init__(self, ctx: Any, initializer: Callable[[], Any] | None) -> None:
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_loop, args=(child_conn, initializer), daemon=True)
+        self.process = ctx.Process(target=_worker_loop, args=(child_conn, initializer, current_user_code()),
+                                   daemon=True)
         self.process.start()
         child_conn.close()
         self.ready = False

@@ -58,7 +58,7 @@ def get_scorer(data_source: str) -> Scorer:
         UnknownDataSourceError: naming the data source and listing the known ones.
     """
     name = str(data_source)
-    if name in SCORER_REGISTRY:
+    if SCORER_REGISTRY.has(name):
         return SCORER_REGISTRY.get(name)
     family = name.split("/", 1)[0] + "/*"
     if "/" in name and family in SCORER_REGISTRY:

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from rlvr.reward.config import RewardWorkerConfig
+from rlvr.single_controller.base.worker import Worker
 from rlvr.utils.registry import Registry
 
 
@@ -24,7 +26,17 @@ class RewardWorkerSpec:
     config_cls: type[RewardWorkerConfig]
 
 
-REWARD_WORKER_REGISTRY: Registry[RewardWorkerSpec] = Registry("reward worker")
+def _worker_spec(obj: Any) -> RewardWorkerSpec:
+    """A class loaded by path (``pkg.module:Class``) that is not registered: a ``Worker`` subclass,
+    built with the base :class:`~rlvr.reward.config.RewardWorkerConfig` (register it with
+    :func:`register_reward_worker` to give it a config class of its own)."""
+    if not (isinstance(obj, type) and issubclass(obj, Worker)):
+        raise TypeError(f"{obj!r} is not a reward worker class (a subclass of Worker)")
+    return RewardWorkerSpec(obj, RewardWorkerConfig)
+
+
+REWARD_WORKER_REGISTRY: Registry[RewardWorkerSpec] = Registry(
+    "reward worker", identity=lambda spec: spec.worker_cls, coerce=_worker_spec)
 
 
 def register_reward_worker(name: str, config_cls: type[RewardWorkerConfig]) -> Callable[[type], type]:

@@ -2,7 +2,8 @@
 
 A worker is one process per device (a Ray actor, or the driver itself with the local backend).
 Its place in the group comes from the environment that the worker group sets before starting it:
-``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
+``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; the user's modules that
+the driver imported come in ``RLVR_USER_CODE`` and are imported first (:mod:`rlvr.utils.user_code`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.single_controller.base.decorator import Dispatch, Execute, register
+from rlvr.utils.user_code import import_user_code_from_env
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Worker:
     """
 
     def __init__(self, worker_config: Any = None) -> None:
+        import_user_code_from_env()  # the user's modules, before the worker builds anything
         self.worker_config = worker_config
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))

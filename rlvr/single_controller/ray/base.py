@@ -2,7 +2,8 @@
 
 ``RayResourcePool`` reserves one bundle per worker process (a GPU plus a CPU share, or a CPU share
 only); ``RayWorkerGroup`` starts one actor of the worker class in each bundle, gives it its rank
-through the environment, and inherits dispatch / execute / collect from ``WorkerGroup``. Every wait
+and the user's code the driver imported through the environment, and inherits dispatch / execute /
+collect from ``WorkerGroup``. Every wait
 goes through ``ray.wait`` with a timeout, so a hung or dead worker raises instead of blocking.
 """
 
@@ -28,6 +29,7 @@ from rlvr.single_controller.base.colocate import create_colocated_worker_cls, cr
 from rlvr.single_controller.base.worker import free_port, node_ip
 from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, check_device_name
 from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
+from rlvr.utils.user_code import current_user_code
 
 __all__ = [
     "RayClassWithInitArgs",
@@ -219,6 +221,7 @@ class RayWorkerGroup(WorkerGroup):
         share = 1.0 / pool.max_colocate_count
         pgs = pool.get_placement_groups("STRICT_PACK" if bin_pack else "PACK")
         master = _master_env_on_driver_node(pgs[0])
+        user_code = current_user_code().to_env()  # the workers import the user's modules the driver imported
         rank = 0
         for pg, n_local in zip(pgs, pool.store):
             for local_rank in range(n_local):
@@ -229,6 +232,7 @@ class RayWorkerGroup(WorkerGroup):
                     "LOCAL_WORLD_SIZE": str(n_local),
                     "RLVR_WORKER_GROUP": self.name,
                     **master,
+                    **user_code,
                 }
                 actor = remote_cls.options(
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank),

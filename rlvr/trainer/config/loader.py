@@ -18,6 +18,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from rlvr.trainer.config.schema import RlvrConfig
 from rlvr.trainer.config.suggest import suggest_key
+from rlvr.trainer.user_code import import_run_modules
 from rlvr.utils.errors import ConfigError
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -85,11 +86,14 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
 
 
 def finalize_config(cfg: DictConfig) -> DictConfig:
-    """Fill the derived fields: rollout lengths from ``data``, the data seed from ``trainer.seed``,
-    the critic's model and tokenizer from the actor's (verl's defaults), ``critic.enable`` from what
-    the estimator's registry entry needs (an unknown estimator leaves it off; validation then names
-    the estimator), and the tools file of ``tool_agent`` as an absolute path (read by rollout
-    workers, which may run in another working directory)."""
+    """Import the user's modules (``trainer.user_modules``, verl's ``model.external_lib``: see
+    :mod:`rlvr.trainer.user_code`), then fill the derived fields: rollout lengths from ``data``, the
+    data seed from ``trainer.seed``, the critic's model and tokenizer from the actor's (verl's
+    defaults), ``critic.enable`` from what the estimator's registry entry needs (an unknown
+    estimator leaves it off; validation then names the estimator), and the tools file of
+    ``tool_agent`` as an absolute path (read by rollout workers, which may run in another working
+    directory)."""
+    import_run_modules(cfg)
     rollout = cfg.actor_rollout_ref.rollout
     rollout.response_length = cfg.data.max_response_length
     rollout.prompt_length = cfg.data.max_prompt_length
@@ -106,7 +110,7 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
         from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
 
         estimator = cfg.algorithm.adv_estimator
-        cfg.critic.enable = (estimator in ADV_ESTIMATOR_REGISTRY
+        cfg.critic.enable = (ADV_ESTIMATOR_REGISTRY.has(estimator)
                              and ADV_ESTIMATOR_REGISTRY.metadata(estimator).needs_critic)
     return cfg
 

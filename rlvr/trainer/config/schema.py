@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlvr.reward.config import RewardConfig
+from rlvr.reward.config import CustomRewardFunctionConfig, OverlongBufferConfig, RewardConfig, RewardModelConfig
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
@@ -58,6 +58,7 @@ class ModelConfig:
     lora_alpha: int = _f(16, "LoRA scaling alpha")
     lora_dropout: float = _f(0.0, "LoRA dropout")
     target_modules: Any = _f("all-linear", "LoRA target modules: 'all-linear' or a list of module names")
+    external_lib: Any = _f(None, "verl's key: a module (or .py file, or a list) of your own imported before the model is built; rlvr imports it like trainer.user_modules")
 
 
 @dataclass
@@ -94,7 +95,7 @@ class PolicyLossConfig:
     """The loss-specific knobs of the registered policy losses; the clip ratios they share are
     fields of the actor section (a loss is called with ``config`` = the whole actor section)."""
 
-    loss_mode: str = _f("vanilla", "policy loss from the registry: vanilla | gspo | gpg | cispo | clip_cov | kl_cov | geo_mean")
+    loss_mode: str = _f("vanilla", "policy loss from the registry: vanilla | gspo | gpg | cispo | clip_cov | kl_cov | geo_mean, or pkg.module:fn")
     clip_cov_ratio: float = _f(0.0002, "clip_cov: fraction of valid tokens whose gradient is cut (> 0)")
     clip_cov_lb: float = _f(1.0, "clip_cov: lower covariance bound of the candidate tokens")
     clip_cov_ub: float = _f(5.0, "clip_cov: upper covariance bound of the candidate tokens")
@@ -240,31 +241,8 @@ class CriticConfig:
 
 
 # ----------------------------------------------------------------------------------------- reward
-@dataclass
-class OverlongBufferConfig:
-    enable: bool = _f(False, "DAPO overlong-buffer length penalty")
-    len: int = _f(0, "length of the buffer before max_resp_len where the penalty ramps up")
-    penalty_factor: float = _f(1.0, "penalty at max_resp_len")
-    log: bool = _f(False, "log the penalty per sample")
-
-
-@dataclass
-class RewardModelConfig:
-    reward_manager: str = _f("naive", "reward manager from the registry: naive | dapo | batch | parallel")
-    reward_kwargs: dict = _f({}, "extra keyword arguments for the reward manager")
-    overlong_buffer: OverlongBufferConfig = _sub(OverlongBufferConfig, "DAPO overlong penalty")
-    num_workers: int = _f(2, "processes of the parallel reward manager")
-    timeout_s: float = _f(10.0, "per-sample scoring time limit (parallel manager / isolated scorers)")
-    on_error: str = _f("raise", "a scorer that raises or times out: raise | fallback (score fallback_score, counted)")
-    fallback_score: float = _f(0.0, "score used for a failed sample when on_error=fallback")
-    num_examine: int = _f(1, "decoded samples printed per data source per step")
-
-
-@dataclass
-class CustomRewardFunctionConfig:
-    path: Optional[str] = _f(None, "python file with a custom compute_score function")
-    name: str = _f("compute_score", "function name inside path")
-    reward_kwargs: dict = _f({}, "keyword arguments passed to the custom function on every call")
+# OverlongBufferConfig, RewardModelConfig and CustomRewardFunctionConfig live in rlvr.reward.config
+# (the reward managers read them without importing the trainer).
 
 
 # -------------------------------------------------------------------------------------- algorithm
@@ -295,7 +273,7 @@ class RolloutCorrectionConfig:
 
 @dataclass
 class AlgorithmConfig:
-    adv_estimator: str = _f("grpo", "advantage estimator from the registry: gae | grpo | rloo | reinforce_plus_plus | ...")
+    adv_estimator: str = _f("grpo", "advantage estimator from the registry: gae | grpo | rloo | reinforce_plus_plus | ..., or pkg.module:fn")
     gamma: float = _f(1.0, "discount factor (gae, reinforce_plus_plus)")
     lam: float = _f(1.0, "GAE lambda")
     norm_adv_by_std_in_grpo: bool = _f(True, "divide GRPO/EGPO advantages by the group std (False = Dr.GRPO)")
@@ -341,6 +319,7 @@ class TrainerConfig:
     max_restarts: int = _f(3, "Ray backend: restarts after a dead or hung worker (all groups restart, the last whole checkpoint is restored); 0 = stop at the first")
     progress_bar: bool = _f(True, "show a progress bar with ETA")
     num_threads: Optional[int] = _f(None, "torch intra-op threads per worker on CPU (None = cores / workers)")
+    user_modules: list = _f([], "your own modules (names or .py files) imported by the driver before the config check and by every worker process before it builds anything; their registrations are then valid names")
 
 
 @dataclass

@@ -10,6 +10,9 @@ the ``rlvr`` command reports a wrong key, value or batch size within a second or
 names and what a built-in estimator needs are checked there against
 :mod:`~rlvr.trainer.config.builtin_names`); :func:`validate_config` adds the registry lookups
 (which import the algorithm code), what the registered estimator needs, and the reward routes.
+A config that names the user's code (:func:`uses_user_code`) has its names checked against the
+registries after the user's modules are imported (when the config loads), so the user's names pass
+and a misspelt one still gets a suggestion.
 """
 
 from __future__ import annotations
@@ -21,10 +24,12 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, NULLABLE_NAMES, EstimatorNeeds
+from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
+from rlvr.utils.registry import Registry, RegistryKeyError
+from rlvr.utils.user_code import is_object_path
 
 PYTHON_TOOL = "rlvr.agent.tools.python_interpreter.PythonInterpreterTool"
 
@@ -353,8 +358,9 @@ def _start_local_sandbox(config: Any, at: str) -> None:
         raise ConfigError(at + err.key.removeprefix("sandbox"), err.message) from None
 
 
-def registered_names() -> dict[str, list[str]]:
-    """Config key -> the names its registry holds now (imports the registries, hence torch)."""
+def registered_names() -> dict[str, Collection[str]]:
+    """Config key -> the registry behind it, as it is now (imports the registries, hence torch);
+    the KL estimators are a plain set of names."""
     from rlvr.agent import AGENT_LOOPS, ENVIRONMENTS, TOOL_PARSERS
     from rlvr.reward.managers import REWARD_MANAGER_REGISTRY
     from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
@@ -364,29 +370,49 @@ def registered_names() -> dict[str, list[str]]:
     from rlvr.workers.rollout import ROLLOUT_ENGINES
 
     return {
-        "algorithm.adv_estimator": ADV_ESTIMATOR_REGISTRY.names(),
-        "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_REGISTRY.names(),
-        "actor_rollout_ref.rollout.name": ROLLOUT_ENGINES.names(),
-        "reward_model.reward_manager": REWARD_MANAGER_REGISTRY.names(),
-        "actor_rollout_ref.actor.kl_loss_type": sorted(TOKEN_KL_PENALTY_NAMES),
-        "algorithm.kl_penalty": sorted(TOKEN_KL_PENALTY_NAMES),
-        "algorithm.rollout_correction.rollout_is": ROLLOUT_RATIO_LEVELS.names(),
-        "algorithm.rollout_correction.rollout_rs": ROLLOUT_RATIO_LEVELS.names(),
-        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOPS.names(),
-        "actor_rollout_ref.rollout.multi_turn.format": TOOL_PARSERS.names(),
-        "actor_rollout_ref.rollout.multi_turn.env_name": ENVIRONMENTS.names(),
+        "algorithm.adv_estimator": ADV_ESTIMATOR_REGISTRY,
+        "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_REGISTRY,
+        "actor_rollout_ref.rollout.name": ROLLOUT_ENGINES,
+        "reward_model.reward_manager": REWARD_MANAGER_REGISTRY,
+        "actor_rollout_ref.actor.kl_loss_type": TOKEN_KL_PENALTY_NAMES,
+        "algorithm.kl_penalty": TOKEN_KL_PENALTY_NAMES,
+        "algorithm.rollout_correction.rollout_is": ROLLOUT_RATIO_LEVELS,
+        "algorithm.rollout_correction.rollout_rs": ROLLOUT_RATIO_LEVELS,
+        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOPS,
+        "actor_rollout_ref.rollout.multi_turn.format": TOOL_PARSERS,
+        "actor_rollout_ref.rollout.multi_turn.env_name": ENVIRONMENTS,
     }
 
 
 def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
-    """Each registry-backed value of ``cfg`` is one of ``names[key]`` (see :func:`registered_names`);
-    the keys of :data:`~rlvr.trainer.config.builtin_names.NULLABLE_NAMES` may also be null (off)."""
+    """Each registry-backed value of ``cfg`` is one of ``names[key]``: a registry (see
+    :func:`registered_names`; an object path ``pkg.module:Name`` is loaded and must give an entry)
+    or a collection of names (:data:`~rlvr.trainer.config.builtin_names.BUILTIN_NAMES`). The keys of
+    :data:`~rlvr.trainer.config.builtin_names.NULLABLE_NAMES` may also be null (off)."""
     for key, valid in names.items():
         value = OmegaConf.select(cfg, key)
         if value is None and key in NULLABLE_NAMES:
             continue
-        _require(value in valid, key, f"{value!r} is not valid{did_you_mean(value, valid)}; "
-                 f"use one of {', '.join(valid)}")
+        if isinstance(valid, Registry) and is_object_path(value):
+            try:
+                valid[value]
+            except RegistryKeyError as err:
+                raise ConfigError(key, str(err)) from None
+            continue
+        choices = sorted(valid)
+        _require(value in valid, key, f"{value!r} is not valid{did_you_mean(value, choices)}; "
+                 f"use one of {', '.join(choices)}")
+
+
+def uses_user_code(cfg: DictConfig) -> bool:
+    """Whether the config names code of the user's: modules to import (``trainer.user_modules``,
+    verl's ``model.external_lib``) or an object path where a registry name goes. Then the
+    registry-backed values are checked against the registries (which hold the user's names), not
+    against the built-in names."""
+    from rlvr.trainer.user_code import user_module_entries
+
+    values = [OmegaConf.select(cfg, key) for key in BUILTIN_NAMES] + list(cfg.reward.routes.values())
+    return bool(user_module_entries(cfg)) or any(is_object_path(value) for value in values)
 
 
 def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_needs: EstimatorNeeds | None = None
@@ -423,7 +449,7 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     from rlvr.trainer.ppo.advantage import get_adv_estimator_needs
 
     names = registered_names()
-    check_names(cfg, {key: names[key] for key in ("algorithm.adv_estimator",)})
+    check_names(cfg, {"algorithm.adv_estimator": names["algorithm.adv_estimator"]})
     check_config(cfg, require_data_files, get_adv_estimator_needs(cfg.algorithm.adv_estimator))
     check_names(cfg, names)
     check_reward_routes(cfg)

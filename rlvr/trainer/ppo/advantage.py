@@ -48,6 +48,7 @@ import torch
 from rlvr.trainer.config.builtin_names import AdvantageEstimatorNeeds
 from rlvr.trainer.config.schema import GPG_ALPHA_COUNTS, SINGLETON_CHOICES, AlgorithmConfig
 from rlvr.trainer.ppo import egpo
+from rlvr.utils.config_view import config_view
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.registry import Registry
 from rlvr.utils.torch_functional import masked_whiten
@@ -71,32 +72,36 @@ class AdvantageEstimator(str, Enum):
 
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADV_ESTIMATOR_REGISTRY: Registry[AdvantageFn] = Registry("advantage estimator", AdvantageEstimatorNeeds)
+ADV_ESTIMATOR_REGISTRY: Registry[AdvantageFn] = Registry(
+    "advantage estimator", AdvantageEstimatorNeeds, verl_miss="Unknown advantage estimator simply: {name}")
 
 
-def _name(name: str | AdvantageEstimator) -> str:
-    return name.value if isinstance(name, AdvantageEstimator) else str(name)
+def estimator_name(name_or_enum: str | Enum) -> str:
+    """The registry name of ``name_or_enum``: a string, or the value of any ``Enum`` member
+    (``AdvantageEstimator.GRPO`` or a user's own enum, as verl accepts)."""
+    return str(name_or_enum.value) if isinstance(name_or_enum, Enum) else str(name_or_enum)
 
 
-def register_adv_est(name_or_enum: str | AdvantageEstimator, *, needs_critic: bool = False,
-                     needs_groups: bool = False, needs_greedy_baseline: bool = False
-                     ) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator registering an advantage estimator under ``name_or_enum`` (str or
-    ``AdvantageEstimator``) with what it needs (:class:`AdvantageEstimatorNeeds`); another function
-    under a taken name raises ``ValueError``."""
-    return ADV_ESTIMATOR_REGISTRY.register(_name(name_or_enum), needs_critic=needs_critic,
+def register_adv_est(name_or_enum: str | Enum, *, needs_critic: bool = False, needs_groups: bool = False,
+                     needs_greedy_baseline: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator registering an advantage estimator under ``name_or_enum`` (a string or an
+    ``Enum`` member) with what it needs (:class:`AdvantageEstimatorNeeds`); another function
+    under a taken name raises ``ValueError`` (the same function again, or one with its module and
+    qualified name, is accepted: see :class:`~rlvr.utils.registry.Registry`)."""
+    return ADV_ESTIMATOR_REGISTRY.register(estimator_name(name_or_enum), needs_critic=needs_critic,
                                            needs_groups=needs_groups, needs_greedy_baseline=needs_greedy_baseline)
 
 
-def get_adv_estimator_fn(name_or_enum: str | AdvantageEstimator) -> AdvantageFn:
-    """The estimator registered as ``name_or_enum``; a miss raises
-    :class:`~rlvr.utils.registry.RegistryKeyError` (a ``KeyError`` and ``ValueError``) listing the valid names."""
-    return ADV_ESTIMATOR_REGISTRY[_name(name_or_enum)]
+def get_adv_estimator_fn(name_or_enum: str | Enum) -> AdvantageFn:
+    """The estimator registered as ``name_or_enum`` (or at the object path ``pkg.module:fn``); a
+    miss raises :class:`~rlvr.utils.registry.RegistryKeyError` (a ``KeyError`` and ``ValueError``)
+    listing the valid names."""
+    return ADV_ESTIMATOR_REGISTRY[estimator_name(name_or_enum)]
 
 
-def get_adv_estimator_needs(name_or_enum: str | AdvantageEstimator) -> AdvantageEstimatorNeeds:
+def get_adv_estimator_needs(name_or_enum: str | Enum) -> AdvantageEstimatorNeeds:
     """What the estimator registered as ``name_or_enum`` needs from the trainer."""
-    return ADV_ESTIMATOR_REGISTRY.metadata(_name(name_or_enum))
+    return ADV_ESTIMATOR_REGISTRY.metadata(estimator_name(name_or_enum))
 
 
 def _require(value: Any, estimator: str, what: str, hint: str) -> Any:
@@ -106,7 +111,9 @@ def _require(value: Any, estimator: str, what: str, hint: str) -> Any:
 
 
 def _algo(config: Any) -> AlgorithmConfig:
-    return AlgorithmConfig() if config is None else config
+    """The algorithm section read with the schema's defaults for what ``config`` lacks (a verl
+    config has no ``singleton_advantage``, ``gpg_alpha_count``, ``egpo_*``)."""
+    return config_view(config, AlgorithmConfig)
 
 
 def _singleton_policy(config: Any, verl_default: str) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from rlvr.trainer.ppo import advantage, policy_loss
 from rlvr.trainer.ppo.advantage import (
     ADV_ESTIMATOR_REGISTRY,
     AdvantageEstimator,
@@ -35,9 +36,8 @@ from rlvr.trainer.ppo.advantage import (
     compute_remax_outcome_advantage,
     compute_rloo_outcome_advantage,
     compute_rloo_vectorized_outcome_advantage,
-    get_adv_estimator_fn,
+    estimator_name,
     get_adv_estimator_needs,
-    register_adv_est,
 )
 from rlvr.trainer.ppo.kl import (
     AdaptiveKLController,
@@ -58,9 +58,8 @@ from rlvr.trainer.ppo.policy_loss import (
     compute_policy_loss_gspo,
     compute_policy_loss_kl_cov,
     compute_policy_loss_vanilla,
-    get_policy_loss_fn,
-    register_policy_loss,
 )
+from rlvr.utils.registry import lookup_in, register_in
 from rlvr.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean, masked_whiten
 
 __all__ = [
@@ -77,6 +76,42 @@ __all__ = [
     "get_adv_estimator_fn", "get_adv_estimator_needs", "get_kl_controller", "get_policy_loss_fn", "kl_penalty",
     "kl_penalty_forward", "masked_mean", "masked_whiten", "register_adv_est", "register_policy_loss",
 ]
+
+
+# verl's registry functions read this module's ``ADV_ESTIMATOR_REGISTRY`` / ``POLICY_LOSS_REGISTRY``
+# when called, so that a table put in their place (verl's tests assign a plain dict) is the one
+# used; normally they are the registries of rlvr.trainer.ppo.advantage / .policy_loss.
+def register_adv_est(name_or_enum, *, needs_critic: bool = False, needs_groups: bool = False,
+                     needs_greedy_baseline: bool = False):
+    """verl's decorator: register an advantage estimator under a string or ``Enum`` member (see
+    :func:`rlvr.trainer.ppo.advantage.register_adv_est`)."""
+
+    def add(fn):
+        register_in(ADV_ESTIMATOR_REGISTRY, estimator_name(name_or_enum), fn, advantage.ADV_ESTIMATOR_REGISTRY,
+                    needs_critic=needs_critic, needs_groups=needs_groups, needs_greedy_baseline=needs_greedy_baseline)
+        return fn
+
+    return add
+
+
+def get_adv_estimator_fn(name_or_enum):
+    """verl's lookup of an advantage estimator (see :func:`rlvr.trainer.ppo.advantage.get_adv_estimator_fn`)."""
+    return lookup_in(ADV_ESTIMATOR_REGISTRY, estimator_name(name_or_enum), advantage.ADV_ESTIMATOR_REGISTRY)
+
+
+def register_policy_loss(name):
+    """verl's decorator: register a policy loss (see :func:`rlvr.trainer.ppo.policy_loss.register_policy_loss`)."""
+
+    def add(fn):
+        register_in(POLICY_LOSS_REGISTRY, str(name), fn, policy_loss.POLICY_LOSS_REGISTRY)
+        return fn
+
+    return add
+
+
+def get_policy_loss_fn(name):
+    """verl's lookup of a policy loss (see :func:`rlvr.trainer.ppo.policy_loss.get_policy_loss_fn`)."""
+    return lookup_in(POLICY_LOSS_REGISTRY, str(name), policy_loss.POLICY_LOSS_REGISTRY)
 
 
 def compute_rewards(token_level_scores: torch.Tensor, old_log_prob: torch.Tensor, ref_log_prob: torch.Tensor,

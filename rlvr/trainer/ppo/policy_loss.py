@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, ActorConfig
+from rlvr.utils.config_view import config_view
 from rlvr.utils.errors import ConfigAssertionError
 from rlvr.utils.registry import Registry
 from rlvr.utils.torch_functional import masked_mean
@@ -39,7 +40,7 @@ from rlvr.utils.torch_functional import masked_mean
 LOG_RATIO_CLAMP = 20.0
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
-POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss")
+POLICY_LOSS_REGISTRY: Registry[PolicyLossFn] = Registry("policy loss", verl_miss="Unsupported loss mode: {name}")
 
 
 def _global_count(count: torch.Tensor | int | float | None, local: torch.Tensor, dp_size: int,
@@ -116,7 +117,9 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
 
 
 def _actor(config: Any) -> Any:
-    return ActorConfig() if config is None else config
+    """The actor section read with the schema's defaults for what ``config`` lacks (a verl
+    ``ActorConfig``, a dict or a namespace with verl's keys only)."""
+    return config_view(config, ActorConfig)
 
 
 def _clip_range(config: Any) -> tuple[float, float]:
@@ -218,12 +221,13 @@ def compute_policy_loss(old_log_prob: torch.Tensor, log_prob: torch.Tensor, adva
 
 def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
     """Decorator registering a policy loss under ``name`` (another function under a taken name
-    raises ``ValueError``)."""
+    raises ``ValueError``; the same function again, or one with its module and qualified name,
+    is accepted)."""
     return POLICY_LOSS_REGISTRY.register(name)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
-    """The policy loss registered as ``name``; a miss raises
+    """The policy loss registered as ``name`` (or at the object path ``pkg.module:fn``); a miss raises
     :class:`~rlvr.utils.registry.RegistryKeyError` (a ``KeyError`` and ``ValueError``) listing the valid names."""
     return POLICY_LOSS_REGISTRY[name]
 
