@@ -7,7 +7,8 @@ A batch holds ``prompts [batch, P]`` (left-padded), ``responses [batch, R]`` (ri
 it), ``extra_info`` (optional) and the data source. A response is its tokens up to and including
 the last valid one (so tokens a multi-turn loop inserted between generated ones stay in the text), a
 prompt its non-padding tokens. Both are decoded with the tokenizer's ``batch_decode(...,
-skip_special_tokens=True)``, one call per batch.
+skip_special_tokens=True)``, one call per batch (``decode`` row by row for a tokenizer without
+``batch_decode``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def decode_responses(data: DataProto, tokenizer: Any) -> list[str]:
     # numpy rows: transformers' batch_decode converts them in one call each (python lists of ints
     # are type-checked element by element, several times slower for long responses)
     rows = [row[:end] for row, end in zip(data.batch["responses"].cpu().numpy(), ends.tolist())]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return _decode_rows(tokenizer, rows)
 
 
 def decode_prompts(data: DataProto, tokenizer: Any) -> list[str]:
@@ -61,7 +62,17 @@ def decode_prompts(data: DataProto, tokenizer: Any) -> list[str]:
     prompts = data.batch["prompts"]
     keep = data.batch["attention_mask"][:, : prompts.shape[-1]].bool().cpu().numpy()
     rows = [row[k] for row, k in zip(prompts.cpu().numpy(), keep)]
-    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+    return _decode_rows(tokenizer, rows)
+
+
+def _decode_rows(tokenizer: Any, rows: list) -> list[str]:
+    """The text of each row of token ids: one ``batch_decode`` call, or ``decode`` row by row for
+    a tokenizer that has only ``decode`` (verl's reward managers decode row by row, and stub
+    tokenizers written for them define only that)."""
+    batch_decode = getattr(tokenizer, "batch_decode", None)
+    if batch_decode is not None:
+        return batch_decode(rows, skip_special_tokens=True)
+    return [tokenizer.decode(row, skip_special_tokens=True) for row in rows]
 
 
 def ground_truths(data: DataProto) -> list[Any]:

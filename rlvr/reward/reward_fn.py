@@ -3,8 +3,9 @@
 
 ``load_reward_manager(config, ...)`` reads ``config.reward_model`` (manager name, error policy,
 DAPO buffer, parallel workers) and ``config.custom_reward_function`` (a user ``compute_score``
-in a file); ``config`` is the whole run config, an OmegaConf DictConfig or a plain
-:class:`~rlvr.trainer.config.schema.RlvrConfig` instance.
+in a file); ``config`` is the whole run config, an OmegaConf DictConfig, a plain
+:class:`~rlvr.trainer.config.schema.RlvrConfig` instance, or a verl config (a dict or OmegaConf
+node with verl's keys only: rlvr's own keys then take the schema's defaults).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlvr.protocol import DataProto
+from rlvr.reward.config import RewardManagerSections
+from rlvr.utils.config_view import config_view
 from rlvr.utils.errors import ConfigError, RewardError
 from rlvr.reward.scorers.custom import CustomRewardFunction, load_function
 from rlvr.reward.managers import AbstractRewardManager, get_reward_manager_cls
@@ -41,7 +44,7 @@ def get_custom_reward_fn(config: Any) -> CustomRewardFunction | None:
     Raises:
         ConfigError: the file is missing, does not import, or lacks the function.
     """
-    section = config.custom_reward_function
+    section = config_view(config, RewardManagerSections).custom_reward_function
     if section.path is None:
         return None
     load_function(section.path, section.name)
@@ -67,7 +70,10 @@ def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_
 def build_reward_manager(config: Any, name: str, tokenizer: Any, num_examine: int,
                          key: str = "reward_model.reward_manager", **reward_kwargs: Any) -> AbstractRewardManager:
     """The reward manager registered as ``name``, configured from ``config.reward_model`` and
-    ``config.custom_reward_function`` (``key``: the config key that named it, for errors)."""
+    ``config.custom_reward_function`` (``key``: the config key that named it, for errors). A
+    verl-shaped ``config`` that lacks rlvr's keys (``on_error``, ``num_workers``, ...) gets the
+    schema's defaults for them."""
+    config = config_view(config, RewardManagerSections)
     try:
         manager_cls = get_reward_manager_cls(name)
     except KeyError as exc:

@@ -3,8 +3,8 @@
 ``LocalWorkerGroup`` has the constructor and API of ``RayWorkerGroup`` with world size 1 and the
 same dispatch / execute / collect code (``WorkerGroup``). Differences, by necessity:
 
-- A call runs to completion in the calling thread when it is submitted; a non-blocking call
-  returns a future that is already done. The worker gets a copy of the arguments, as a Ray
+- A call runs to completion in the calling thread when it is submitted (an ``async def`` method
+  in an event loop of its own); a non-blocking call returns a future that is already done. The worker gets a copy of the arguments, as a Ray
   actor does, so changing an input in place does not change the caller's object.
 - A running call cannot be interrupted safely inside the driver (and a debugger session must not
   be cut short), so the timeout is checked when the call returns: a call that took longer than
@@ -14,7 +14,9 @@ same dispatch / execute / collect code (``WorkerGroup``). Differences, by necess
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import inspect
 import os
 import time
 import traceback
@@ -143,6 +145,8 @@ class LocalWorkerGroup(WorkerGroup):
         start = time.monotonic()
         try:
             value = fn(*args, **kwargs)
+            if inspect.iscoroutine(value):  # an async worker method: run it here, as a Ray actor awaits it
+                value = asyncio.run(value)
         except Exception as err:  # reported through WorkerError by _wait, like a remote error
             return _Done(None, err, time.monotonic() - start)
         return _Done(value, None, time.monotonic() - start)

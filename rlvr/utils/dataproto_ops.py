@@ -137,8 +137,8 @@ def union_tensor_dict(tensor_dict1: TensorDict, tensor_dict2: TensorDict) -> Ten
     for key, value in tensor_dict2.items():
         if key in tensor_dict1.keys() and not deep_equal(tensor_dict1[key], value):
             raise ProtocolError(
-                f"cannot union: key '{key}' exists in both batches with different values; "
-                "rename or pop one of them first"
+                f"cannot union: key '{key}' exists in both batches with different values ({key} in tensor_dict1 "
+                "and tensor_dict2 are not the same object); rename or pop one of them first"
             )
         tensor_dict1[key] = value
     return tensor_dict1
@@ -158,8 +158,9 @@ def union_numpy_dict(tensor_dict1: dict[str, np.ndarray], tensor_dict2: dict[str
                 raise ProtocolTypeError(f"cannot union non-tensor key '{key}': both values must be numpy arrays")
             if not deep_equal(tensor_dict1[key], value):
                 raise ProtocolError(
-                    f"cannot union: non-tensor key '{key}' exists in both batches with different values; "
-                    "rename or pop one of them first"
+                    f"cannot union: non-tensor key '{key}' exists in both batches with different values "
+                    f"(`{key}` in tensor_dict1 and tensor_dict2 are not the same object.); rename or pop one of "
+                    "them first"
                 )
         tensor_dict1[key] = value
     return tensor_dict1

@@ -140,8 +140,28 @@ def unfold_batch_dim(data: DataProto, batch_dims: int = 2) -> DataProto:
     return type(data)(batch=batch, non_tensor_batch=non_tensor, meta_info=data.meta_info)
 
 
+def _rows_as_columns(value: np.ndarray) -> np.ndarray:
+    """A 1-D object array whose items are sequences of one length ``c`` (a column of lists, the
+    layout rlvr keeps for nested lists) as the 2-D ``[b, c]`` object array verl would hold; any
+    other array as it is."""
+    if value.ndim != 1 or value.dtype != object or not len(value):
+        return value
+    if not all(isinstance(item, (list, tuple, np.ndarray)) for item in value):
+        return value
+    lengths = {len(item) for item in value}
+    if len(lengths) != 1:
+        return value
+    table = np.empty((len(value), lengths.pop()), dtype=object)
+    for row, item in enumerate(value):
+        table[row, :] = list(item)
+    return table
+
+
 def _split_columns(value: Any, key: str, n_split: int) -> Any:
-    """``[b, c, ...]`` -> ``[b * n_split, c // n_split, ...]``: row r's columns cut into n_split consecutive rows."""
+    """``[b, c, ...]`` -> ``[b * n_split, c // n_split, ...]``: row r's columns cut into n_split
+    consecutive rows. A non-tensor column of equal-length lists ``[b]`` counts as ``[b, c]``."""
+    if isinstance(value, np.ndarray):
+        value = _rows_as_columns(value)
     if value.ndim < 2 or value.shape[1] % n_split:
         raise ProtocolError(f"cannot split key '{key}' of shape {list(value.shape)} into {n_split} column chunks")
     return value.reshape(value.shape[0] * n_split, value.shape[1] // n_split, *value.shape[2:])

@@ -74,16 +74,20 @@ class Registry(dict, Generic[T]):
             ``TypeError`` (saying why) when it does not fit (default: it must be callable).
         verl_miss: verl's own wording of a miss (a format string with ``{name}``), added to the
             message where it differs from ``Unknown <kind>: <name>``.
+        object_paths: whether a ``pkg.module:Name`` lookup loads an object (off for registries
+            whose own names contain colons, such as IFEval's ``keywords:existence``).
     """
 
     def __init__(self, kind: str, metadata_type: type | None = None, *, identity: Callable[[T], Any] | None = None,
-                 coerce: Callable[[Any], T] | None = None, verl_miss: str | None = None) -> None:
+                 coerce: Callable[[Any], T] | None = None, verl_miss: str | None = None,
+                 object_paths: bool = True) -> None:
         super().__init__()
         self.kind = kind
         self.metadata_type = metadata_type
         self._identity = identity or (lambda entry: entry)
         self._coerce = coerce or _callable_entry
         self._verl_miss = verl_miss
+        self.object_paths = object_paths
         self._metadata: dict[str, tuple[Any, Any]] = {}
 
     def register(self, name: str, **metadata: Any) -> Callable[[T], T]:
@@ -128,8 +132,11 @@ class Registry(dict, Generic[T]):
             message += f" (verl: {self._verl_miss.format(name=name)})"
         return message
 
+    def _is_path(self, name: Any) -> bool:
+        return self.object_paths and is_object_path(name)
+
     def __missing__(self, name: str) -> T:
-        if is_object_path(name):
+        if self._is_path(name):
             return self._load(name)[1]
         raise RegistryKeyError(self.miss_message(name))
 
@@ -151,7 +158,7 @@ class Registry(dict, Generic[T]):
         """Whether ``name`` is registered, or is an object path that loads into an entry."""
         if str(name) in self:
             return True
-        if not is_object_path(name):
+        if not self._is_path(name):
             return False
         try:
             self._load(name)
@@ -172,7 +179,7 @@ class Registry(dict, Generic[T]):
         any; an object path brings the metadata of the name it is registered under); an unknown
         name raises :class:`RegistryKeyError`."""
         key = str(name)
-        if key not in self and is_object_path(key):
+        if key not in self and self._is_path(key):
             key = self._load(key)[0] or key
         obj = self[key]
         registered, entry_metadata = self._metadata.get(key, (None, None))

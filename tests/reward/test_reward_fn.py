@@ -80,7 +80,7 @@ def test_load_each_manager_from_the_config(make_config, tok):
 
 
 def test_unknown_manager_is_a_config_error(make_config, tok):
-    with pytest.raises(ConfigError, match=r"reward_model.reward_manager.*'prime'.*batch, dapo, naive, parallel"):
+    with pytest.raises(ConfigError, match=r"reward_model.reward_manager.*Unknown reward manager: prime.*batch, dapo, naive, parallel"):
         load_reward_manager(make_config(reward_manager="prime"), tok, 0)
 
 

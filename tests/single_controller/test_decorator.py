@@ -36,13 +36,32 @@ def test_register_records_settings_and_keeps_the_method_callable(monkeypatch):
 
 
 def test_malformed_dispatch_modes_are_rejected():
-    with pytest.raises(TypeError, match="the keys 'dispatch_fn' and 'collect_fn'"):
+    """The messages contain verl's words (verl asserts, so the errors are AssertionErrors too)."""
+    with pytest.raises(TypeError, match="key collect_fn should be in dispatch_mode if it is a dictionary"):
         register(dispatch_mode={"dispatch_fn": print})
-    with pytest.raises(TypeError, match="dispatch_mode must be a Dispatch member"):
+    with pytest.raises(AssertionError, match="dispatch_mode must be a Dispatch or a Dict. Got 'one_to_all'"):
         register(dispatch_mode="one_to_all")
-    with pytest.raises(TypeError, match="execute_mode must be an Execute member"):
+    with pytest.raises(TypeError, match="execute_mode must be a Execute"):
         register(execute_mode="all")
+    with pytest.raises(TypeError, match="dispatch_fn and collect_fn must be callables"):
+        register(dispatch_mode={"dispatch_fn": print, "collect_fn": 3})
     assert resolve_dispatch({"dispatch_fn": print, "collect_fn": len}) == (print, len)
+
+
+def test_check_dispatch_mode_is_verls_check_in_the_decorator_module():
+    """verl's code imports ``_check_dispatch_mode`` / ``_check_execute_mode`` from the decorator
+    module (its transfer-queue helpers validate a mode before they wrap a method)."""
+    from rlvr.single_controller.base.decorator import _check_dispatch_mode, _check_execute_mode
+
+    assert _check_dispatch_mode(Dispatch.DP_COMPUTE_PROTO) is None
+    assert _check_dispatch_mode({"dispatch_fn": print, "collect_fn": len}) is None
+    for bad, message in ((Execute.ALL, "must be a Dispatch or a Dict"),
+                         ({"collect_fn": len}, "key dispatch_fn should be in dispatch_mode")):
+        with pytest.raises(AssertionError, match=message):
+            _check_dispatch_mode(bad)
+    assert _check_execute_mode(Execute.RANK_ZERO) is None
+    with pytest.raises(AssertionError, match="execute_mode must be a Execute. Got 'all'"):
+        _check_execute_mode("all")
 
 
 def test_worker_reads_its_place_from_the_environment(monkeypatch):

@@ -227,6 +227,15 @@ def score_in_pool(pool: TimeoutProcessPool, compute_score: Any, decoded: Decoded
             book.record(i, value)
 
 
+def is_picklable(compute_score: Any) -> bool:
+    """Whether ``compute_score`` can go to a helper process."""
+    try:
+        pickle.dumps(compute_score)
+    except Exception:  # noqa: BLE001 - any pickling failure means the same
+        return False
+    return True
+
+
 def check_picklable(compute_score: Any, why: str) -> None:
     """Raise a :class:`RewardError` saying ``why`` when ``compute_score`` cannot go to a helper process."""
     try:

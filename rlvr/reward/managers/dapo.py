@@ -62,12 +62,15 @@ class DAPORewardManager(NaiveRewardManager):
         if self.overlong.enable:
             if max_resp_len is None:
                 raise RewardConfigError("reward_model.overlong_buffer",
-                                        "the overlong buffer needs max_resp_len (data.max_response_length)")
-            if not 0 < self.overlong.len <= max_resp_len:
-                raise RewardConfigError(
-                    "reward_model.overlong_buffer.len",
-                    f"must be in (0, max_resp_len={max_resp_len}], got {self.overlong.len}",
-                )
+                                        "max_resp_len must be provided when the overlong buffer is enabled, but got "
+                                        "None; pass the rollout's maximum response length (data.max_response_length)")
+            if not self.overlong.len > 0:
+                raise RewardConfigError("reward_model.overlong_buffer.len",
+                                        f"the buffer must be > 0 tokens long, got {self.overlong.len}")
+            if max_resp_len < self.overlong.len:
+                raise RewardConfigError("reward_model.overlong_buffer.len",
+                                        f"max_resp_len must be larger than overlong_buffer.len: the buffer of "
+                                        f"{self.overlong.len} tokens does not fit in max_resp_len={max_resp_len}")
 
     @classmethod
     def config_kwargs(cls, config: Any) -> dict[str, Any]:

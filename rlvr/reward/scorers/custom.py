@@ -7,7 +7,6 @@ manager's worker processes and on Ray workers alike.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,12 +14,16 @@ from pathlib import Path
 from typing import Any
 
 from rlvr.utils.errors import ConfigError
+from rlvr.utils.user_code import load_file
 
 _LOADED: dict[tuple[str, str], Callable[..., Any]] = {}
 
 
 def load_function(path: str, name: str) -> Callable[..., Any]:
-    """Import ``path`` as a module and return its callable ``name`` (cached per process).
+    """The callable ``name`` of the Python file ``path`` (cached per process). A module already
+    imported from that file (``trainer.user_modules``, or the user's own ``import``) is reused,
+    so a file that also registers extensions runs once; another file is imported under a name of
+    its own (:func:`rlvr.utils.user_code.load_file`).
 
     Raises:
         ConfigError: the file is missing, fails to import, or has no callable ``name``.
@@ -28,15 +31,10 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
     key = (str(Path(path).resolve()), name)
     if key in _LOADED:
         return _LOADED[key]
-    file = Path(key[0])
-    if not file.is_file():
+    if not Path(key[0]).is_file():
         raise ConfigError("custom_reward_function.path", f"file {path!r} does not exist; give the path of a .py file")
-    spec = importlib.util.spec_from_file_location(f"rlvr_custom_reward_{abs(hash(key[0]))}", file)
-    if spec is None or spec.loader is None:
-        raise ConfigError("custom_reward_function.path", f"{path!r} cannot be imported as a Python module")
-    module = importlib.util.module_from_spec(spec)
     try:
-        spec.loader.exec_module(module)
+        module = load_file(key[0])
     except Exception as exc:
         raise ConfigError(
             "custom_reward_function.path", f"importing {path!r} failed with {type(exc).__name__}: {exc}"

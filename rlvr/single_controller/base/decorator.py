@@ -16,6 +16,7 @@ replaces the functions of one. The functions are shared by the Ray and the local
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
@@ -51,6 +52,8 @@ __all__ = [
     "dispatch_one_to_all",
     "Dispatch",
     "Execute",
+    "_check_dispatch_mode",
+    "_check_execute_mode",
     "RegisterSpec",
     "get_predefined_dispatch_fn",
     "register",
@@ -157,6 +160,35 @@ def update_dispatch_mode(dispatch_mode: Dispatch, dispatch_fn: Callable, collect
     DISPATCH_MODE_FN_REGISTRY[dispatch_mode] = {"dispatch_fn": dispatch_fn, "collect_fn": collect_fn}
 
 
+def _check_dispatch_mode(dispatch_mode: Any) -> None:
+    """verl's check of a dispatch mode: a ``Dispatch`` member, or a dict with callable
+    ``dispatch_fn`` and ``collect_fn``.
+
+    Raises:
+        ProtocolTypeError: (also an ``AssertionError``, as verl asserts) naming what is wrong.
+    """
+    if isinstance(dispatch_mode, Dispatch):
+        return
+    if not isinstance(dispatch_mode, dict):
+        raise ProtocolTypeError(
+            f"dispatch_mode must be a Dispatch or a Dict. Got {dispatch_mode!r}: use a Dispatch member or "
+            "{'dispatch_fn': f, 'collect_fn': g}"
+        )
+    for key in ("dispatch_fn", "collect_fn"):
+        if key not in dispatch_mode:
+            raise ProtocolTypeError(
+                f"key {key} should be in dispatch_mode if it is a dictionary (it has {sorted(dispatch_mode)})"
+            )
+    _check_fns(dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"])
+
+
+def _check_execute_mode(execute_mode: Any) -> None:
+    """verl's check of an execute mode: an ``Execute`` member (``ProtocolTypeError`` otherwise)."""
+    if not isinstance(execute_mode, Execute):
+        raise ProtocolTypeError(f"execute_mode must be a Execute. Got {execute_mode!r}: use Execute.ALL or "
+                                "Execute.RANK_ZERO")
+
+
 def resolve_dispatch(dispatch_mode: Dispatch | dict) -> tuple[Callable, Callable]:
     """``(dispatch_fn, collect_fn)`` of a ``Dispatch`` member or of a ``{dispatch_fn, collect_fn}`` dict.
 
@@ -164,16 +196,11 @@ def resolve_dispatch(dispatch_mode: Dispatch | dict) -> tuple[Callable, Callable
         ProtocolTypeError: neither, or the dict lacks a callable ``dispatch_fn`` / ``collect_fn``.
         ProtocolKeyError: a ``Dispatch`` member without registered functions.
     """
+    _check_dispatch_mode(dispatch_mode)
     if isinstance(dispatch_mode, Dispatch):
         fn = get_predefined_dispatch_fn(dispatch_mode)
         return fn["dispatch_fn"], fn["collect_fn"]
-    if isinstance(dispatch_mode, dict) and {"dispatch_fn", "collect_fn"} <= set(dispatch_mode):
-        _check_fns(dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"])
-        return dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"]
-    raise ProtocolTypeError(
-        f"dispatch_mode must be a Dispatch member or a dict with the keys 'dispatch_fn' and 'collect_fn', "
-        f"got {dispatch_mode!r}"
-    )
+    return dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"]
 
 
 @dataclass(frozen=True)
@@ -213,22 +240,36 @@ def register(
         materialize_futures: future arguments are resolved on the driver before dispatch;
             ``False`` passes them on (a ``DataProtoFuture`` split into one future per rank).
         clear_cache: free the accelerator cache in the worker after the method returns.
+
+    An ``async def`` method stays a coroutine function: on Ray the actor awaits it (the actor
+    becomes an async actor), the local backend runs it to completion in the calling thread.
     """
     resolve_dispatch(dispatch_mode)
-    if not isinstance(execute_mode, Execute):
-        raise ProtocolTypeError(f"execute_mode must be an Execute member, got {execute_mode!r}")
+    _check_execute_mode(execute_mode)
     if dispatch_mode is Dispatch.RANK_ZERO:
         execute_mode = Execute.RANK_ZERO
     spec = RegisterSpec(dispatch_mode, execute_mode, blocking, materialize_futures, clear_cache)
 
     def decorator(func: Callable) -> Callable:
-        @functools.wraps(func)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return func(*args, **kwargs)
-            finally:
-                if clear_cache:
-                    empty_accelerator_cache()
+        if inspect.iscoroutinefunction(func):  # an async method stays async: Ray awaits it, the local backend runs it
+
+            @functools.wraps(func)
+            async def inner(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await func(*args, **kwargs)
+                finally:
+                    if clear_cache:
+                        empty_accelerator_cache()
+
+        else:
+
+            @functools.wraps(func)
+            def inner(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    if clear_cache:
+                        empty_accelerator_cache()
 
         setattr(inner, REGISTER_ATTR, spec)
         return inner

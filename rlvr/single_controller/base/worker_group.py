@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from rlvr.protocol import DataProto, DataProtoFuture, unpad_dataproto
@@ -282,8 +282,23 @@ class WorkerGroup(ABC):
             groups[role] = group
         return groups
 
+    def fuse(self, prefixes: Iterable[str]) -> None:
+        """verl's fused workers: for each role of a colocated group (a class made by
+        ``create_colocated_worker_raw_cls``, or a subclass of it), the group of that role
+        (:meth:`spawn`) as an attribute, ``group.actor.add(x)``.
+
+        Raises:
+            ProtocolKeyError: a role the colocated class does not have.
+            ProtocolTypeError: a role's name is taken by an attribute of the group.
+        """
+        for role, group in self.spawn(list(prefixes)).items():
+            if role in dir(self):
+                raise ProtocolTypeError(f"worker group '{self.name}': role {role!r} is also an attribute of the "
+                                        "group; rename the role")
+            setattr(self, role, group)
+
     def _worker_cls_role_classes(self) -> dict[str, type]:
-        roles = self._worker_cls.__dict__.get("raw_cls_dict")
+        roles = getattr(self._worker_cls, "raw_cls_dict", None)  # the fused class or a subclass of it
         if roles is None:
             raise ProtocolTypeError(
                 f"worker group '{self.name}' runs {self._worker_cls.__name__}, not a colocated class; "

@@ -18,7 +18,7 @@ from langdetect import DetectorFactory, LangDetectException, detect
 
 from rlvr.utils.registry import Registry
 
-INSTRUCTIONS: Registry[Callable[..., bool]] = Registry("IFEval instruction")
+INSTRUCTIONS: Registry[Callable[..., bool]] = Registry("IFEval instruction", object_paths=False)
 DetectorFactory.seed = 0  # langdetect is randomised; fix it so the reward is deterministic
 
 _RELATIONS = ("less than", "at least")
