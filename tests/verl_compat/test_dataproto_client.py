@@ -220,3 +220,41 @@ def test_subclasses_keep_their_class():
     assert type(data) is MyProto
     assert all(type(d) is MyProto for d in (data[1:], data[[0, 1]], data.select(batch_keys=["x"]), data.repeat(2),
                                             DataProto.concat(data.chunk(2)), fold_batch_dim(data, 2)))
+
+
+def test_unfold_column_chunks_on_a_column_of_lists():
+    """verl's test passes the labels as a plain list of lists; rlvr keeps that as one column of
+    lists (``[3]``, D9), which ``unfold_column_chunks`` cuts like verl's ``[3, 2]`` array: the
+    result compares equal to verl's expected rows. 1-D tensor keys are repeated."""
+    data = DataProto.from_dict(
+        {"obs1": torch.arange(1, 13).view(3, 4), "score": torch.tensor([0.5, 1.5, 2.5])},
+        {"labels": [["a1", "a2"], ["b1", "b2"], ["c1", "c2"]]}, meta_info={"name": "abc"},
+    )
+    assert data.non_tensor_batch["labels"].shape == (3,)
+    out = data.unfold_column_chunks(2, split_keys=["obs1", "labels"])
+    assert (out.non_tensor_batch["labels"] == [["a1"], ["a2"], ["b1"], ["b2"], ["c1"], ["c2"]]).all()
+    assert out.batch["score"].tolist() == [0.5, 0.5, 1.5, 1.5, 2.5, 2.5]
+    assert out.batch["obs1"].tolist() == [[1, 2], [3, 4], [5, 6], [7, 8], [9, 10], [11, 12]]
+    uneven = DataProto.from_dict({"x": torch.zeros(2)}, {"labels": [["a1", "a2"], ["b1"]]})
+    with pytest.raises(AssertionError, match="cannot split key 'labels' of shape \\[2\\] into 2 column chunks"):
+        uneven.unfold_column_chunks(2, split_keys=["labels"])
+    with pytest.raises(AssertionError, match="cannot split key 'score' of shape \\[3\\]"):
+        data.unfold_column_chunks(2, split_keys=["score"])  # a 1-D tensor has no columns to cut
+
+
+def test_union_conflicts_raise_with_verls_words():
+    """A key held by both sides with different values raises an ``AssertionError`` whose message
+    contains verl's sentence, for tensors and for numpy columns (also through ``DataProto.union``)."""
+    arr = np.arange(24, dtype=np.int32).reshape((2, 3, 4))
+    union_numpy_dict({"nd_array": arr}, {"nd_array": arr.copy()})
+    with pytest.raises(AssertionError, match="`nd_array` in tensor_dict1 and tensor_dict2 are not the same object."):
+        union_numpy_dict({"nd_array": arr}, {"nd_array": arr + 1})
+    obs = torch.randn(4, 2)
+    with pytest.raises(AssertionError, match="obs in tensor_dict1 and tensor_dict2 are not the same object"):
+        union_tensor_dict(TensorDict({"obs": obs}, batch_size=[4]), TensorDict({"obs": obs + 1}, batch_size=[4]))
+    left = DataProto.from_dict({"a": torch.zeros(2)}, {"uid": np.array([{"k": 1}, {"k": 2}], dtype=object)})
+    right = DataProto.from_dict({"b": torch.ones(2)}, {"uid": np.array([{"k": 1}, {"k": 3}], dtype=object)})
+    with pytest.raises(AssertionError, match="`uid` in tensor_dict1 and tensor_dict2 are not the same object."):
+        left.union(right)
+    same = DataProto.from_dict({"b": torch.ones(2)}, {"uid": np.array([{"k": 1}, {"k": 2}], dtype=object)})
+    assert sorted(left.union(same).batch.keys()) == ["a", "b"]

@@ -149,3 +149,37 @@ def test_colocated_workers_match_separate_groups(backend, new_group):
     assert roles["actor"].add_x(data).batch["a"].tolist() == [2.0, 3.0, 4.0, 5.0]
     assert roles["actor"].one_to_all(0) == [2, 3][: ranks(backend)]
     assert isinstance(create_colocated_worker_cls({"actor": actor_cls}), RayClassWithInitArgs)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fused_workers_with_a_subclass_that_calls_both_roles(backend, new_group):
+    """verl's fused workers: a subclass of ``create_colocated_worker_raw_cls(...)`` adds a method
+    that calls ``self.actor`` and ``self.critic`` in one process; ``group.fuse(roles)`` gives
+    ``group.actor`` / ``group.critic``, and the fused method agrees with the two role calls."""
+    hybrid = RayClassWithInitArgs(cls=verl_workers.HybridWorker)
+    hybrid.fused_worker_used = True  # verl's flag; rlvr's fused class needs no flag
+    group = new_group(backend, hybrid)
+    group.fuse(verl_workers.FUSED_ROLES.keys())
+    x = group.actor.add(0.1)
+    y = group.critic.sub(x)
+    z = group.foo(0.1)
+    expected = [0.1 + rank - 10 for rank in range(ranks(backend))]
+    assert x == [0.1 + rank for rank in range(ranks(backend))]
+    assert y == pytest.approx(expected) and z == pytest.approx(expected)
+    with pytest.raises(KeyError, match="has no role 'ref'"):
+        group.fuse(["ref"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_async_worker_methods_with_a_dispatch_mode(backend, new_group):
+    """An ``async def`` method registered with a dispatch mode (verl's decorator test): a
+    non-blocking DataProto call returns a ``DataProtoFuture`` whose value is the awaited result of
+    every rank; a blocking one returns the collected values."""
+    group = new_group(backend, RayClassWithInitArgs(cls=verl_workers.AsyncComputeWorker, initial_value=5))
+    data = DataProto.from_dict(tensors={"input": torch.arange(4, dtype=torch.float32)})
+    future = group.async_dp_compute(data)
+    assert isinstance(future, DataProtoFuture)
+    rank_of_row = torch.tensor([0, 0, 1, 1]) if backend == "ray" else torch.zeros(4)
+    torch.testing.assert_close(future.get().batch["output_async"], torch.arange(4.0) * 2 + 5 + rank_of_row)
+    torch.testing.assert_close(group.dp_compute(data).batch["output"], torch.arange(4.0) + 5 + rank_of_row)
+    assert group.async_one_to_all(10) == [10 + rank for rank in range(ranks(backend))]

@@ -5,6 +5,8 @@ dispatch-mode registry, ``DataProto`` in and out. Imported by the Ray workers to
 
 from __future__ import annotations
 
+import asyncio
+
 import ray
 import torch
 
@@ -17,6 +19,7 @@ from rlvr.single_controller.base.decorator import (
     register,
     register_dispatch_mode,
 )
+from rlvr.single_controller.ray.base import RayClassWithInitArgs, create_colocated_worker_raw_cls
 
 
 def first_two_to_all(worker_group, *args, **kwargs):
@@ -122,3 +125,66 @@ def plus_one(x):
 def doubled_a(worker, data: DataProto) -> DataProto:
     """For ``execute_with_func_generator``: ``a * 2`` and the worker's rank."""
     return DataProto.from_dict(tensors={"a": data.batch["a"] * 2, "rank": torch.full((len(data),), worker.rank)})
+
+
+@ray.remote
+class AsyncComputeWorker(Worker):
+    """``async def`` worker methods registered with a dispatch mode (verl's decorator tests)."""
+
+    def __init__(self, initial_value=0) -> None:
+        super().__init__()
+        self.value = initial_value
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def dp_compute(self, data: DataProto) -> DataProto:
+        data.batch["output"] = data.batch["input"] + self.value + self.rank
+        return data
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    async def async_dp_compute(self, data: DataProto) -> DataProto:
+        await asyncio.sleep(0.01)
+        data.batch["output_async"] = data.batch["input"] * 2 + self.value + self.rank
+        return data
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    async def async_one_to_all(self, x):
+        await asyncio.sleep(0.01)
+        return x + self.rank
+
+
+@ray.remote
+class FusedActor(Worker):
+    """A role of verl's fused-worker test: ``add`` adds the rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def add(self, x):
+        return x + self.rank
+
+
+@ray.remote
+class FusedCritic(Worker):
+    """The other role: ``sub`` subtracts the value it was built with."""
+
+    def __init__(self, val) -> None:
+        super().__init__()
+        self.val = val
+
+    @register(dispatch_mode=Dispatch.ALL_TO_ALL)
+    def sub(self, x):
+        return x - self.val
+
+
+FUSED_ROLES = {"actor": RayClassWithInitArgs(cls=FusedActor), "critic": RayClassWithInitArgs(cls=FusedCritic, val=10)}
+FusedBase = create_colocated_worker_raw_cls(FUSED_ROLES)
+
+
+@ray.remote
+class HybridWorker(FusedBase):
+    """A user's subclass of the fused class: one method that calls both roles in its process."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def foo(self, x):
+        return self.critic.sub(self.actor.add(x))

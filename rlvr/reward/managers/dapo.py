@@ -13,28 +13,24 @@ samples); with ``overlong_buffer.log`` also per-sample ``overlong_reward`` / ``o
 
 from __future__ import annotations
 
-from dataclasses import asdict, is_dataclass
+from dataclasses import fields
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from rlvr.reward.config import OverlongBufferConfig
 from rlvr.reward.decode import DecodedBatch
 from rlvr.reward.managers.base import RewardBook, RewardConfigError
 from rlvr.reward.managers.naive import NaiveRewardManager
 from rlvr.reward.managers.registry import register
+from rlvr.utils.config_view import config_view
 
 
 def overlong_config(cfg: Any) -> OverlongBufferConfig:
-    """Accept an :class:`OverlongBufferConfig`, an OmegaConf section, a dict or None (disabled)."""
-    if cfg is None:
-        return OverlongBufferConfig()
-    if isinstance(cfg, DictConfig):
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    elif is_dataclass(cfg):
-        cfg = asdict(cfg)
-    return OverlongBufferConfig(**cfg)
+    """Accept an :class:`OverlongBufferConfig`, an OmegaConf section, a dict, a namespace (a
+    missing field takes its default) or None (disabled)."""
+    view = config_view(cfg, OverlongBufferConfig)
+    return OverlongBufferConfig(**{field.name: getattr(view, field.name) for field in fields(OverlongBufferConfig)})
 
 
 def overlong_penalty(response_length: torch.Tensor, max_resp_len: int, buffer_len: int, penalty_factor: float) -> torch.Tensor:

@@ -71,10 +71,14 @@ def test_dapo_manager_with_an_overlong_buffer_config():
                               overlong_buffer_cfg={"enable": True, "len": 2, "penalty_factor": 1.0})
     # L_max 2, buffer 2: penalty -(L - 0) / 2 -> 2 tokens -1.0, 1 token -0.5
     assert short(_batch()).tolist() == [[0.0, 1.0, 0.0], [0.5, 0.0, 0.0]]
-    with pytest.raises(AssertionError, match="needs max_resp_len"):  # verl asserts these arguments
+    with pytest.raises(AssertionError, match="max_resp_len must be provided"):  # verl asserts these arguments
         DAPORewardManager(StubTokenizer(), 0, _length_score, overlong_buffer_cfg=overlong)
-    with pytest.raises(AssertionError, match=r"overlong_buffer.len.*must be in \(0, max_resp_len=5\]"):
+    with pytest.raises(AssertionError, match=r"overlong_buffer.len.*max_resp_len must be larger than "
+                                             r"overlong_buffer.len: the buffer of 10 tokens"):
         DAPORewardManager(StubTokenizer(), 0, _length_score, max_resp_len=5, overlong_buffer_cfg=overlong)
+    with pytest.raises(AssertionError, match=r"overlong_buffer.len.*must be > 0 tokens long, got 0"):
+        DAPORewardManager(StubTokenizer(), 0, _length_score, max_resp_len=5,
+                          overlong_buffer_cfg={"enable": True, "len": 0})
 
 
 def test_batch_manager_gets_lists():
@@ -107,8 +111,8 @@ def test_compute_score_timeout_bounds_every_sample(tmp_path):
     with NaiveRewardManager(StubTokenizer(), 0, scorer, compute_score_timeout=2.0) as manager:
         with pytest.raises(RewardError, match=r"sample 1 \(data_source 'slow'\) timed out"):
             manager(data)
-    with pytest.raises(RewardError, match="must be picklable"):
-        NaiveRewardManager(StubTokenizer(), 0, lambda **_: 1.0, compute_score_timeout=1.0)
+    local = NaiveRewardManager(StubTokenizer(), 0, lambda **_: 1.0, compute_score_timeout=1.0)
+    assert local.pool is None and local(data).tolist() == [[0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]  # limited in-process
     with pytest.raises(ValueError, match="must be > 0 seconds"):
         NaiveRewardManager(StubTokenizer(), 0, scorer, compute_score_timeout=0)
 
