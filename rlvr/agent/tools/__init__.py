@@ -9,7 +9,9 @@
           type: function
           function: {name: python, description: "...", parameters: {...}}
 
-``class_name`` is the import path of a :class:`BaseTool` subclass (your own tools work the same way).
+``class_name`` is the import path of a :class:`BaseTool` subclass (your own tools work the same way;
+``my_pkg.tools:MyTool`` and ``tools.py:MyTool`` are accepted too). A module of your own is found from
+the directory the command runs in, in the driver and in the workers (see :mod:`rlvr.utils.user_code`).
 Point ``actor_rollout_ref.rollout.multi_turn.tool_config_path`` at the file.
 """
 
@@ -22,19 +24,28 @@ from typing import Any
 import yaml
 
 from rlvr.agent.tools.base import BaseTool, ToolArgumentError, ToolResponse, function_schema
+from rlvr.utils.user_code import UserCodeError, is_object_path, load_object
 
 __all__ = ["BaseTool", "ToolArgumentError", "ToolResponse", "function_schema", "load_tools", "tools_from_specs"]
 
 
 def _import_class(class_name: str, where: str) -> type:
-    module_name, _, attribute = str(class_name).rpartition(".")
-    if not module_name:
-        raise ValueError(f"{where}: class_name {class_name!r} must be a full import path such as "
-                         "'rlvr.agent.tools.calculator.CalculatorTool'")
-    try:
-        cls = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"{where}: cannot import {class_name!r} ({err})") from None
+    """The class at ``pkg.module.Class`` (verl's form) or the object path ``pkg.module:Class`` /
+    ``file.py:Class`` (:func:`rlvr.utils.user_code.load_object`)."""
+    if is_object_path(class_name):
+        try:
+            cls = load_object(class_name)
+        except UserCodeError as err:
+            raise ValueError(f"{where}: {err}") from None
+    else:
+        module_name, _, attribute = str(class_name).rpartition(".")
+        if not module_name:
+            raise ValueError(f"{where}: class_name {class_name!r} must be a full import path such as "
+                             "'rlvr.agent.tools.calculator.CalculatorTool' or 'my_pkg.tools:MyTool'")
+        try:
+            cls = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as err:
+            raise ValueError(f"{where}: cannot import {class_name!r} ({err})") from None
     if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
         raise ValueError(f"{where}: {class_name!r} is not a subclass of rlvr.agent.tools.BaseTool")
     return cls
