@@ -104,11 +104,16 @@ def absolute_spec(spec: str) -> str:
     return str(Path(spec).resolve()) if _is_file(spec) else spec
 
 
-def _append_path(folder: str) -> None:
-    """Append ``folder`` to ``sys.path`` (unless there already) and record it for worker processes."""
+def _append_path(folder: str) -> str:
+    """Append ``folder`` to ``sys.path`` (unless there already); returns it as an absolute path.
+    :func:`_record_path` records it for the worker processes once an import from it worked."""
     folder = os.path.abspath(folder)
     if folder not in sys.path:
         sys.path.append(folder)
+    return folder
+
+
+def _record_path(folder: str) -> None:
     _paths[folder] = None
 
 
@@ -167,16 +172,20 @@ def _import_file(path: Path) -> ModuleType:
         raise UserCodeError(f"file {str(path)!r} does not exist")
     name = path.stem
     if name.isidentifier() and name not in sys.modules and importlib.util.find_spec(name) is None:
-        _append_path(str(path.parent))
-        return importlib.import_module(name)
+        folder = _append_path(str(path.parent))
+        module = importlib.import_module(name)
+        _record_path(folder)
+        return module
     return _exec_file(path, _fallback_name(path))
 
 
 def _import_one(spec: str) -> ModuleType:
     if _is_file(spec):
         return _import_file(Path(spec).resolve())
-    _append_path(os.getcwd())
-    return importlib.import_module(spec)
+    folder = _append_path(os.getcwd())
+    module = importlib.import_module(spec)
+    _record_path(folder)
+    return module
 
 
 def _describe(error: BaseException) -> str:
@@ -216,7 +225,7 @@ def _how_to_import(spec: str, module: ModuleType) -> str:
     with the package's folder (``/proj``) recorded, so both processes give it the same name."""
     if not _is_file(spec) or "." not in module.__name__ or module.__name__.startswith("rlvr_file_"):
         return spec
-    _append_path(str(Path(spec).parents[module.__name__.count(".")]))
+    _record_path(_append_path(str(Path(spec).parents[module.__name__.count(".")])))
     return module.__name__
 
 
@@ -224,7 +233,7 @@ def import_user_code(code: UserCode) -> None:
     """Import ``code`` (from another process) here: append its folders to ``sys.path``, then
     import its modules. Modules imported already are not imported again."""
     for folder in code.paths:
-        _append_path(folder)
+        _record_path(_append_path(folder))
     import_user_modules([spec for spec in code.modules if spec not in _imported])
 
 

@@ -94,7 +94,7 @@ def test_errors_name_the_module_and_the_reason(clean, tmp_path, monkeypatch):
         import_user_modules(["broken_ext.py"])
     with pytest.raises(UserCodeError, match=f"file '{tmp_path / 'missing.py'}' does not exist"):
         import_user_modules(["missing.py"])
-    assert current_user_code().modules == ()  # nothing recorded for a failed import
+    assert current_user_code() == UserCode()  # nothing recorded for a failed import, no folder either
 
 
 def test_object_paths(clean, tmp_path, monkeypatch):
