@@ -17,7 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from rlvr.protocol import DataProto
-from rlvr.reward.config import RewardManagerSections
+from rlvr.reward.config import CustomRewardFunctionConfig, RewardManagerSections
 from rlvr.utils.config_view import config_view
 from rlvr.utils.errors import ConfigError, RewardError
 from rlvr.reward.scorers.custom import CustomRewardFunction, load_function
@@ -35,6 +35,11 @@ def _name_of(reward_fn: Any) -> str:
     return f"reward function {reward_fn.__qualname__ if inspect.isroutine(reward_fn) else type(reward_fn).__name__!r}"
 
 
+def _custom_section(config: Any) -> CustomRewardFunctionConfig:
+    """``config.custom_reward_function`` with the schema's defaults for the keys it lacks."""
+    return config_view(config, RewardManagerSections).custom_reward_function
+
+
 def get_custom_reward_fn(config: Any) -> CustomRewardFunction | None:
     """The scorer named by ``custom_reward_function.path`` / ``.name`` (called with
     ``custom_reward_function.reward_kwargs``), or None when no path is set.
@@ -44,7 +49,7 @@ def get_custom_reward_fn(config: Any) -> CustomRewardFunction | None:
     Raises:
         ConfigError: the file is missing, does not import, or lacks the function.
     """
-    section = config_view(config, RewardManagerSections).custom_reward_function
+    section = _custom_section(config)
     if section.path is None:
         return None
     load_function(section.path, section.name)

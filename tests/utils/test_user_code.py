@@ -144,9 +144,14 @@ print(ENVIRONMENTS["uc_probe_env"].__module__, ENVIRONMENTS["uc_probe_env"].__qu
 def test_a_worker_process_imports_the_code_its_driver_imported(clean, tmp_path, monkeypatch):
     """What a Ray actor gets: the driver's record in its environment; ``Worker.__init__`` imports it
     (here in a fresh interpreter started elsewhere, without the project on its path)."""
+    from rlvr.agent.env_agent import ENVIRONMENTS
+
     write(tmp_path / "proj" / "uc_probe.py", REGISTERING_MODULE)
     monkeypatch.chdir(tmp_path / "proj")
-    import_user_modules(["uc_probe"])
+    try:
+        import_user_modules(["uc_probe"])
+    finally:
+        ENVIRONMENTS.pop("uc_probe_env", None)  # registered in this process too: gone after the import
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(current_user_code().to_env())
     result = subprocess.run([sys.executable, "-c", WORKER_PROCESS], cwd=tmp_path, env=env, capture_output=True,
