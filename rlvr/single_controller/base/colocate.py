@@ -8,7 +8,8 @@ in the same process (``fused_worker_dict``) and exposes their registered methods
 group; ``WorkerGroup.spawn(["actor", "ref"])`` then gives one group per role with the plain method
 names, and ``WorkerGroup.fuse(["actor", "ref"])`` puts those groups on the group as ``group.actor``
 / ``group.ref`` (verl's fused workers). Inside the worker, ``self.actor`` is the role's worker, so
-a subclass of the fused class can add methods that call several roles in one process. A role class may be given plain or wrapped with ``ray.remote`` (see ``ClassWithInitArgs``).
+a subclass of the fused class can add methods that call several roles in one process. A role class
+may be given plain or wrapped with ``ray.remote`` (see ``ClassWithInitArgs``).
 """
 
 from __future__ import annotations
