@@ -172,10 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         cfg = load_config(args.preset, args.overrides)  # imports the user's modules (trainer.user_modules)
+        check_config(cfg)  # torch-free: everything but the registry names
         if uses_user_code(cfg):
             validate_config(cfg)  # the names against the registries, which hold the user's registrations
         else:
-            check_config(cfg)  # torch-free: the registry names against the built-in ones
             check_names(cfg, BUILTIN_NAMES)
     except ConfigError as err:
         print(f"rlvr: {err}", file=sys.stderr)
