@@ -1,12 +1,19 @@
 """Splitting a worker's batch into micro-batches, and finding the rows that share a prompt.
 
-A micro-batch is a list of row indices into the worker's local batch. Two ways to size them:
+A micro-batch is a list of row indices into the worker's local batch. Three ways to size them:
 
 - by count: ``micro_batch_size`` rows each (the last one may be shorter);
-- by token budget (``use_dynamic_bsz``): rows sorted by length and packed so that a micro-batch's
-  padded size ``rows x longest row`` stays within ``max_token_len``. Every rank of a data-parallel
-  group must run the same number of forward passes (FSDP2 all-gathers parameters in each one), so
-  the count is raised to the largest count of any rank by splitting the biggest micro-batches.
+- by token budget (``use_dynamic_bsz``), padded forward: rows sorted by length and packed so that a
+  micro-batch's padded size ``rows x longest row`` stays within ``max_token_len``;
+- by token budget, packed forward (``use_remove_padding``): a micro-batch costs the sum of its rows'
+  lengths; the fewest micro-batches that keep within ``max_token_len`` are made, with their token
+  counts balanced by the Karmarkar-Karp differencing method (:func:`balanced_partitions`).
+
+Every rank of a data-parallel group must run the same number of forward passes (FSDP2 all-gathers
+parameters in each one), so the count is raised to the largest count of any rank. Results are
+written back by row index, so they come out in the batch's order whatever the micro-batches are.
+:func:`balanced_partitions` with ``equal_size`` also splits a batch over data-parallel ranks with
+balanced token counts (``trainer.balance_batch``).
 
 How micro-batch losses add up to the mini-batch's gradient is :mod:`rlvr.workers.ppo_update`.
 
@@ -18,6 +25,7 @@ copied out to its rows by :func:`rlvr.workers.kv_cache.select_cache_rows`.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -25,6 +33,7 @@ import torch
 from rlvr.workers.collectives import all_reduce_max
 
 __all__ = [
+    "balanced_partitions",
     "distinct_prompts",
     "prompt_grouped_order",
     "micro_batch_indices",
@@ -68,12 +77,73 @@ def token_budget_partitions(seq_lens: list[int], max_token_len: int, min_parts: 
     return parts
 
 
+def balanced_partitions(costs: list[int], k: int, equal_size: bool = False) -> list[list[int]]:
+    """Split items into ``k`` parts with sums as equal as possible: the largest differencing method
+    of Karmarkar and Karp (1982), for ``k`` parts as in Korf (2009, "Multi-Way Number Partitioning").
+
+    Each item starts as a partial solution of ``k`` parts (the item in one, the others empty). The two
+    partial solutions with the largest spread (largest minus smallest part) are merged by joining the
+    largest part of one with the smallest of the other, and so on down, until one solution is left.
+    With ``equal_size`` every part gets ``len(costs) / k`` items: the items, sorted, start in groups of
+    ``k`` (one per part), and merges keep the counts equal.
+
+    Args:
+        costs: ``[items]`` non-negative cost of each item (its tokens).
+        k: parts to make, ``1 <= k <= len(costs)`` (``equal_size``: ``k`` divides ``len(costs)``).
+
+    Returns:
+        ``k`` lists of item indices, each ascending; every item appears exactly once.
+    """
+    n = len(costs)
+    if not 1 <= k <= n:
+        raise ValueError(f"cannot split {n} items into {k} non-empty parts")
+    if equal_size and n % k:
+        raise ValueError(f"cannot split {n} items into {k} parts of equal size")
+    order = sorted(range(n), key=lambda i: (costs[i], i))
+    starts = [order[i : i + k] for i in range(0, n, k)] if equal_size else [[i] for i in order]
+    heap: list[tuple[int, int, list[int], list[list[int]]]] = []
+    for tie, items in enumerate(starts):
+        parts = [[i] for i in items] + [[] for _ in range(k - len(items))]
+        sums = [sum(costs[i] for i in part) for part in parts]
+        heapq.heappush(heap, (-(max(sums) - min(sums)), tie, sums, parts))
+    tie = len(starts)
+    while len(heap) > 1:
+        _, _, sums_a, parts_a = heapq.heappop(heap)
+        _, _, sums_b, parts_b = heapq.heappop(heap)
+        a = sorted(range(k), key=lambda p: -sums_a[p])
+        b = sorted(range(k), key=lambda p: sums_b[p])
+        sums = [sums_a[a[p]] + sums_b[b[p]] for p in range(k)]
+        parts = [parts_a[a[p]] + parts_b[b[p]] for p in range(k)]
+        heapq.heappush(heap, (-(max(sums) - min(sums)), tie, sums, parts))
+        tie += 1
+    parts = [sorted(part) for part in heap[0][3]]
+    for empty in [p for p in range(k) if not parts[p]]:  # k <= n: take a row from the part with the most
+        donor = max(range(k), key=lambda p: (len(parts[p]), -p))
+        parts[empty] = [parts[donor].pop()]
+    return sorted(parts)
+
+
+def _packed_parts(seq_lens: list[int], max_token_len: int) -> int:
+    """The fewest micro-batches whose token sums keep within ``max_token_len`` (a row longer than
+    the budget counts alone), as balanced by :func:`balanced_partitions`."""
+    if max_token_len <= 0:
+        raise ValueError(f"the token budget must be positive, got {max_token_len}")
+    k = max(1, -(-sum(seq_lens) // max_token_len), sum(1 for n in seq_lens if n > max_token_len))
+    while k < len(seq_lens):
+        parts = balanced_partitions(seq_lens, k)
+        if all(len(p) == 1 or sum(seq_lens[i] for i in p) <= max_token_len for p in parts):
+            break
+        k += 1
+    return min(k, len(seq_lens))
+
+
 def micro_batch_indices(
     seq_lens: torch.Tensor,
     micro_batch_size: int,
     use_dynamic_bsz: bool,
     max_token_len: int,
     world_size: int,
+    packed: bool = False,
 ) -> list[list[int]]:
     """Row indices of each micro-batch of a local batch.
 
@@ -83,6 +153,8 @@ def micro_batch_indices(
         use_dynamic_bsz: size micro-batches by token budget (collective: all ranks must call).
         max_token_len: the token budget.
         world_size: data-parallel ranks that must agree on the number of micro-batches.
+        packed: the forward packs the rows (a micro-batch costs the sum of its rows' lengths, not
+            ``rows x longest``), so the micro-batches are balanced by :func:`balanced_partitions`.
     """
     rows = int(seq_lens.shape[0])
     if not use_dynamic_bsz:
@@ -90,8 +162,10 @@ def micro_batch_indices(
             raise ValueError(f"micro-batch size must be positive, got {micro_batch_size}")
         return [list(range(s, min(s + micro_batch_size, rows))) for s in range(0, rows, micro_batch_size)]
     lens = [int(x) for x in seq_lens.tolist()]
-    local = len(token_budget_partitions(lens, max_token_len))
+    local = _packed_parts(lens, max_token_len) if packed else len(token_budget_partitions(lens, max_token_len))
     parts = int(all_reduce_max(torch.tensor([local], dtype=torch.int64), world_size).item())
+    if packed:
+        return balanced_partitions(lens, parts)
     return token_budget_partitions(lens, max_token_len, min_parts=parts)
 
 
