@@ -119,13 +119,16 @@ def pack_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_i
 
     Args:
         input_ids, attention_mask, position_ids: ``[b, P+R]``, prompts left-padded, responses
-            right-padded (the layout of the rollout's output).
+            right-padded (the layout of the rollout's output): each row's real tokens in one block.
         response_len: ``R``, the response columns at the end.
         pad_to_multiple_of: pad the packed row to a multiple of this (the sequence-parallel size).
 
     Returns:
         the :class:`PackedBatch`; the response token in column ``P + k`` of row ``i`` is predicted by
         the packed position of column ``P + k - 1``.
+
+    Raises:
+        ValueError: a row without real tokens, or with padding between real tokens.
     """
     rows, width = attention_mask.shape
     prompt_len = width - response_len
@@ -135,6 +138,11 @@ def pack_batch(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_i
     lengths = mask.sum(-1)
     if bool((lengths == 0).any()):
         raise ValueError("a row has no real token (attention_mask all zero); every row needs at least one")
+    runs = (mask[:, 1:] & ~mask[:, :-1]).sum(-1) + mask[:, 0]  # blocks of real tokens per row
+    if bool((runs != 1).any()):
+        row = int((runs != 1).nonzero()[0])
+        raise ValueError(f"packing needs each row's real tokens in one block (prompts left-padded, responses "
+                         f"right-padded: the rollout's layout); row {row} has padding between real tokens")
     flat_mask = mask.flatten()
     ids = input_ids.flatten()[flat_mask]
     pos = position_ids.flatten()[flat_mask]

@@ -43,6 +43,7 @@ __all__ = [
     "SequenceParallel",
     "sequence_parallel_group",
     "check_attention_heads",
+    "check_model_heads",
     "heads_to_sequence",
     "sequence_to_heads",
     "gather_sequence",
@@ -106,6 +107,18 @@ def check_attention_heads(num_heads: int, num_kv_heads: int, size: int, key: str
     if num_kv_heads % size != 0 and size % num_kv_heads != 0:
         raise ConfigError(key, f"the model has {num_kv_heads} key/value heads: a sequence-parallel size must divide "
                                f"them or be a multiple of them, {size} is neither")
+
+
+def check_model_heads(path: str, size: int, key: str, trust_remote_code: bool = False) -> None:
+    """:func:`check_attention_heads` for the model at ``path`` (reads its config only; a model without
+    ``num_key_value_heads`` has as many as attention heads)."""
+    from transformers import AutoConfig
+
+    from rlvr.utils.model import local_model_dir
+
+    text = AutoConfig.from_pretrained(local_model_dir(path), trust_remote_code=trust_remote_code).get_text_config()
+    heads = text.num_attention_heads
+    check_attention_heads(heads, getattr(text, "num_key_value_heads", None) or heads, size, key)
 
 
 def _all_to_all(x: torch.Tensor, scatter_dim: int, gather_dim: int, sp: SequenceParallel) -> torch.Tensor:
