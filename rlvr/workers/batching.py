@@ -7,7 +7,7 @@ A micro-batch is a list of row indices into the worker's local batch. Three ways
   micro-batch's padded size ``rows x longest row`` stays within ``max_token_len``;
 - by token budget, packed forward (``use_remove_padding``): a micro-batch costs the sum of its rows'
   lengths; the fewest micro-batches that keep within ``max_token_len`` are made, with their token
-  counts balanced by the Karmarkar-Karp differencing method (:func:`balanced_partitions`).
+  counts balanced by the Karmarkar-Karp differencing method (:func:`packed_token_budget_partitions`).
 
 Every rank of a data-parallel group must run the same number of forward passes (FSDP2 all-gathers
 parameters in each one), so the count is raised to the largest count of any rank. Results are
@@ -37,6 +37,7 @@ __all__ = [
     "distinct_prompts",
     "prompt_grouped_order",
     "micro_batch_indices",
+    "packed_token_budget_partitions",
     "token_budget_partitions",
     "select_batch_keys",
 ]
@@ -123,18 +124,38 @@ def balanced_partitions(costs: list[int], k: int, equal_size: bool = False) -> l
     return sorted(parts)
 
 
-def _packed_parts(seq_lens: list[int], max_token_len: int) -> int:
-    """The fewest micro-batches whose token sums keep within ``max_token_len`` (a row longer than
-    the budget counts alone), as balanced by :func:`balanced_partitions`."""
+def packed_token_budget_partitions(seq_lens: list[int], max_token_len: int, min_parts: int = 1) -> list[list[int]]:
+    """Pack rows into micro-batches whose token sum is at most ``max_token_len`` (a packed forward
+    costs the sum of its rows' lengths), with sums balanced by :func:`balanced_partitions`.
+
+    A row longer than the budget gets a micro-batch of its own; the other rows go into the fewest
+    micro-batches whose balanced split keeps within the budget, or into more when ``min_parts``
+    asks for more (needs ``min_parts <= len(seq_lens)``).
+
+    Args:
+        seq_lens: ``[rows]`` real tokens per row.
+        max_token_len: token budget of one micro-batch.
+        min_parts: the number of micro-batches to reach at least (the maximum over the ranks).
+
+    Returns:
+        lists of row indices (ascending), every row exactly once.
+    """
     if max_token_len <= 0:
         raise ValueError(f"the token budget must be positive, got {max_token_len}")
-    k = max(1, -(-sum(seq_lens) // max_token_len), sum(1 for n in seq_lens if n > max_token_len))
-    while k < len(seq_lens):
-        parts = balanced_partitions(seq_lens, k)
-        if all(len(p) == 1 or sum(seq_lens[i] for i in p) <= max_token_len for p in parts):
+    if min_parts > len(seq_lens):
+        raise ValueError(f"cannot make {min_parts} micro-batches out of {len(seq_lens)} rows")
+    alone = [[i] for i, n in enumerate(seq_lens) if n > max_token_len]
+    rest = [i for i, n in enumerate(seq_lens) if n <= max_token_len]
+    if not rest:
+        return alone
+    lens = [seq_lens[i] for i in rest]
+    k = max(-(-sum(lens) // max_token_len), min_parts - len(alone))
+    while True:
+        parts = balanced_partitions(lens, k)
+        if k == len(lens) or all(sum(lens[j] for j in part) <= max_token_len for part in parts):
             break
         k += 1
-    return min(k, len(seq_lens))
+    return sorted(alone + [[rest[j] for j in part] for part in parts])
 
 
 def micro_batch_indices(
@@ -154,7 +175,7 @@ def micro_batch_indices(
         max_token_len: the token budget.
         world_size: data-parallel ranks that must agree on the number of micro-batches.
         packed: the forward packs the rows (a micro-batch costs the sum of its rows' lengths, not
-            ``rows x longest``), so the micro-batches are balanced by :func:`balanced_partitions`.
+            ``rows x longest``): :func:`packed_token_budget_partitions`, else :func:`token_budget_partitions`.
     """
     rows = int(seq_lens.shape[0])
     if not use_dynamic_bsz:
@@ -162,11 +183,10 @@ def micro_batch_indices(
             raise ValueError(f"micro-batch size must be positive, got {micro_batch_size}")
         return [list(range(s, min(s + micro_batch_size, rows))) for s in range(0, rows, micro_batch_size)]
     lens = [int(x) for x in seq_lens.tolist()]
-    local = _packed_parts(lens, max_token_len) if packed else len(token_budget_partitions(lens, max_token_len))
+    partitions = packed_token_budget_partitions if packed else token_budget_partitions
+    local = len(partitions(lens, max_token_len))
     parts = int(all_reduce_max(torch.tensor([local], dtype=torch.int64), world_size).item())
-    if packed:
-        return balanced_partitions(lens, parts)
-    return token_budget_partitions(lens, max_token_len, min_parts=parts)
+    return partitions(lens, max_token_len, min_parts=parts)
 
 
 def select_batch_keys(batch: Mapping[str, torch.Tensor], keys: Sequence[str], method: str) -> dict[str, torch.Tensor]:
