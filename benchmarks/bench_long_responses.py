@@ -173,10 +173,9 @@ def child(spec: dict) -> dict:
     with tempfile.TemporaryDirectory() as out:
         mp.start_processes(_rank_main, args=(spec["sp"], port, spec, out), nprocs=spec["sp"], start_method="spawn")
         ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(spec["sp"])]
-    tokens, log_prob_s = sum(r["tokens"] for r in ranks), max(r["log_prob_s"] for r in ranks)
-    return {**ranks[0], "step_s": max(r["step_s"] for r in ranks), "log_prob_s": log_prob_s, "tokens": tokens,
-            "log_prob_tokens_per_s": tokens / log_prob_s, "peak_bytes": sum(r["peak_bytes"] for r in ranks),
-            "step_cpu_s": sum(r["step_cpu_s"] for r in ranks), "log_prob_cpu_s": sum(r["log_prob_cpu_s"] for r in ranks),
+    total = {key: sum(r[key] for r in ranks) for key in ("tokens", "peak_bytes", "step_cpu_s", "log_prob_cpu_s")}
+    slowest = {key: max(r[key] for r in ranks) for key in ("step_s", "log_prob_s", "update_s")}
+    return {**ranks[0], **total, **slowest, "log_prob_tokens_per_s": total["tokens"] / slowest["log_prob_s"],
             "rank_peak_bytes": max(r["peak_bytes"] for r in ranks)}
 
 
@@ -237,7 +236,8 @@ def longest(args) -> list[dict]:
             fits = "error" not in result and result["peak_bytes"] <= args.budget_gb * 2**30
             rows.append({"setup": name, "response_len": length, "fits": fits, **result})
             peak = f"{result['peak_bytes'] / 2**30:.2f} GiB" if "peak_bytes" in result else result.get("error")
-            rank_peak = f", largest rank {result['rank_peak_bytes'] / 2**30:.2f} GiB" if "rank_peak_bytes" in result else ""
+            rank_peak = (f", largest rank {result['rank_peak_bytes'] / 2**30:.2f} GiB"
+                         if "rank_peak_bytes" in result else "")
             step = f", step {result['step_s']:.1f} s" if "step_s" in result else ""
             print(f"{name:34s} response {length:7d}: {peak}{rank_peak}{step} -> {'fits' if fits else 'does not fit'}",
                   flush=True)
@@ -246,6 +246,16 @@ def longest(args) -> list[dict]:
             best = length
             length *= 2
         print(f"{name}: longest response that trained within {args.budget_gb} GiB: {best}")
+        fitted = [(r["response_len"], r["peak_bytes"]) for r in rows if r["setup"] == name and r["fits"]]
+        if len(fitted) >= 2 and args.extrapolate_gb:
+            (len_a, peak_a), (len_b, peak_b) = fitted[-2:]
+            per_token = (peak_b - peak_a) / (len_b - len_a)
+            reach = len_b + (args.extrapolate_gb * 2**30 - peak_b) / per_token
+            rows.append({"setup": name, "bytes_per_token": per_token, "extrapolated_gb": args.extrapolate_gb,
+                         "extrapolated_len": int(reach)})
+            print(f"{name}: {per_token / 1024:.0f} KiB more per response token between {len_a} and {len_b} tokens; "
+                  f"at that rate {args.extrapolate_gb} GiB holds a response of about {int(reach)} tokens "
+                  "(extrapolated, not measured)", flush=True)
     return rows
 
 
@@ -292,7 +302,8 @@ def attention(args) -> list[dict]:
             print(f"{name:28s} {rows[-1]['error']}", flush=True)
             continue
         reference = out.detach() if reference is None else reference
-        rows.append({"way": name, "forward_backward_s": min(times), "max_diff": float((out.detach() - reference).abs().max())})
+        diff = float((out.detach() - reference).abs().max())
+        rows.append({"way": name, "forward_backward_s": min(times), "max_diff": diff})
         print(f"{name:28s} forward+backward {min(times):6.2f} s (best of 2), max difference to the first "
               f"{rows[-1]['max_diff']:.1e}", flush=True)
     return rows
@@ -313,6 +324,8 @@ def main() -> None:
                              "needs about 10 GB)")
     parser.add_argument("--sp", type=int, default=3, help="sequence-parallel ranks (--longest)")
     parser.add_argument("--budget-gb", type=float, default=24.0, help="memory of the machine (--longest)")
+    parser.add_argument("--extrapolate-gb", type=float, default=None,
+                        help="also extrapolate the longest response for this much memory from the last two lengths")
     parser.add_argument("--start-len", type=int, default=1024)
     parser.add_argument("--max-search-len", type=int, default=65536)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")

@@ -117,8 +117,8 @@ def _packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
     ``([b, s, H, d], None)``; packed when ``cu_seq_lens_q`` is given, else ``base``'s attention."""
     if kwargs.get("cu_seq_lens_q") is None:
         kwargs.pop(SEQUENCE_PARALLEL_KWARG, None)
-        return _base_attention(module, base)(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                     **kwargs)
+        attention = _base_attention(module, base)
+        return attention(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     for unsupported in ("softcap", "s_aux", "position_bias"):
         if kwargs.get(unsupported) is not None:
             raise ValueError(f"packed sequences (use_remove_padding) do not support attention with {unsupported}; "

@@ -85,7 +85,8 @@ def sequence_parallel_group(size: int, world_size: int) -> SequenceParallel:
     if size == 1:
         return SequenceParallel()
     if size < 1 or world_size % size != 0:
-        raise ValueError(f"ulysses_sequence_parallel_size={size} must divide the {world_size} ranks of the worker group")
+        raise ValueError(f"ulysses_sequence_parallel_size={size} must divide the {world_size} ranks of the "
+                         "worker group")
     if size not in _GROUPS:
         rank = dist.get_rank()
         mine = None

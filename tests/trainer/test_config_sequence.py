@@ -12,8 +12,9 @@ from rlvr.utils.testing import save_tiny_model
 from trainer_helpers import tiny_overrides
 
 ACTOR_SP = "actor_rollout_ref.actor.ulysses_sequence_parallel_size"
-RAY_4 = {"trainer.backend": "ray", "trainer.n_gpus_per_node": 4, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-         "critic.ppo_micro_batch_size_per_gpu": 4}
+RAY_4 = {"trainer.backend": "ray", "trainer.n_gpus_per_node": 4,
+         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4, "critic.ppo_micro_batch_size_per_gpu": 4}
+PACKED = {"actor_rollout_ref.model.use_remove_padding": True}
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def six_head_model(tmp_path_factory) -> str:
 
 
 def test_sequence_parallelism_with_packing_on_enough_workers_is_valid(overrides):
-    validate_config(load_config("grpo", overrides(**RAY_4, **{ACTOR_SP: 4, "actor_rollout_ref.model.use_remove_padding": True})))
+    validate_config(load_config("grpo", overrides(**RAY_4, **PACKED, **{ACTOR_SP: 4})))
     validate_config(load_config("ppo", overrides(**RAY_4, **{
         "critic.ulysses_sequence_parallel_size": 2, "critic.model.use_remove_padding": True,
         "critic.use_dynamic_bsz": True})))
@@ -94,7 +95,8 @@ def test_log_prob_passes_follow_the_actors_token_budget_unless_set(overrides):
                                            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": 123}))
     assert cfg.actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu == 123
     assert cfg.actor_rollout_ref.ref.log_prob_max_token_len_per_gpu == 16384
-    assert load_config("ppo", overrides(**{"critic.ppo_max_token_len_per_gpu": 77})).critic.forward_max_token_len_per_gpu == 77
+    critic = load_config("ppo", overrides(**{"critic.ppo_max_token_len_per_gpu": 77})).critic
+    assert critic.forward_max_token_len_per_gpu == 77
     defaults = load_config("grpo", overrides())
     assert defaults.actor_rollout_ref.model.use_remove_padding is False
     assert defaults.actor_rollout_ref.rollout.log_prob_use_dynamic_bsz is False
