@@ -72,7 +72,8 @@ class SequenceParallel:
         return self.size > 1
 
 
-_GROUPS: dict[int, SequenceParallel] = {}
+_GROUPS: dict[tuple[int, int], SequenceParallel] = {}
+"""This process's groups by (default process group, size): made once per process group."""
 
 
 def sequence_parallel_group(size: int, world_size: int) -> SequenceParallel:
@@ -87,15 +88,14 @@ def sequence_parallel_group(size: int, world_size: int) -> SequenceParallel:
     if size < 1 or world_size % size != 0:
         raise ValueError(f"ulysses_sequence_parallel_size={size} must divide the {world_size} ranks of the "
                          "worker group")
-    if size not in _GROUPS:
+    key = (id(dist.group.WORLD), size)
+    if key not in _GROUPS:
         rank = dist.get_rank()
-        mine = None
         for start in range(0, world_size, size):
             group = dist.new_group(list(range(start, start + size)))  # every rank creates every group
             if start <= rank < start + size:
-                mine = SequenceParallel(size, rank - start, group)
-        _GROUPS[size] = mine
-    return _GROUPS[size]
+                _GROUPS[key] = SequenceParallel(size, rank - start, group)
+    return _GROUPS[key]
 
 
 def check_attention_heads(num_heads: int, num_kv_heads: int, size: int, key: str) -> None:
