@@ -10,7 +10,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults clean
+.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults bench-long clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,6 +85,14 @@ bench: setup
 bench-faults: setup
 	$(PY) -m benchmarks.bench_cli
 	$(PY) -m benchmarks.bench_faults --runs 12 --steps 8 --save-freq 2
+
+# long responses (docs/long_responses.md): padded vs packed vs packed + token budgets on SmolLM2-135M,
+# the packed attention kernels, and the longest response that trains in 24 GB (results in runs/bench_long)
+bench-long: setup
+	mkdir -p runs/bench_long
+	$(PY) -m benchmarks.bench_long_responses --attention --rows 8 --json runs/bench_long/attention.json
+	$(PY) -m benchmarks.bench_long_responses --rows 16 --micro 4 --json runs/bench_long/compare.json
+	$(PY) -m benchmarks.bench_long_responses --longest --budget-gb 24 --sp 3 --json runs/bench_long/longest.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

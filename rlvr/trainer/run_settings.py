@@ -108,7 +108,8 @@ def describe_run(cfg: DictConfig) -> str:
             ("actor updates", _updates(cfg, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.actor.use_dynamic_bsz,
                                        cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu))]
     if cfg.critic.enable:
-        rows.append(("critic updates", _updates(cfg, cfg.critic, dynamic_bsz=False, token_budget=0)))
+        rows.append(("critic updates", _updates(cfg, cfg.critic, cfg.critic.use_dynamic_bsz,
+                                                cfg.critic.ppo_max_token_len_per_gpu)))
     rows += [("workers", _placement(cfg)), ("schedule", _schedule(cfg)), ("checkpoints", _checkpoints(cfg)),
              ("recovery", _recovery(cfg))]
     return "\n".join(["rlvr: derived settings"] + [f"  {label:<15}{text}" for label, text in rows])

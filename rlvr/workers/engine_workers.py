@@ -171,6 +171,9 @@ class ActorRolloutRefWorker(TrainingWorker):
             cfg.actor, module, optimizer, mini_batch_size=mini,
             log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
             world_size=self.world_size, device=self.device,
+            log_prob_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,
+            log_prob_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
+            use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.actor.ulysses_sequence_parallel_size,
         )
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -202,6 +205,9 @@ class ActorRolloutRefWorker(TrainingWorker):
             cfg.actor, module, None, mini_batch_size=1,
             log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
             world_size=self.world_size, device=self.device,
+            log_prob_use_dynamic_bsz=cfg.ref.log_prob_use_dynamic_bsz,
+            log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
+            use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.ref.ulysses_sequence_parallel_size,
         )
         self.ref_placement = Placement(module, None, self.device)
         if not self._ref_shares_actor:
@@ -400,7 +406,9 @@ class CriticWorker(TrainingWorker):
                                    "critic.ppo_mini_batch_size")
         self.critic_module = module
         self.critic = DataParallelPPOCritic(cfg, module, optimizer, mini_batch_size=mini,
-                                            world_size=self.world_size, device=self.device)
+                                            world_size=self.world_size, device=self.device,
+                                            use_remove_padding=cfg.model.use_remove_padding,
+                                            sp_size=cfg.ulysses_sequence_parallel_size)
         self.placement = Placement(module, optimizer, self.device)
         self._rest()
 

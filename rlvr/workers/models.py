@@ -17,6 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.model import load_causal_lm, load_tokenizer
+from rlvr.workers.packed_attention import use_packed_attention
 
 __all__ = ["torch_dtype", "build_causal_lm", "CriticModel", "build_critic", "critic_tokenizer", "unwrap_hf_model"]
 
@@ -46,8 +47,22 @@ def _enable_gradient_checkpointing(model: PreTrainedModel) -> None:
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
+def _load(model_config, path: str) -> PreTrainedModel:
+    """The causal LM at ``path`` with the section's dtype and attention; on the packed-sequence
+    attention (over that one) when ``use_remove_padding``."""
+    model = load_causal_lm(
+        path,
+        dtype=torch_dtype(model_config.dtype),
+        attn_implementation=model_config.attn_implementation,
+        trust_remote_code=model_config.trust_remote_code,
+    )
+    if model_config.use_remove_padding:
+        use_packed_attention(model)
+    return model
+
+
 def build_causal_lm(model_config, trainable: bool) -> nn.Module:
-    """The policy model from ``actor_rollout_ref.model`` (path, dtype, attention, LoRA, checkpointing).
+    """The policy model from ``actor_rollout_ref.model`` (path, dtype, attention, packing, LoRA, checkpointing).
 
     Args:
         model_config: the ``ModelConfig`` section.
@@ -57,12 +72,7 @@ def build_causal_lm(model_config, trainable: bool) -> nn.Module:
     Returns:
         a ``PreTrainedModel``, or a ``PeftModel`` when ``lora_rank > 0`` and ``trainable``.
     """
-    model = load_causal_lm(
-        model_config.path,
-        dtype=torch_dtype(model_config.dtype),
-        attn_implementation=model_config.attn_implementation,
-        trust_remote_code=model_config.trust_remote_code,
-    )
+    model = _load(model_config, model_config.path)
     if not trainable:
         model.requires_grad_(False)
         return model.eval()
@@ -100,18 +110,21 @@ class CriticModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self.value_head.to(next(backbone.parameters()).dtype)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor, **model_kwargs) -> torch.Tensor:
         """Values of every position.
 
         Args:
-            input_ids, attention_mask, position_ids: ``[batch, seq_len]``.
+            input_ids, attention_mask, position_ids: ``[batch, seq_len]`` (``attention_mask`` None
+                for a packed row, whose boundaries come in ``model_kwargs``).
+            model_kwargs: further arguments of the backbone's forward.
 
         Returns:
             ``[batch, seq_len]`` float32 values.
         """
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+            **model_kwargs,
         ).last_hidden_state
         return self.value_head(hidden).squeeze(-1).float()
 
@@ -121,12 +134,7 @@ def build_critic(model_config, path: str) -> CriticModel:
 
     With ``lora_rank > 0`` the backbone gets LoRA adapters (the value head always trains).
     """
-    lm = load_causal_lm(
-        path,
-        dtype=torch_dtype(model_config.dtype),
-        attn_implementation=model_config.attn_implementation,
-        trust_remote_code=model_config.trust_remote_code,
-    )
+    lm = _load(model_config, path)
     backbone = lm.base_model
     if model_config.enable_gradient_checkpointing:
         _enable_gradient_checkpointing(backbone)

@@ -58,14 +58,15 @@ def run_ppo_epochs(
     epochs: int,
     mini_batch_size: int,
     shuffle: bool,
+    generator: torch.Generator | None = None,
 ) -> dict[str, list[float]]:
     """``epochs`` passes over ``batch`` (tensors ``[rows, ...]``) in mini-batches of
     ``mini_batch_size`` rows, calling ``train_mini_batch`` on each; returns metric name -> one
-    value per mini-batch."""
+    value per mini-batch. ``generator`` draws the shuffled orders (None: the global RNG)."""
     rows = next(iter(batch.values())).shape[0]
     metrics: dict[str, list[float]] = defaultdict(list)
     for _ in range(epochs):
-        order = torch.randperm(rows) if shuffle else torch.arange(rows)
+        order = torch.randperm(rows, generator=generator) if shuffle else torch.arange(rows)
         for start in range(0, rows, mini_batch_size):
             index = order[start : start + mini_batch_size]
             mini = {key: value[index] for key, value in batch.items()}
@@ -86,6 +87,7 @@ def update_mini_batch(
     grad_clip: float,
     world_size: int,
     device: torch.device,
+    sp_size: int = 1,
 ) -> MiniBatchUpdate:
     """One optimizer step over a mini-batch: gradient accumulation over its micro-batches, then
     :func:`optimizer_step`.
@@ -95,10 +97,13 @@ def update_mini_batch(
         micro_batches: row indices of ``mini`` per micro-batch.
         micro_loss: ``micro -> (loss, metrics [num_metrics])``; ``micro`` is on ``device``.
         num_metrics: length of the metric vector ``micro_loss`` returns.
+        world_size: ranks over which FSDP2 averages the gradients.
+        sp_size: ranks that hold the same rows (a Ulysses sequence-parallel group, whose ranks'
+            gradients add up to the gradient of their rows): their rows and metrics count once.
     """
     mask = mini["response_mask"]
     counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
-    global_tokens, global_seqs = all_reduce_sum(counts.to(device), world_size).tolist()
+    global_tokens, global_seqs = (all_reduce_sum(counts.to(device), world_size) / sp_size).tolist()
     sums = torch.zeros(num_metrics, dtype=torch.float64)
     optimizer.zero_grad(set_to_none=True)
     for idx in micro_batches:
@@ -109,7 +114,7 @@ def update_mini_batch(
         (loss * share).backward()
         sums += values.double() * (share / world_size)
     grad_norm, stepped = optimizer_step(module, optimizer, grad_clip)
-    return MiniBatchUpdate(all_reduce_sum(sums.to(device), world_size).cpu(), grad_norm, stepped)
+    return MiniBatchUpdate((all_reduce_sum(sums.to(device), world_size) / sp_size).cpu(), grad_norm, stepped)
 
 
 def optimizer_step(module: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> tuple[float, bool]:

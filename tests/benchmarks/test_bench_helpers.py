@@ -62,3 +62,19 @@ def test_side_by_side_run_on_a_micro_workload(tmp_path):
     assert set(result["rlvr"]["stages_median_s"]) == {"generation", "reward", "log_probs", "update", "weight_sync"}
     assert result["rlvr"]["reused_rollout_log_probs"] is True
     assert result["ratio_rlvr_over_trl"] > 0
+
+
+def test_long_response_batch_has_the_rollout_layout():
+    from benchmarks.bench_long_responses import make_batch, response_lengths
+
+    lengths = response_lengths(5, 64, 2048, seed=0)
+    assert all(64 <= n <= 2048 for n in lengths) and lengths == response_lengths(5, 64, 2048, seed=0)
+    batch = make_batch([3, 1, 5], vocab=100, seed=0, prompt_range=(2, 4))
+    mask = batch["attention_mask"]
+    assert mask.shape == (3, 4 + 5)
+    assert batch["response_mask"].sum(-1).tolist() == [3, 1, 5]
+    for row in mask.tolist():  # prompts left-padded, responses right-padded: one block of real tokens
+        text = "".join(map(str, row))
+        assert text.strip("0") == "1" * sum(row) and row[3] == 1
+    assert torch.equal(batch["responses"], batch["input_ids"][:, 4:])
+    assert set(batch["advantages"][batch["response_mask"].bool()].abs().tolist()) == {1.0}

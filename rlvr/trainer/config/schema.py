@@ -53,6 +53,7 @@ class ModelConfig:
     dtype: str = _f("float32", "parameter dtype for training: float32 | bfloat16")
     attn_implementation: Optional[str] = _f(None, "transformers attention kernel: sdpa | eager | flash_attention_2 (None = default)")
     enable_gradient_checkpointing: bool = _f(False, "recompute activations in backward to save memory")
+    use_remove_padding: bool = _f(False, "pack each micro-batch's sequences into one row: no compute on padding, attention kept within each sequence (exact)")
     trust_remote_code: bool = _f(False, "allow custom modelling code from the model directory")
     lora_rank: int = _f(0, "LoRA rank; 0 trains all weights")
     lora_alpha: int = _f(16, "LoRA scaling alpha")
@@ -122,7 +123,8 @@ class ActorConfig:
     ppo_mini_batch_size: int = _f(8, "prompts per optimizer step (times rollout.n sequences)")
     ppo_micro_batch_size_per_gpu: int = _f(8, "sequences per forward/backward on one worker (gradient accumulation)")
     use_dynamic_bsz: bool = _f(False, "size micro-batches by token budget instead of sequence count")
-    ppo_max_token_len_per_gpu: int = _f(16384, "token budget of a micro-batch when use_dynamic_bsz")
+    ppo_max_token_len_per_gpu: int = _f(16384, "token budget of a micro-batch when use_dynamic_bsz (real tokens with use_remove_padding, rows x longest row without)")
+    ulysses_sequence_parallel_size: int = _f(1, "Ulysses sequence parallelism: ranks that split each packed sequence (needs model.use_remove_padding; heads must split over it)")
     ppo_epochs: int = _f(1, "passes over each batch")
     shuffle: bool = _f(False, "shuffle sequences between mini-batches")
     grad_clip: float = _f(1.0, "max global gradient norm; a step with a non-finite norm is skipped")
@@ -146,6 +148,9 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = _f(16, "sequences per forward when computing reference log-probs")
+    log_prob_use_dynamic_bsz: bool = _f("${actor_rollout_ref.actor.use_dynamic_bsz}", "size the reference log-prob micro-batches by token budget (default: the actor's use_dynamic_bsz)")
+    log_prob_max_token_len_per_gpu: int = _f("${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}", "token budget of a reference log-prob micro-batch (default: the actor's ppo_max_token_len_per_gpu)")
+    ulysses_sequence_parallel_size: int = _f("${actor_rollout_ref.actor.ulysses_sequence_parallel_size}", "Ulysses sequence-parallel ranks of the reference (default: the actor's)")
     fsdp_config: RefFSDPConfig = _sub(RefFSDPConfig, "FSDP2 and offload settings")
 
 
@@ -190,6 +195,8 @@ class RolloutConfig:
     ignore_eos: bool = _f(False, "keep generating after EOS (benchmarks force full-length responses)")
     micro_batch_size: int = _f(256, "sequences generated together on one worker")
     log_prob_micro_batch_size_per_gpu: int = _f(16, "sequences per forward for compute_log_prob")
+    log_prob_use_dynamic_bsz: bool = _f("${actor_rollout_ref.actor.use_dynamic_bsz}", "size the compute_log_prob micro-batches by token budget (default: the actor's use_dynamic_bsz)")
+    log_prob_max_token_len_per_gpu: int = _f("${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}", "token budget of a compute_log_prob micro-batch (default: the actor's ppo_max_token_len_per_gpu)")
     static_cache: bool = _f(False, "use a static KV cache (GPU fast path)")
     compile: bool = _f(False, "torch.compile the decode step (GPU fast path, with static_cache)")
     free_cache_engine: bool = _f(True, "free the rollout's KV cache after generation (vllm: sleep between phases, GPU only)")
@@ -233,6 +240,10 @@ class CriticConfig:
     optim: OptimConfig = _sub(OptimConfig, "critic optimizer")
     ppo_mini_batch_size: int = _f(8, "prompts per critic optimizer step")
     ppo_micro_batch_size_per_gpu: int = _f(8, "sequences per critic forward/backward")
+    use_dynamic_bsz: bool = _f(False, "size the critic's micro-batches by token budget instead of sequence count")
+    ppo_max_token_len_per_gpu: int = _f(32768, "token budget of a critic update micro-batch when use_dynamic_bsz")
+    forward_max_token_len_per_gpu: int = _f("${critic.ppo_max_token_len_per_gpu}", "token budget of a compute_values micro-batch when use_dynamic_bsz (default: ppo_max_token_len_per_gpu)")
+    ulysses_sequence_parallel_size: int = _f(1, "Ulysses sequence-parallel ranks of the critic (needs critic.model.use_remove_padding)")
     ppo_epochs: int = _f(1, "critic passes over each batch")
     cliprange_value: float = _f(0.5, "value clipping range")
     grad_clip: float = _f(1.0, "max gradient norm of the critic")

@@ -151,6 +151,38 @@ def _check_batch_sizes(section: DictConfig, prefix: str, cfg: DictConfig, dynami
                  f"use a micro-batch size that divides {sequences // workers}")
 
 
+def _check_sequence_layout(section: DictConfig, prefix: str, model: DictConfig, model_key: str, cfg: DictConfig,
+                           sp_size: int) -> None:
+    """Packing, Ulysses sequence parallelism and token budgets of one model (``section``: actor, ref,
+    rollout or critic); the head counts are checked by :func:`check_sequence_parallel_heads`."""
+    key = f"{prefix}.ulysses_sequence_parallel_size"
+    _require(sp_size >= 1, key, f"must be >= 1, got {sp_size}")
+    _require(sp_size == 1 or model.use_remove_padding, key,
+             f"Ulysses sequence parallelism splits packed sequences; set {model_key}.use_remove_padding=true")
+    _require(world_size(cfg) % sp_size == 0, key,
+             f"{sp_size} sequence-parallel ranks do not divide the {world_size(cfg)} workers; use a divisor of "
+             f"{world_size(cfg)} (the local backend has one worker: use trainer.backend=ray)")
+    for name in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu"):
+        if name in section:
+            _require(section[name] >= 1, f"{prefix}.{name}", f"the token budget must be >= 1, got {section[name]}")
+
+
+def check_sequence_parallel_heads(cfg: DictConfig) -> None:
+    """The attention heads of every model with Ulysses sequence parallelism split over its ranks
+    (reads the models' configs, hence transformers)."""
+    from rlvr.workers.ulysses import check_model_heads
+
+    arr = cfg.actor_rollout_ref
+    models = [(arr.actor.ulysses_sequence_parallel_size, arr.model, "actor_rollout_ref.actor")]
+    if use_reference(cfg):
+        models.append((arr.ref.ulysses_sequence_parallel_size, arr.model, "actor_rollout_ref.ref"))
+    if cfg.critic.enable:
+        models.append((cfg.critic.ulysses_sequence_parallel_size, cfg.critic.model, "critic"))
+    for size, model, prefix in models:
+        if size > 1:
+            check_model_heads(model.path, size, f"{prefix}.ulysses_sequence_parallel_size", model.trust_remote_code)
+
+
 def _check_strategy(value: str, key: str) -> None:
     _require(value in STRATEGIES, key, f"{value!r} is not supported; rlvr trains with PyTorch FSDP2: use "
              f"{' or '.join(STRATEGIES)} (both mean FSDP2; megatron is not available)")
@@ -165,6 +197,12 @@ def _check_actor(cfg: DictConfig) -> None:
     _require(not actor.global_batch_info, "actor_rollout_ref.actor.global_batch_info",
              "is filled in by the actor worker; remove it from the config")
     _check_batch_sizes(actor, "actor_rollout_ref.actor", cfg, actor.use_dynamic_bsz)
+    arr, model_key = cfg.actor_rollout_ref, "actor_rollout_ref.model"
+    _check_sequence_layout(actor, "actor_rollout_ref.actor", arr.model, model_key, cfg,
+                           actor.ulysses_sequence_parallel_size)
+    _check_sequence_layout(arr.rollout, "actor_rollout_ref.rollout", arr.model, model_key, cfg, 1)
+    _check_sequence_layout(arr.ref, "actor_rollout_ref.ref", arr.model, model_key, cfg,
+                           arr.ref.ulysses_sequence_parallel_size if use_reference(cfg) else 1)
     _require(actor.ppo_epochs >= 1, "actor_rollout_ref.actor.ppo_epochs", "must be >= 1")
     _require(actor.clip_ratio > 0, "actor_rollout_ref.actor.clip_ratio", "must be > 0 (typically 0.2)")
     _require(actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c", "dual-clip bound must be > 1 (typically 3)")
@@ -291,7 +329,9 @@ def _check_critic(cfg: DictConfig) -> None:
     if not cfg.critic.enable:
         return
     _check_strategy(cfg.critic.strategy, "critic.strategy")
-    _check_batch_sizes(cfg.critic, "critic", cfg, dynamic_bsz=False)
+    _check_batch_sizes(cfg.critic, "critic", cfg, dynamic_bsz=cfg.critic.use_dynamic_bsz)
+    _check_sequence_layout(cfg.critic, "critic", cfg.critic.model, "critic.model", cfg,
+                           cfg.critic.ulysses_sequence_parallel_size)
     _require(cfg.critic.optim.lr > 0, "critic.optim.lr", "must be > 0")
     _require(cfg.critic.cliprange_value > 0, "critic.cliprange_value", "must be > 0")
     _check_one_of(cfg.critic.loss_agg_mode, "critic.loss_agg_mode", AGG_LOSS_MODES)
@@ -438,7 +478,8 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     a dataset object); files that are named must still exist.
 
     Checked: backend/device/loggers, data files, batch-size divisibility for actor and critic,
-    registry names (estimator, policy loss, reward manager, rollout engine, KL estimators,
+    packing / sequence parallelism / token budgets and the models' head counts under sequence
+    parallelism, registry names (estimator, policy loss, reward manager, rollout engine, KL estimators,
     rollout-correction levels, agent loop, tool-call parser, environment), the tools file of tool_agent,
     what the estimator's registry entry needs (groups: ``n > 1``; a
     critic: ``critic.enable``), loss and estimator knobs, reward routes (their names, and a route for
@@ -453,6 +494,7 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     check_config(cfg, require_data_files, get_adv_estimator_needs(cfg.algorithm.adv_estimator))
     check_names(cfg, names)
     check_reward_routes(cfg)
+    check_sequence_parallel_heads(cfg)
     if cfg.trainer.device == "cuda":
         import torch
 

@@ -19,6 +19,11 @@ sharded modules use the full logits of a micro-batch instead. On that same one-r
 distinct prompt of a micro-batch runs through the model once (``actor.share_prompt_forward``, see
 :mod:`~rlvr.workers.actor.shared_prompt`), and count-sized micro-batches are cut from the rows
 grouped by prompt.
+
+With ``model.use_remove_padding`` every forward runs on the micro-batch packed into one row
+(:mod:`~rlvr.workers.actor.packed_log_probs`; no compute on padding, token budgets count real
+tokens), and with ``ulysses_sequence_parallel_size > 1`` the ranks of a sequence-parallel group share
+their rows and split each packed row between them (:mod:`rlvr.workers.ulysses`).
 """
 
 from __future__ import annotations
@@ -32,10 +37,12 @@ from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
+from rlvr.workers.actor.packed_log_probs import packed_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
+from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group, shared_generator
 
 __all__ = ["DataParallelPPOActor", "response_logits", "response_hidden"]
 
@@ -128,32 +135,46 @@ class DataParallelPPOActor:
         mini_batch_size: sequences per optimizer step on this worker
             (``ppo_mini_batch_size x rollout.n / world_size``).
         log_prob_micro_batch_size: sequences per forward in :meth:`compute_log_prob`.
-        world_size: data-parallel ranks (collectives keep them in step).
+        world_size: ranks of the worker group (collectives keep them in step).
         device: where the module's (unsharded) compute runs.
+        log_prob_use_dynamic_bsz: size the micro-batches of :meth:`compute_log_prob` by token budget.
+        log_prob_max_token_len: that token budget (per rank).
+        use_remove_padding: run every forward on packed micro-batches (the module must be on the
+            packed attention, :func:`~rlvr.workers.packed_attention.use_packed_attention`).
+        sp_size: Ulysses sequence-parallel ranks per group (needs ``use_remove_padding``).
     """
 
     def __init__(self, config, module: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
-                 device: str | torch.device) -> None:
+                 device: str | torch.device, log_prob_use_dynamic_bsz: bool = False,
+                 log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1) -> None:
         self.config = config
         self.module = module
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
         self.log_prob_micro_batch_size = log_prob_micro_batch_size
+        self.log_prob_use_dynamic_bsz = log_prob_use_dynamic_bsz
+        self.log_prob_max_token_len = log_prob_max_token_len
         self.world_size = world_size
         self.device = torch.device(device)
+        self.use_remove_padding = use_remove_padding
+        if sp_size > 1 and not use_remove_padding:
+            raise ValueError("Ulysses sequence parallelism runs on packed sequences: it needs use_remove_padding")
+        self.sp = sequence_parallel_group(sp_size, world_size)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
-        self.share_prompts = self.chunked_head and config.share_prompt_forward
+        self.share_prompts = self.chunked_head and config.share_prompt_forward and not use_remove_padding
 
-    def _micro_batches(self, batch: dict[str, torch.Tensor], size: int) -> list[list[int]]:
+    def _micro_batches(self, batch: dict[str, torch.Tensor], size: int, use_dynamic_bsz: bool,
+                       max_token_len: int) -> list[list[int]]:
         """Row indices of each micro-batch. Micro-batches by count take the rows grouped by prompt
-        when prompts are shared, so each micro-batch holds as few distinct prompts as possible."""
+        when prompts are shared, so each micro-batch holds as few distinct prompts as possible. A
+        sequence-parallel group shares its token budget (``max_token_len x sp_size``)."""
         parts = micro_batch_indices(
-            batch["attention_mask"].sum(-1), size, self.config.use_dynamic_bsz,
-            self.config.ppo_max_token_len_per_gpu, self.world_size,
+            batch["attention_mask"].sum(-1), size, use_dynamic_bsz, max_token_len * self.sp.size, self.world_size,
+            packed=self.use_remove_padding,
         )
-        if not self.share_prompts or self.config.use_dynamic_bsz:
+        if not self.share_prompts or use_dynamic_bsz:
             return parts
         prompt_len = batch["input_ids"].shape[1] - batch["responses"].shape[1]
         order = prompt_grouped_order(batch["input_ids"][:, :prompt_len], batch["attention_mask"][:, :prompt_len])
@@ -162,6 +183,9 @@ class DataParallelPPOActor:
     def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                  entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
+        if self.use_remove_padding:
+            return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
+                                    self.chunked_head, self.sp)
         response_len = batch["responses"].shape[1]
         if self.chunked_head and not (calculate_entropy and entropy_grad):
             hidden, weight = response_hidden(self.module, batch, self.share_prompts)
@@ -195,19 +219,20 @@ class DataParallelPPOActor:
             ``(log_probs [B, R], entropys [B, R] or None)``, float32 on CPU.
         """
         temperature = float(data.meta_info["temperature"])
-        batch = {key: data.batch[key] for key in _FORWARD_KEYS}
+        batch = gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp)
         rows, response_len = batch["responses"].shape
         log_probs = torch.zeros(rows, response_len)
         entropys = torch.zeros(rows, response_len) if calculate_entropy else None
         self.module.eval()
-        for idx in self._micro_batches(batch, self.log_prob_micro_batch_size):
+        for idx in self._micro_batches(batch, self.log_prob_micro_batch_size, self.log_prob_use_dynamic_bsz,
+                                       self.log_prob_max_token_len):
             index = torch.tensor(idx)
             micro = {key: value[index].to(self.device) for key, value in batch.items()}
             lp, ent = self._forward(micro, temperature, calculate_entropy, entropy_grad=False)
             log_probs[index] = lp.cpu()
             if entropys is not None:
                 entropys[index] = ent.cpu()
-        return log_probs, entropys
+        return own_rows(log_probs, self.sp), own_rows(entropys, self.sp) if entropys is not None else None
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
@@ -226,11 +251,12 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
-        batch = select_batch_keys(data.batch, keys, "update_actor")
+        batch = gather_rows(select_batch_keys(data.batch, keys, "update_actor"), self.sp, block=self.mini_batch_size)
         self.module.train()
         return run_ppo_epochs(
             batch, lambda mini: self._train_mini_batch(mini, temperature), epochs=self.config.ppo_epochs,
-            mini_batch_size=self.mini_batch_size, shuffle=self.config.shuffle,
+            mini_batch_size=self.mini_batch_size * self.sp.size, shuffle=self.config.shuffle,
+            generator=shared_generator(self.sp) if self.config.shuffle else None,
         )
 
     def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float
@@ -256,11 +282,13 @@ class DataParallelPPOActor:
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step."""
+        config = self.config
+        micro_batches = self._micro_batches(mini, config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz,
+                                            config.ppo_max_token_len_per_gpu)
         update = update_mini_batch(
-            self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
-            lambda micro: self._micro_loss(micro, temperature), len(_METRICS),
-            loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
-            world_size=self.world_size, device=self.device,
+            self.module, self.optimizer, mini, micro_batches, lambda micro: self._micro_loss(micro, temperature),
+            len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
+            world_size=self.world_size, device=self.device, sp_size=self.sp.size,
         )
         out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, update.metric_sums)}
         out["actor/grad_norm"] = update.grad_norm

@@ -4,6 +4,9 @@ The value of response token ``t`` is read from the hidden state that *predicts* 
 just before it), as in verl: the state is the prompt plus the response up to ``t - 1``. Value
 clipping follows PPO (Schulman et al. 2017, arXiv:1707.06347) through
 ``core_algos.compute_value_loss``; the update loop around it is :mod:`rlvr.workers.ppo_update`.
+Packing (``critic.model.use_remove_padding``), token budgets (``critic.use_dynamic_bsz``) and Ulysses
+sequence parallelism (``critic.ulysses_sequence_parallel_size``) work as in the actor
+(:mod:`rlvr.workers.actor.dp_actor`).
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import torch
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import compute_value_loss
 from rlvr.workers.batching import micro_batch_indices, select_batch_keys
+from rlvr.workers.critic.packed_values import packed_values
 from rlvr.workers.models import CriticModel
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
+from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group
 
 __all__ = ["DataParallelPPOCritic"]
 
@@ -29,38 +34,51 @@ class DataParallelPPOCritic:
         module: a :class:`CriticModel` (plain or FSDP2-sharded).
         optimizer: AdamW over the critic's trainable parameters.
         mini_batch_size: sequences per optimizer step on this worker.
-        world_size: data-parallel ranks.
+        world_size: ranks of the worker group.
         device: where the compute runs.
+        use_remove_padding: run every forward on packed micro-batches.
+        sp_size: Ulysses sequence-parallel ranks per group (needs ``use_remove_padding``).
     """
 
     def __init__(self, config, module: CriticModel, optimizer: torch.optim.Optimizer, *, mini_batch_size: int,
-                 world_size: int, device: str | torch.device) -> None:
+                 world_size: int, device: str | torch.device, use_remove_padding: bool = False,
+                 sp_size: int = 1) -> None:
         self.config = config
         self.module = module
         self.optimizer = optimizer
         self.mini_batch_size = mini_batch_size
         self.world_size = world_size
         self.device = torch.device(device)
+        self.use_remove_padding = use_remove_padding
+        if sp_size > 1 and not use_remove_padding:
+            raise ValueError("Ulysses sequence parallelism runs on packed sequences: it needs use_remove_padding")
+        self.sp = sequence_parallel_group(sp_size, world_size)
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Values of the response positions ``[b, R]`` (float32)."""
+        if self.use_remove_padding:
+            return packed_values(self.module, batch, self.sp)
         response_len = batch["responses"].shape[1]
         values = self.module(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
         return values[:, -response_len - 1 : -1]
 
-    def _micro_batches(self, batch: dict[str, torch.Tensor], size: int) -> list[list[int]]:
-        return micro_batch_indices(batch["attention_mask"].sum(-1), size, False, 0, self.world_size)
+    def _micro_batches(self, batch: dict[str, torch.Tensor], max_token_len: int) -> list[list[int]]:
+        return micro_batch_indices(
+            batch["attention_mask"].sum(-1), self.config.ppo_micro_batch_size_per_gpu, self.config.use_dynamic_bsz,
+            max_token_len * self.sp.size, self.world_size, packed=self.use_remove_padding,
+        )
 
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values ``[B, R]`` (float32, CPU), zero outside ``response_mask`` when it is present."""
-        batch = {key: data.batch[key] for key in _FORWARD_KEYS}
+        batch = gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp)
         rows, response_len = batch["responses"].shape
         values = torch.zeros(rows, response_len)
         self.module.eval()
-        for idx in self._micro_batches(batch, self.config.ppo_micro_batch_size_per_gpu):
+        for idx in self._micro_batches(batch, self.config.forward_max_token_len_per_gpu):
             index = torch.tensor(idx)
             values[index] = self._forward({k: v[index].to(self.device) for k, v in batch.items()}).cpu()
+        values = own_rows(values, self.sp)
         if "response_mask" in data.batch.keys():
             values = values * data.batch["response_mask"].to(values.dtype)
         return values
@@ -69,11 +87,12 @@ class DataParallelPPOCritic:
         """``ppo_epochs`` passes in mini-batches over ``data`` (needs ``values``, ``returns``,
         ``response_mask``); returns ``critic/vf_loss``, ``critic/vf_clipfrac``,
         ``critic/grad_norm``, ``critic/skipped_steps``, one value per mini-batch."""
-        batch = select_batch_keys(data.batch, [*_FORWARD_KEYS, "response_mask", "values", "returns"], "update_critic")
+        keys = [*_FORWARD_KEYS, "response_mask", "values", "returns"]
+        batch = gather_rows(select_batch_keys(data.batch, keys, "update_critic"), self.sp, block=self.mini_batch_size)
         self.module.train()
         return run_ppo_epochs(
-            batch, self._train_mini_batch, epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size,
-            shuffle=False,
+            batch, self._train_mini_batch, epochs=self.config.ppo_epochs,
+            mini_batch_size=self.mini_batch_size * self.sp.size, shuffle=False,
         )
 
     def _micro_loss(self, micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,9 +105,9 @@ class DataParallelPPOCritic:
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
         update = update_mini_batch(
-            self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
+            self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_max_token_len_per_gpu),
             self._micro_loss, 2, loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
-            world_size=self.world_size, device=self.device,
+            world_size=self.world_size, device=self.device, sp_size=self.sp.size,
         )
         return {
             "critic/vf_loss": float(update.metric_sums[0]),

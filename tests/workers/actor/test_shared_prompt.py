@@ -158,9 +158,9 @@ def test_policy_update_and_log_probs_equal_with_and_without_sharing():
 def test_count_micro_batches_are_cut_from_rows_grouped_by_prompt():
     batch = make_batch(response_lens=[2] * 6, prompt_of_row=[0, 1, 0, 1, 0, 1])
     actor, _ = _actor(True, micro=3)
-    assert actor._micro_batches(batch, 3) == [[0, 2, 4], [1, 3, 5]]
+    assert actor._micro_batches(batch, 3, False, 0) == [[0, 2, 4], [1, 3, 5]]
     plain, _ = _actor(False, micro=3)
-    assert plain._micro_batches(batch, 3) == [[0, 1, 2], [3, 4, 5]]
+    assert plain._micro_batches(batch, 3, False, 0) == [[0, 1, 2], [3, 4, 5]]
 
 
 
