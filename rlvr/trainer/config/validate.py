@@ -24,6 +24,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
+from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 
 PYTHON_TOOL = "rlvr.agent.tools.python_interpreter.PythonInterpreterTool"
@@ -186,6 +187,8 @@ def _check_rollout(cfg: DictConfig) -> None:
     _require(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
     _require(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", "must be >= 1")
     _check_agent(rollout)
+    check_openai_endpoint(rollout.agent, rollout.agent.default_agent_loop)
+    check_rollout_server(rollout)
     if rollout.name == "vllm":
         _check_vllm(rollout, world_size(cfg))
 
@@ -211,9 +214,10 @@ def _check_agent(rollout: DictConfig) -> None:
 
 
 def _check_vllm(rollout: DictConfig, workers: int) -> None:
-    """vLLM must be importable (its own venv: it pins its own torch and transformers)."""
+    """vLLM must be importable (its own venv: it pins its own torch and transformers), unless it runs
+    as servers (``rollout.mode=async``: checked by :func:`check_rollout_server`)."""
     key = "actor_rollout_ref.rollout"
-    _require(importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
+    _require(rollout.mode == "async" or importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
     _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
              "the in-process vLLM engine runs one engine per worker; set it to 1")
     _require(workers == 1, "trainer.n_gpus_per_node",

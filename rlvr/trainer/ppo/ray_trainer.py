@@ -488,7 +488,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             output = self.actor_rollout_wg.update_actor(batch)
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
         with _timer("update_weights", timing):
-            self.actor_rollout_wg.update_weights()
+            stages = self.actor_rollout_wg.update_weights()[0]
+        metrics.update({f"timing/update_weights/{stage}": seconds for stage, seconds in stages.items()})
 
 
 def _tool_use_metrics(prefix: str, batch: DataProto) -> dict[str, float]:
