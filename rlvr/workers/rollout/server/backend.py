@@ -25,7 +25,7 @@ class LaunchSpec:
 
     Attributes:
         python: the Python that runs the server.
-        model_dir: folder with the policy's ``config.json`` and tokenizer (weights come by reload).
+        model_dir: the policy as a Hugging Face folder (config, tokenizer, weights at start).
         host, port: where it listens.
         api_key: the key it requires (None: none).
         seed: its sampling seed.
@@ -94,6 +94,10 @@ class ServerBackend(Protocol):
         Raises:
             ValueError: the answer lacks them (the message says what is missing).
         """
+        ...
+
+    def version_call(self, version: int) -> SyncCall:
+        """The call that labels the server's current weights as ``version`` (reported per token)."""
         ...
 
     def sync_calls(self, weights_path: str, version: int) -> list[SyncCall]:

@@ -48,7 +48,7 @@ from rlvr.workers.rollout.server.backend import Completion, LaunchSpec, get_serv
 from rlvr.workers.rollout.server.http import ReplicaError, ReplicaUnavailable, call_json
 from rlvr.workers.rollout.server.replica import ExternalReplica, ManagedReplica
 from rlvr.workers.rollout.server.router import NoReplicaError, ReplicaRouter
-from rlvr.workers.rollout.server.weights import WeightsFolder
+from rlvr.workers.rollout.server.weights import WeightsFolder, write_checkpoint
 from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
 
 __all__ = ["ServerRollout"]
@@ -111,7 +111,8 @@ class ServerRollout:
         server, health = self.server, self.backend.health_path
         if server.urls:
             return [ExternalReplica(i, str(url), server.api_key, health) for i, url in enumerate(server.urls)]
-        self.names.hf_config.save_pretrained(model_dir)
+        model_dir.mkdir(parents=True)  # the policy as it is now: vLLM reloads weights only from a real checkpoint
+        write_checkpoint(model_dir, self.names.policy_weights(module.named_parameters()), self.names.hf_config)
         self.tokenizer.save_pretrained(model_dir)
         dtype = self.config.dtype or str(next(module.parameters()).dtype).removeprefix("torch.")
         replicas = []
@@ -137,6 +138,7 @@ class ServerRollout:
             for replica in self.replicas:
                 replica.wait_ready(float(self.server.startup_timeout_s))
                 self.start_seconds.append(time.perf_counter() - start)
+                self._load_current(replica)
         except BaseException as err:  # noqa: BLE001 - handed to the constructor, which raises it
             self._start_error = err
         finally:
@@ -172,10 +174,15 @@ class ServerRollout:
         self.router.mark_up(i)
 
     def _load_current(self, replica: ExternalReplica) -> None:
-        """Load the current weights (if any were pushed) into a replica that (re)joins."""
+        """Bring a replica that (re)joins to the current weights: those last pushed, or for a managed
+        replica that has had none, the policy it started from (version 0: only the version is set)."""
         with self._weights_lock:
             if self.weights.current is not None:
                 self._sync_replica(replica, str(self.weights.current), self.weights_version, {})
+            elif replica.managed:
+                call = self.backend.version_call(self.weights_version)
+                call_json(replica.endpoint, call.method, call.path, call.payload, float(self.server.sync_timeout_s),
+                          call.stage, f"weights version {self.weights_version}")
 
     def close(self) -> None:
         """Stop the supervisor and every managed replica (also run at garbage collection and exit)."""

