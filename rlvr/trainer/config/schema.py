@@ -197,7 +197,7 @@ class ServerConfig:
     cpu_binds: list = _f([], "CPU cores of each managed replica's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND, e.g. ['1'] or ['0-1']); empty = all cores of this process, shared")
     cuda_devices: list = _f([], "CUDA_VISIBLE_DEVICES of each managed replica (e.g. ['0', '1']); empty = inherited")
     python: Optional[str] = _f(None, "Python that runs vLLM for managed replicas, e.g. .venv-vllm/bin/python (None = this one)")
-    kv_cache_space_gb: float = _f(2.0, "CPU KV cache of each managed replica in GiB (VLLM_CPU_KVCACHE_SPACE)")
+    kv_cache_space_gb: int = _f(2, "CPU KV cache of each managed replica in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
     extra_args: list = _f([], "more arguments of every managed replica's server command line")
     weights_dir: Optional[str] = _f(None, "folder the trainer writes the HF weights to after each update, read by every replica at this path (None = a temporary folder; required with urls)")
     log_dir: Optional[str] = _f(None, "folder of the managed replicas' log files (None = a new temporary folder, kept)")

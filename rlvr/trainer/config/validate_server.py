@@ -55,7 +55,7 @@ def check_rollout_server(rollout: DictConfig) -> None:
         _require(not server[name] or len(server[name]) == server.num_replicas, f"{at}.{name}",
                  f"has {len(server[name])} entries for {server.num_replicas} replicas: give one per replica (or none)")
     _require(0 <= server.port < 65536 - server.num_replicas, f"{at}.port", "must be 0 (free ports) or a port number")
-    _require(server.kv_cache_space_gb > 0, f"{at}.kv_cache_space_gb", "must be > 0 GiB")
+    _require(server.kv_cache_space_gb >= 1, f"{at}.kv_cache_space_gb", "must be >= 1 GiB (a whole number)")
     require_key_off_loopback(str(server.host), server.api_key, f"{at}.api_key",
                              "a managed vLLM replica in dev mode (its /collective_rpc runs any method of its workers)")
     if server.python is None:

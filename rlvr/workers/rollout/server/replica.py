@@ -8,9 +8,11 @@ starting fails at once with the end of its log.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,8 +20,17 @@ from rlvr.workers.rollout.server.http import Endpoint, ReplicaError, ReplicaUnav
 
 __all__ = ["ManagedReplica", "ExternalReplica", "log_tail"]
 
+PR_SET_PDEATHSIG = 1
 STOP_GRACE_S = 20.0
 """Seconds a replica gets to exit after SIGTERM before it is killed."""
+
+
+def _stop_with_parent() -> None:
+    """In the child before ``exec``: ask Linux to send SIGTERM when the thread that started it exits
+    (the engine's supervisor thread, which lives as long as the engine: a trainer killed with SIGKILL
+    leaves no replica behind). Elsewhere nothing is done."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def log_tail(path: Path, lines: int = 25) -> str:
@@ -108,7 +119,8 @@ class ManagedReplica(ExternalReplica):
             log.write(f"\n==== rlvr: start {self.starts + 1}: {' '.join(self.command)}\n".encode())
             log.flush()
             self.process = subprocess.Popen(self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            preexec_fn=_stop_with_parent)
         self.starts += 1
 
     def exited(self) -> bool:
