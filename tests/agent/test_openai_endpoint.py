@@ -142,3 +142,25 @@ def test_rewritten_conversation_and_failing_agent(tool_model, tmp_path):
     assert out.meta_info["metrics"]["agent/run_errors"] == 1.0
     assert out.batch["response_mask"][0].sum() > 0  # the one turn the agent got is recorded
     assert out.non_tensor_batch["agent_answer"].tolist() == [None]
+
+
+def test_the_example_agent_runs_from_its_file(tool_model, tmp_path):
+    """``examples/openai_agent.py:run`` (loaded by file path, as the command line gives it) drives the
+    tiny tool-calling model: its calculator call is answered and the model's next turn recorded."""
+    from pathlib import Path
+
+    model, tokenizer = tool_model
+    example = Path(__file__).parents[2] / "examples" / "openai_agent.py"
+    tools = write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")
+    cfg = config(tools, run=f"{example}:run")
+    engine = HFRollout(cfg, model, tokenizer, "cpu", seed=0, owns_module=False)
+    loop = OpenAIAgentLoop(cfg, tokenizer)
+    try:
+        out = loop.generate_sequences(engine, prompts(tokenizer))
+    finally:
+        loop.close()
+    assert out.non_tensor_batch["num_tool_calls"].tolist() == [1, 1]
+    assert out.non_tensor_batch["num_turns"].tolist() == [2, 2]
+    assert out.meta_info["metrics"]["agent/requests"] == 2.0 and out.meta_info["metrics"]["agent/run_errors"] == 0
+    text = tokenizer.decode(out.batch["responses"][0])
+    assert "<|im_start|>tool\n2<|im_end|>" in text  # the example's calculator answered 1+1
