@@ -279,6 +279,7 @@ class ServerRollout:
         meta = {"rollout_log_prob_temperature": call.sampling.log_prob_temperature, "rollout_log_probs_exact": False,
                 "rollout_weights_version": self.weights_version,
                 "metrics": {"rollout/server_replicas_up": float(sum(self.router.up)),
+                            "rollout/server_start_s": max(self.start_seconds, default=0.0),
                             "rollout/server_retries": float(self.counts["retries"]),
                             "rollout/server_restarts": float(self.counts["restarts"])}}
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=meta)
