@@ -40,6 +40,7 @@ from rlvr.agent.openai_endpoint.session import ChatSession, RequestError
 from rlvr.agent.openai_endpoint.turns import TurnBatcher
 from rlvr.agent.trajectory import Trajectory, TrajectoryBatch
 from rlvr.protocol import DataProto
+from rlvr.utils.net import require_key_off_loopback
 from rlvr.workers.rollout.base import RolloutEngine, tokenizer_ids
 
 __all__ = ["OpenAIAgentLoop", "load_agent_function"]
@@ -96,6 +97,8 @@ class OpenAIAgentLoop:
             raise ValueError("the openai_agent loop needs actor_rollout_ref.rollout.agent.openai.run: the agent "
                              "function run(client, row) -> answer, as 'package.module:function' or 'file.py:function'")
         self.run_function = load_agent_function(self.settings.run)
+        require_key_off_loopback(str(self.settings.host), self.settings.api_key,
+                                 "actor_rollout_ref.rollout.agent.openai.api_key", "rlvr's OpenAI-compatible endpoint")
         self.sessions: dict[str, ChatSession] = {}
         self.completions: ChatCompletions | None = None
         self.server = EndpointServer(str(self.settings.host), int(self.settings.port), self.settings.api_key,

@@ -191,7 +191,7 @@ class MultiTurnConfig:
 class ServerConfig:
     urls: list = _f([], "servers you run yourself (http://host:port, vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out); empty = rlvr starts num_replicas")
     num_replicas: int = _f(1, "managed replicas rlvr starts (each a vLLM OpenAI server subprocess)")
-    host: str = _f("127.0.0.1", "address the managed replicas bind to; anything but loopback needs api_key")
+    host: str = _f("127.0.0.1", "loopback address the managed replicas bind to (dev mode: never another address, see docs/rollout.md)")
     port: int = _f(0, "port of managed replica 0, replica i gets port + i (0 = free ports)")
     api_key: Optional[str] = _f(None, "key the managed replicas require (vLLM --api-key) and rlvr sends to every replica")
     cpu_binds: list = _f([], "CPU cores of each managed replica's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND, e.g. ['1'] or ['0-1']); empty = all cores of this process, shared")

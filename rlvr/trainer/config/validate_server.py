@@ -1,8 +1,8 @@
 """Config checks of rollout through servers (``rollout.mode=async``, ``rollout.server``) and of
 rlvr's OpenAI-compatible endpoint (``rollout.agent.openai``), before anything starts.
 
-Security first: a managed vLLM replica (dev mode) or the endpoint on a non-loopback address without
-an API key is refused (:func:`rlvr.utils.net.require_key_off_loopback`).
+Security first (:mod:`rlvr.utils.net`): a managed vLLM replica (dev mode) on a non-loopback address
+is refused, key or not (vLLM's key does not guard its dev routes); the endpoint off loopback needs a key.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import shutil
 from omegaconf import DictConfig
 
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
-from rlvr.utils.net import require_key_off_loopback
+from rlvr.utils.net import require_key_off_loopback, require_loopback_for_dev_mode
 
 __all__ = ["check_rollout_server", "check_openai_endpoint"]
 
@@ -56,8 +56,7 @@ def check_rollout_server(rollout: DictConfig) -> None:
                  f"has {len(server[name])} entries for {server.num_replicas} replicas: give one per replica (or none)")
     _require(0 <= server.port < 65536 - server.num_replicas, f"{at}.port", "must be 0 (free ports) or a port number")
     _require(server.kv_cache_space_gb >= 1, f"{at}.kv_cache_space_gb", "must be >= 1 GiB (a whole number)")
-    require_key_off_loopback(str(server.host), server.api_key, f"{at}.api_key",
-                             "a managed vLLM replica in dev mode (its /collective_rpc runs any method of its workers)")
+    require_loopback_for_dev_mode(str(server.host), f"{at}.host")
     if server.python is None:
         _require(importlib.util.find_spec("vllm") is not None, f"{at}.python",
                  f"managed replicas run vLLM in this Python by default, and it has none: set {at}.python to a "

@@ -207,10 +207,11 @@ def test_api_key_is_required_and_sent(engine_of):
         call_json(keyless, "POST", "/pause", None, 5.0, "pause")
 
 
-def test_non_loopback_replicas_need_a_key(tiny):
+def test_managed_replicas_stay_on_loopback_key_or_not(tiny):
     model, tokenizer = tiny
-    with pytest.raises(ConfigError, match="rollout.server.api_key.*0.0.0.0"):
-        ServerRollout(config(1, host="0.0.0.0"), model, tokenizer, "cpu", seed=1, owns_module=True)
+    for key in (None, "k"):
+        with pytest.raises(ConfigError, match="rollout.server.host.*0.0.0.0.*collective_rpc"):
+            ServerRollout(config(1, host="0.0.0.0", api_key=key), model, tokenizer, "cpu", seed=1, owns_module=True)
 
 
 def test_servers_given_by_url(tiny, tmp_path):

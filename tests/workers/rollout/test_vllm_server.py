@@ -94,11 +94,16 @@ def test_greedy_generation_equals_the_hf_engine_with_fp32_log_probs(setup):
 
 
 def test_a_request_without_the_key_is_refused(setup):
-    engine = setup[3]
+    """Generation needs the key. The dev routes do not (vLLM's key guards /v1, /v2, /inference and
+    /cohere only): that is why rlvr never binds a managed replica off loopback, key or not."""
+    tokenizer, engine = setup[1], setup[3]
     url = engine.replicas[0].endpoint.url
+    path, body = engine.backend.generate_request([1, 2, 3], {"max_tokens": 2, "temperature": 0.0, "top_p": 1.0,
+                                                            "top_k": -1, "seed": 0, "stop": [], "stop_token_ids": []})
     with pytest.raises(ReplicaRequestError, match="HTTP 401"):
-        call_json(Endpoint("replica 0", url), "POST", "/reset_prefix_cache", None, 30.0, "reset_prefix_cache")
-    call_json(Endpoint("replica 0", url, KEY), "POST", "/reset_prefix_cache", None, 30.0, "reset_prefix_cache")
+        call_json(Endpoint("replica 0", url), "POST", path, body, 60.0, "generate")
+    assert call_json(Endpoint("replica 0", url, KEY), "POST", path, body, 60.0, "generate")["choices"]
+    call_json(Endpoint("replica 0", url), "POST", "/reset_prefix_cache", None, 30.0, "reset_prefix_cache")
 
 
 def _perturbed(model, scale: float):

@@ -32,7 +32,9 @@ class LaunchSpec:
         dtype: the weights' dtype (``float32``, ``bfloat16``).
         cpu_bind: its CPU cores (None: the server's default).
         cuda_devices: its ``CUDA_VISIBLE_DEVICES`` (None: inherited).
-        rollout: the ``rollout`` config section (dtype, lengths, engine options, ``server``).
+        kv_cache_gb: its CPU KV cache in GiB.
+        extra_args: more arguments of its command line.
+        rollout: the ``rollout`` config section (lengths, engine options).
     """
 
     python: str
@@ -44,6 +46,8 @@ class LaunchSpec:
     dtype: str
     cpu_bind: str | None
     cuda_devices: str | None
+    kv_cache_gb: int
+    extra_args: list[str]
     rollout: Any
 
 

@@ -42,7 +42,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
 from rlvr.utils.errors import StaleRolloutError
-from rlvr.utils.net import free_port, require_key_off_loopback
+from rlvr.utils.net import free_port, require_loopback_for_dev_mode
 from rlvr.workers.rollout.base import SESSION_KEY, CallSettings, Weights, call_settings, response_tensors
 from rlvr.workers.rollout.server.backend import Completion, LaunchSpec, get_server_backend
 from rlvr.workers.rollout.server.http import ReplicaError, ReplicaUnavailable, call_json
@@ -54,7 +54,6 @@ from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
 __all__ = ["ServerRollout"]
 
 SUPERVISE_INTERVAL_S = 2.0
-DEV_MODE_WARNING = "a managed vLLM replica in dev mode (its /collective_rpc runs any method of its workers)"
 
 
 class ServerRollout:
@@ -76,8 +75,7 @@ class ServerRollout:
                  seed: int, owns_module: bool) -> None:
         server = config.server
         if not server.urls:
-            require_key_off_loopback(str(server.host), server.api_key, "actor_rollout_ref.rollout.server.api_key",
-                                     DEV_MODE_WARNING)
+            require_loopback_for_dev_mode(str(server.host), "actor_rollout_ref.rollout.server.host")
         self.config, self.server, self.tokenizer = config, server, tokenizer
         self.backend = get_server_backend(config.name)
         self.names = PolicyWeightNames(module)
@@ -122,7 +120,9 @@ class ServerRollout:
                 python=server.python or sys.executable, model_dir=str(model_dir), host=server.host, port=port,
                 api_key=server.api_key, seed=self._seed + i, dtype=dtype,
                 cpu_bind=_pick(server.cpu_binds, i, "rollout.server.cpu_binds") or _all_cores(),
-                cuda_devices=_pick(server.cuda_devices, i, "rollout.server.cuda_devices"), rollout=self.config)
+                cuda_devices=_pick(server.cuda_devices, i, "rollout.server.cuda_devices"),
+                kv_cache_gb=int(server.kv_cache_space_gb), extra_args=[str(a) for a in server.extra_args],
+                rollout=self.config)
             command, env = self.backend.launch(spec, dict(os.environ))
             replicas.append(ManagedReplica(i, server.host, port, server.api_key, command, env,
                                            self.log_dir / f"replica-{i}.log", health))

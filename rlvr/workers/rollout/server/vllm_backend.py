@@ -62,8 +62,8 @@ class VLLMServerBackend:
             command += ["--gpu-memory-utilization", str(float(cfg.gpu_memory_utilization))]
         if spec.api_key:
             command += ["--api-key", spec.api_key]
-        command += [str(arg) for arg in cfg.server.extra_args]
-        env = {**base_env, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(int(cfg.server.kv_cache_space_gb)),
+        command += spec.extra_args
+        env = {**base_env, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gb),
                "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # an in-process engine's setting must not leak in
         if spec.cpu_bind is not None:
