@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -115,7 +116,7 @@ def norm_weights(model, value: float):
 
 
 def test_generates_the_protocol_output_routed_by_load_and_prompt(engine_of, tmp_path, tiny):
-    engine = engine_of()
+    engine = engine_of({0: ["--delay", "0.5"], 1: ["--delay", "0.5"]})  # requests overlap: load tells them apart
     prompts = [[5, 6, 7], [5, 6, 7], [9, 9], [9, 9], [11], [11]]
     eos = 12  # some rows end at this "EOS" id, the others run the full 8 tokens
     out = engine.generate_sequences(batch(prompts, eos_token_id=eos, pad_token_id=0))
@@ -253,3 +254,18 @@ def test_span_versions():
         [3, 3, 4, 4, 4, -1]
     with pytest.raises(ValueError, match="not an integer"):
         span_versions([{"version": None, "start": 0, "end": 1}], 1)
+
+
+def test_a_sessions_turns_stay_on_its_replica(engine_of, tmp_path):
+    """Rows naming a session (a multi-turn trajectory's rounds, whose contexts grow) go to the replica
+    of the session's first request, while new sessions go to the least-loaded replica."""
+    engine = engine_of({0: ["--delay", "0.5"], 1: ["--delay", "0.5"]})  # the first requests overlap
+    for turn in range(3):
+        contexts = [[1] * (turn + 2), [2] * (turn + 2), [3] * (turn + 2), [4] * (turn + 2)]
+        data = batch(contexts)
+        data.non_tensor_batch["session_id"] = np.array(["a", "b", "c", "d"], dtype=object)
+        engine.generate_sequences(data)
+    port_of = {}
+    for request in requests(tmp_path):
+        port_of.setdefault(request["body"]["token_ids"][0], set()).add(request["port"])
+    assert all(len(ports) == 1 for ports in port_of.values()) and len(set.union(*port_of.values())) == 2
