@@ -164,3 +164,20 @@ def test_the_example_agent_runs_from_its_file(tool_model, tmp_path):
     assert out.meta_info["metrics"]["agent/requests"] == 2.0 and out.meta_info["metrics"]["agent/run_errors"] == 0
     text = tokenizer.decode(out.batch["responses"][0])
     assert "<|im_start|>tool\n2<|im_end|>" in text  # the example's calculator answered 1+1
+
+
+class _BrokenEngine:
+    def generate_sequences(self, prompts):
+        raise RuntimeError("the engine broke")
+
+
+def test_an_engine_failure_stops_the_step(tool_model, tmp_path):
+    """The agent sees an HTTP 500 and fails, but the engine's own error is what the loop raises."""
+    model, tokenizer = tool_model
+    tools = write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")
+    loop = OpenAIAgentLoop(config(tools), tokenizer)
+    try:
+        with pytest.raises(RuntimeError, match="the engine broke"):
+            loop.generate_sequences(_BrokenEngine(), prompts(tokenizer, QUESTIONS[:1]))
+    finally:
+        loop.close()

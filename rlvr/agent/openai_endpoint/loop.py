@@ -14,7 +14,8 @@ other loop; the function's return value is kept as the non-tensor field ``agent_
 One generation call runs every sample's function in its own thread (at most
 ``max_concurrent_runs`` at once), each within ``run_timeout_s``: when time is up its session is
 closed (its later requests are refused) and its trajectory is kept as it is. A function that raises
-is counted (``agent/run_errors``), never fatal; so is one that timed out (``agent/run_timeouts``).
+is counted (``agent/run_errors``), never fatal; so is one that timed out (``agent/run_timeouts``). An
+error of the rollout engine itself (a stale replica, no replica up) is raised after the agents ran.
 """
 
 from __future__ import annotations
@@ -139,6 +140,8 @@ class OpenAIAgentLoop:
                 self.sessions.pop(session.session_id, None)
             self.completions = None
             batcher.close()
+        if batcher.error is not None:
+            raise batcher.error
         return self._output(prompts, sessions, answers, {**batcher.engine_meta})
 
     def _run_agents(self, sessions: list[ChatSession]) -> list[Any]:

@@ -58,6 +58,9 @@ class TurnBatcher:
     def __init__(self, engine: RolloutEngine, meta_info: dict, pad_id: int) -> None:
         self.engine, self.meta_info, self.pad_id = engine, dict(meta_info), pad_id
         self.engine_meta: dict = {}
+        self.error: BaseException | None = None
+        """The first exception of an engine call (the loop raises it after the agents ran: an engine
+        failure, such as a stale replica, must stop the step, not become an agent's error)."""
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._serve, name="rlvr-endpoint-turns", daemon=True)
         self._thread.start()
@@ -98,6 +101,7 @@ class TurnBatcher:
         try:
             results = self._generate(requests, stop)
         except BaseException as err:  # noqa: BLE001 - handed to the waiting request threads
+            self.error = self.error or err
             for _, future in group:
                 future.set_exception(err)
             return
