@@ -54,12 +54,12 @@ def setup(tmp_path_factory):
         engine.close()
 
 
-def prompts(tokenizer, questions=QUESTIONS, **meta):
+def prompts(tokenizer, questions=QUESTIONS, do_sample: bool = False, **meta):
     messages = [[{"role": "user", "content": q}] for q in questions]
     raw = np.empty(len(messages), dtype=object)
     raw[:] = messages
     return prompt_batch(tokenizer, [render_prompt_ids(tokenizer, m) for m in messages], {"raw_prompt": raw},
-                        do_sample=False, **meta)
+                        do_sample=do_sample, **meta)
 
 
 def test_endpoint_trajectories_equal_tool_agent_on_the_server(setup):
