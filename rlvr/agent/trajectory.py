@@ -18,6 +18,7 @@ sampled token of the turn it rewards; the trainer adds them to the reward manage
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,7 @@ import torch
 
 from rlvr.protocol import DataProto
 from rlvr.utils.torch_functional import compute_position_ids
+from rlvr.workers.rollout.base import SESSION_KEY
 
 __all__ = ["Trajectory", "TrajectoryBatch", "STOP_REASONS", "left_pad"]
 
@@ -100,6 +102,7 @@ class TrajectoryBatch:
         self.items = [Trajectory(prompt_ids=row[keep].tolist()) for row, keep in zip(ids, mask)]
         self.prompt_width = ids.shape[1]
         self.pad_id = pad_id
+        self.session_prefix = uuid.uuid4().hex
 
     def __len__(self) -> int:
         return len(self.items)
@@ -108,11 +111,13 @@ class TrajectoryBatch:
         return [i for i, item in enumerate(self.items) if not item.done]
 
     def context_batch(self, rows: list[int], meta_info: dict) -> DataProto:
-        """Prompt plus response so far of ``rows``, left-padded, as an engine input ``[b, W]``."""
+        """Prompt plus response so far of ``rows``, left-padded, as an engine input ``[b, W]``, with
+        each trajectory's ``session_id`` (a server engine keeps its turns on one replica)."""
         contexts = [self.items[i].prompt_ids + self.items[i].response_ids for i in rows]
         ids, mask = left_pad(contexts, max(len(c) for c in contexts), self.pad_id)
         tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
-        return DataProto.from_dict(tensors=tensors, meta_info=dict(meta_info))
+        sessions = np.array([f"{self.session_prefix}-{i}" for i in rows], dtype=object)
+        return DataProto.from_dict(tensors=tensors, non_tensors={SESSION_KEY: sessions}, meta_info=dict(meta_info))
 
     def context_width(self, rows: list[int]) -> int:
         return max(len(self.items[i].prompt_ids) + len(self.items[i].response_ids) for i in rows)

@@ -223,15 +223,16 @@ class ActorRolloutRefWorker(TrainingWorker):
         return float(data.meta_info["temperature"])
 
     # ------------------------------------------------------------------ rollout
-    def _sync_rollout_weights(self, force: bool = False) -> None:
-        """Bring the rollout engine up to the actor's weights (version ``_weights_version``). An engine
-        sharing the actor's module has nothing to copy, but still learns the version."""
+    def _sync_rollout_weights(self, force: bool = False) -> dict[str, float]:
+        """Bring the rollout engine up to the actor's weights (version ``_weights_version``); returns
+        the engine's per-stage seconds (empty when it has none). An engine sharing the actor's module
+        has nothing to copy, but still learns the version."""
         if not force and self.rollout.weights_version == self._weights_version:
-            return
+            return {}
         if not self._rollout_shares_actor:
             self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
             self.rollout.wake_up()
-        self.rollout.update_weights(full_parameters(self.actor_module), self._weights_version)
+        return self.rollout.update_weights(full_parameters(self.actor_module), self._weights_version) or {}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -254,19 +255,20 @@ class ActorRolloutRefWorker(TrainingWorker):
         return output
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update_weights(self, weights=None, version: int | None = None) -> None:
+    def update_weights(self, weights=None, version: int | None = None) -> dict[str, float]:
         """Load weights into the rollout engine in place: ``(name, tensor)`` pairs or a state dict
         (names of the policy's parameters) as weights ``version`` (None = the engine's version + 1),
         or ``weights=None`` to sync the actor's current weights in-process (the trainer's
         ``update_weights`` stage after every actor update). When the rollout shares the actor's
-        module (hybrid, one rank), given weights change the actor too."""
+        module (hybrid, one rank), given weights change the actor too. Returns the engine's seconds
+        per sync stage (a server engine: write, pause, reload, ...; empty for in-process engines)."""
         self._require(self._is_rollout, "update_weights", "rollout")
         if weights is None:
             self._require(self._is_actor, "update_weights(None)", "actor")
-            self._sync_rollout_weights(force=True)
-            return
+            return self._sync_rollout_weights(force=True)
         self.rollout.wake_up()
-        self.rollout.update_weights(weights, self.rollout.weights_version + 1 if version is None else version)
+        return self.rollout.update_weights(weights, self.rollout.weights_version + 1 if version is None
+                                           else version) or {}
 
     # ------------------------------------------------------------------ actor
     def _reuse_rollout_log_probs(self, data: DataProto, temperature: float, calculate_entropy: bool) -> bool:

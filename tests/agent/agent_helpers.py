@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import json
 import threading
 import time
 
@@ -336,3 +337,33 @@ def agent_overrides(model_dir: Path, data: dict[str, Path], run_dir: Path, **ext
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+CALCULATOR_SCHEMA = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression and return its value.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+
+
+def calculator_agent(client, row: dict) -> str:
+    """An agent written with the plain ``openai`` client (the ``openai_agent`` loop's
+    ``run(client, row)``): it asks the model, runs every calculator call it makes, sends the results
+    back, and returns the model's final text."""
+    from rlvr.agent.tools.calculator import evaluate_expression
+
+    messages = [dict(m) for m in row["raw_prompt"]]
+    for _ in range(4):
+        reply = client.chat.completions.create(model="rlvr-policy", messages=messages, tools=[CALCULATOR_SCHEMA])
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            return message.content
+        for call in message.tool_calls:
+            expression = json.loads(call.function.arguments)["expression"]
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": evaluate_expression(expression)})
+    return ""
+
+
+def failing_agent(client, row: dict) -> str:
+    """An agent that asks the model once and then raises (the loop counts it and keeps the turn)."""
+    client.chat.completions.create(model="rlvr-policy", messages=list(row["raw_prompt"]))
+    raise RuntimeError("the agent broke")

@@ -164,8 +164,20 @@ class SamplingConfig:
 
 
 @dataclass
+class OpenAIEndpointConfig:
+    run: Optional[str] = _f(None, "openai_agent: the agent, a function run(client, row) -> answer: 'package.module:function' or 'path/to/file.py:function'")
+    host: str = _f("127.0.0.1", "address of rlvr's OpenAI-compatible endpoint; anything but loopback needs api_key")
+    port: int = _f(0, "port of the endpoint (0 = a free port)")
+    api_key: Optional[str] = _f(None, "key the endpoint requires (Authorization: Bearer); required off loopback")
+    max_request_bytes: int = _f(1 << 20, "larger request bodies are refused (HTTP 413)")
+    max_concurrent_runs: int = _f(64, "agent functions running at once (one per sample)")
+    run_timeout_s: float = _f(600.0, "time limit of one sample's agent function; later requests of that sample are refused")
+
+
+@dataclass
 class AgentConfig:
-    default_agent_loop: str = _f("single_turn", "agent loop (registry) for rows without an agent_name field: single_turn | tool_agent | env_agent")
+    default_agent_loop: str = _f("single_turn", "agent loop (registry) for rows without an agent_name field: single_turn | tool_agent | env_agent | openai_agent")
+    openai: OpenAIEndpointConfig = _sub(OpenAIEndpointConfig, "openai_agent: an agent written against the OpenAI API, served by rlvr's /v1/chat/completions")
 
 
 @dataclass
@@ -182,8 +194,31 @@ class MultiTurnConfig:
 
 
 @dataclass
+class ServerConfig:
+    urls: list = _f([], "servers you run yourself (http://host:port, vLLM with VLLM_SERVER_DEV_MODE=1 and --enable-scale-out); empty = rlvr starts num_replicas")
+    num_replicas: int = _f(1, "managed replicas rlvr starts (each a vLLM OpenAI server subprocess)")
+    host: str = _f("127.0.0.1", "loopback address the managed replicas bind to (dev mode: never another address, see docs/rollout.md)")
+    port: int = _f(0, "port of managed replica 0, replica i gets port + i (0 = free ports)")
+    api_key: Optional[str] = _f(None, "key the managed replicas require (vLLM --api-key) and rlvr sends to every replica")
+    cpu_binds: list = _f([], "CPU cores of each managed replica's OpenMP threads (VLLM_CPU_OMP_THREADS_BIND, e.g. ['1'] or ['0-1']); empty = all cores of this process, shared")
+    cuda_devices: list = _f([], "CUDA_VISIBLE_DEVICES of each managed replica (e.g. ['0', '1']); empty = inherited")
+    python: Optional[str] = _f(None, "Python that runs vLLM for managed replicas, e.g. .venv-vllm/bin/python (None = this one)")
+    kv_cache_space_gb: int = _f(2, "CPU KV cache of each managed replica in whole GiB (VLLM_CPU_KVCACHE_SPACE)")
+    extra_args: list = _f([], "more arguments of every managed replica's server command line")
+    weights_dir: Optional[str] = _f(None, "folder the trainer writes the HF weights to after each update, read by every replica at this path (None = a temporary folder; required with urls)")
+    log_dir: Optional[str] = _f(None, "folder of the managed replicas' log files (None = a new temporary folder, kept)")
+    startup_timeout_s: float = _f(600.0, "time limit for a managed replica to answer its health check")
+    request_timeout_s: float = _f(600.0, "time limit of one generate request; then it is retried on another replica")
+    sync_timeout_s: float = _f(120.0, "time limit of each call of the weight sync (pause, reload, reset cache, version, resume)")
+    max_retries: int = _f(2, "a request that fails (timeout, dead replica) is sent again to another replica up to this many times")
+    max_restarts: int = _f(3, "restarts of each managed replica that died (it gets the current weights before it serves)")
+    max_concurrent_requests: int = _f(64, "HTTP requests in flight from this engine (all replicas)")
+
+
+@dataclass
 class RolloutConfig:
-    name: str = _f("hf", "rollout engine from the registry: hf (transformers) | vllm (vLLM's LLM in the worker's process; `make setup-vllm`)")
+    name: str = _f("hf", "rollout engine from the registry: hf (transformers) | vllm (vLLM; `make setup-vllm`)")
+    mode: str = _f("sync", "vllm: sync (vLLM's LLM inside the worker's process) | async (vLLM OpenAI server replicas, see rollout.server; verl's server mode)")
     n: int = _f(8, "responses sampled per prompt")
     temperature: float = _f(1.0, "sampling temperature")
     top_p: float = _f(1.0, "nucleus sampling threshold (vllm: 1.0 only, its log-probs would be renormalised)")
@@ -214,6 +249,7 @@ class RolloutConfig:
     block_size: Optional[int] = _f(None, "vllm: KV-cache block in tokens (None = 32 on CPU, where the default 128 outgrows short prompts; vLLM's default on GPU)")
     agent: AgentConfig = _sub(AgentConfig, "agent loops above the engine (single-turn, tools, environments)")
     multi_turn: MultiTurnConfig = _sub(MultiTurnConfig, "limits, tools and environment of multi-turn agent loops")
+    server: ServerConfig = _sub(ServerConfig, "rollout.mode=async: the inference server replicas (managed or rollout.server.urls)")
 
 
 @dataclass
@@ -279,6 +315,7 @@ class RolloutCorrectionConfig:
     rollout_rs: Optional[str] = _f(None, "rejection (masked IS): drop tokens or sequences whose ratio leaves the band, level: token | sequence | geometric (None = off)")
     rollout_rs_threshold: Optional[float] = _f(None, "upper bound of the rejection band (None = rollout_is_threshold)")
     rollout_rs_threshold_lower: Optional[float] = _f(None, "lower bound of the rejection band (None = 1 / upper)")
+    bypass_mode: bool = _f(False, "use the rollout's log-probs as old_log_probs (no actor forward); the PPO ratio then corrects the whole rollout/actor gap")
     log_prob_diff_threshold: float = _f(0.1, "a token counts as mismatched in training/rollout_log_probs_diff_frac_over when |rollout - actor log-prob| exceeds this")
 
 

@@ -27,6 +27,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
+from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 from rlvr.utils.registry import Registry, RegistryKeyError
 from rlvr.utils.user_code import is_object_path
@@ -229,6 +230,8 @@ def _check_rollout(cfg: DictConfig) -> None:
     _require(0 < rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
     _require(rollout.val_kwargs.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", "must be >= 1")
     _check_agent(rollout)
+    check_openai_endpoint(rollout.agent, rollout.agent.default_agent_loop)
+    check_rollout_server(rollout)
     if rollout.name == "vllm":
         _check_vllm(rollout, world_size(cfg))
 
@@ -254,9 +257,10 @@ def _check_agent(rollout: DictConfig) -> None:
 
 
 def _check_vllm(rollout: DictConfig, workers: int) -> None:
-    """vLLM must be importable (its own venv: it pins its own torch and transformers)."""
+    """vLLM must be importable (its own venv: it pins its own torch and transformers), unless it runs
+    as servers (``rollout.mode=async``: checked by :func:`check_rollout_server`)."""
     key = "actor_rollout_ref.rollout"
-    _require(importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
+    _require(rollout.mode == "async" or importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
     _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
              "the in-process vLLM engine runs one engine per worker; set it to 1")
     _require(workers == 1, "trainer.n_gpus_per_node",
@@ -323,6 +327,10 @@ def _check_rollout_correction(rc: DictConfig) -> None:
         _require(0 < lower < upper, f"{key}.rollout_rs_threshold",
                  f"the rejection band [{lower}, {upper}] needs 0 < lower < upper (e.g. 0.5 and 2.0)")
     _require(rc.log_prob_diff_threshold >= 0, f"{key}.log_prob_diff_threshold", "must be >= 0")
+    _require(not (rc.bypass_mode and rc.rollout_is is not None), f"{key}.rollout_is",
+             "bypass_mode uses the rollout's log-probs as the old policy, so the PPO ratio already is "
+             "pi_theta / pi_rollout; IS weights on top would count that gap twice. Set rollout_is=null (rollout_rs "
+             "still drops outlier tokens on that ratio) or bypass_mode=false")
 
 
 def _check_critic(cfg: DictConfig) -> None:

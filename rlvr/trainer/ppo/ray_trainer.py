@@ -8,7 +8,8 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
                   (DAPO dynamic sampling: drop groups that all agree, generate more)
     old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric; the rollout/actor
                   log-prob mismatch metrics; the rollout correction (IS weights, rejection) if set,
-                  as in verl's decoupled mode (rejected tokens leave response_mask from here on)
+                  as in verl's decoupled mode (rejected tokens leave response_mask from here on);
+                  in verl's bypass mode the rollout's log-probs are the old policy (no actor call)
     ref           ref.compute_ref_log_prob        -> ref_log_prob       (KL in loss or reward only)
     values        critic.compute_values           -> values             (with a critic only)
     adv           KL penalty in the reward, then the registered advantage estimator (driver)
@@ -66,7 +67,11 @@ from rlvr.trainer.ppo.metrics import (
 )
 from rlvr.trainer.ppo.resource_pool import ResourcePoolManager
 from rlvr.trainer.ppo.reward import compute_reward
-from rlvr.trainer.ppo.rollout_correction import compute_rollout_correction_and_add_to_batch, compute_rollout_mismatch_metrics
+from rlvr.trainer.ppo.rollout_correction import (
+    bypass_old_log_probs,
+    compute_rollout_correction_and_add_to_batch,
+    compute_rollout_mismatch_metrics,
+)
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.ppo.validation import ValidationMixin
 from rlvr.trainer.ppo.worker_groups import TrainerWorkerGroups
@@ -423,6 +428,10 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         they are exact for the current weights), the rollout/actor mismatch metrics and the rollout
         correction. ``actor/entropy`` is the Monte-Carlo estimate
         ``mean(-log p)`` of the sampled tokens, unless the worker returned per-token ``entropys``."""
+        rc = self.config.algorithm.rollout_correction
+        if rc.bypass_mode:
+            metrics.update(bypass_old_log_probs(batch, rc))
+            return
         with _timer("old_log_prob", timing):
             output = self.actor_rollout_wg.compute_log_prob(batch)
         mask = batch.batch["response_mask"]
@@ -433,7 +442,6 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             metrics["actor/entropy"] = agg_loss(output.batch["entropys"], mask, loss_agg_mode).item()
         else:
             metrics["actor/entropy"] = masked_mean(-output.batch["old_log_probs"], mask).item()
-        rc = self.config.algorithm.rollout_correction
         metrics.update(compute_rollout_mismatch_metrics(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
                                                          mask, rc.log_prob_diff_threshold))
         metrics.update(compute_rollout_correction_and_add_to_batch(batch, rc)[1])
@@ -488,7 +496,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             output = self.actor_rollout_wg.update_actor(batch)
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
         with _timer("update_weights", timing):
-            self.actor_rollout_wg.update_weights()
+            stages = self.actor_rollout_wg.update_weights()[0]
+        metrics.update({f"timing/update_weights/{stage}": seconds for stage, seconds in stages.items()})
 
 
 def _tool_use_metrics(prefix: str, batch: DataProto) -> dict[str, float]:

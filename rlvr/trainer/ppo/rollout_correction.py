@@ -40,8 +40,11 @@ __all__ = [
     "ROLLOUT_RATIO_LEVELS", "SAFETY_BOUND", "register_rollout_ratio_level", "get_rollout_ratio_level",
     "compute_rollout_correction_weights", "compute_rollout_rejection_mask",
     "compute_rollout_correction_and_rejection_mask", "compute_rollout_correction_and_add_to_batch",
-    "compute_rollout_mismatch_metrics",
+    "compute_rollout_mismatch_metrics", "bypass_old_log_probs", "BYPASS_RS_KEY", "compute_bypass_rejection",
 ]
+
+BYPASS_RS_KEY = "bypass_rollout_rs"
+"""``meta_info`` key: the rejection settings the actor applies per micro-batch in bypass mode."""
 
 SAFETY_BOUND = 20.0
 """Log-ratios are clamped to ``[-20, 20]`` before ``exp`` (weights stay in ``[2e-9, 5e8]``)."""
@@ -261,3 +264,37 @@ def compute_rollout_mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_pro
         "rollout_corr/kl": (rollout - old).mean().item(),
         "rollout_corr/k3_kl": (log_ratio.exp() - 1.0 - log_ratio).mean().item(),
     }
+
+
+def bypass_old_log_probs(batch: DataProto, rollout_corr_config) -> dict[str, float]:
+    """verl's bypass mode, in place: the rollout's log-probs become ``old_log_probs`` (no actor
+    forward), so the PPO ratio is ``pi_theta / pi_rollout`` and its clip bounds the whole gap, the
+    engine's residual mismatch included. With ``rollout_rs`` the actor also drops, in every
+    micro-batch, the tokens whose residual ratio ``pi_theta / pi_rollout`` leaves the rejection band
+    (:func:`compute_bypass_rejection`; the settings travel in ``meta_info[BYPASS_RS_KEY]``).
+    ``rollout_is`` is refused with bypass mode by config validation: its weights would count the
+    ratio the PPO loss already has a second time.
+
+    Returns:
+        ``actor/entropy`` (the Monte-Carlo estimate ``mean(-log p_rollout)``) and
+        ``actor/bypass_mode`` = 1.
+    """
+    tensors, rc = batch.batch, rollout_corr_config
+    tensors["old_log_probs"] = tensors["rollout_log_probs"].clone()
+    if rc.rollout_rs is not None:
+        batch.meta_info[BYPASS_RS_KEY] = {
+            "rollout_rs": rc.rollout_rs, "rollout_rs_threshold": rc.rollout_is_threshold if rc.rollout_rs_threshold
+            is None else rc.rollout_rs_threshold, "rollout_rs_threshold_lower": rc.rollout_rs_threshold_lower}
+    return {"actor/entropy": masked_mean(-tensors["old_log_probs"], tensors["response_mask"]).item(),
+            "actor/bypass_mode": 1.0}
+
+
+def compute_bypass_rejection(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                             settings: dict) -> torch.Tensor:
+    """Bypass mode's rejection on one micro-batch: ``response_mask`` ``[b, R]`` without the tokens
+    (or sequences) whose residual ratio ``pi_theta / pi_rollout`` (``log_prob`` detached) leaves the
+    band ``settings`` gives (``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower``)."""
+    mask, _ = compute_rollout_rejection_mask(log_prob.detach().float() - rollout_log_prob.float(), response_mask,
+                                             settings["rollout_rs"], settings["rollout_rs_threshold"],
+                                             settings["rollout_rs_threshold_lower"])
+    return mask

@@ -35,6 +35,7 @@ from transformers import PreTrainedModel
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from rlvr.trainer.ppo.rollout_correction import BYPASS_RS_KEY, compute_bypass_rejection
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.packed_log_probs import packed_log_probs
@@ -251,20 +252,27 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
+        bypass_rs = data.meta_info.get(BYPASS_RS_KEY)
+        if bypass_rs is not None:
+            keys.append("rollout_log_probs")
         batch = gather_rows(select_batch_keys(data.batch, keys, "update_actor"), self.sp, block=self.mini_batch_size)
         self.module.train()
         return run_ppo_epochs(
-            batch, lambda mini: self._train_mini_batch(mini, temperature), epochs=self.config.ppo_epochs,
+            batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs), epochs=self.config.ppo_epochs,
             mini_batch_size=self.mini_batch_size * self.sp.size, shuffle=self.config.shuffle,
             generator=shared_generator(self.sp) if self.config.shuffle else None,
         )
 
-    def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float
+    def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss of one micro-batch (aggregated over it) and its metrics ``[len(_METRICS)]``."""
+        """Loss of one micro-batch (aggregated over it) and its metrics ``[len(_METRICS)]``; in bypass
+        mode with rejection (``bypass_rs``) the tokens whose ``pi_theta / pi_rollout`` leaves the band
+        leave the loss."""
         config = self.config
         mask = micro["response_mask"]
         log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
+        if bypass_rs is not None:
+            mask = compute_bypass_rejection(log_prob, micro["rollout_log_probs"], mask, bypass_rs)
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
             response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=config,
@@ -280,13 +288,15 @@ class DataParallelPPOActor:
         values = [pg_metrics["pg_loss"], pg_metrics["pg_clipfrac"], pg_metrics["ppo_kl"], entropy_loss, kl_loss]
         return loss, torch.stack([v.detach().float().cpu() for v in values])
 
-    def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float) -> dict[str, float]:
+    def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None
+                          ) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step."""
         config = self.config
         micro_batches = self._micro_batches(mini, config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz,
                                             config.ppo_max_token_len_per_gpu)
         update = update_mini_batch(
-            self.module, self.optimizer, mini, micro_batches, lambda micro: self._micro_loss(micro, temperature),
+            self.module, self.optimizer, mini, micro_batches,
+            lambda micro: self._micro_loss(micro, temperature, bypass_rs),
             len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
         )

@@ -16,6 +16,9 @@ Contract of ``generate_sequences(prompts)``:
   ``meta_info["stop"]`` (list of strings, replaces ``rollout.stop`` for this call): a row stops after
   the token that completes a stop string, and that token is kept in the response (mask 1).
   Prompts of different lengths arrive left-padded, as always.
+- one optional non-tensor input field, ``session_id`` (:data:`SESSION_KEY`): rows with the same value
+  belong to one multi-turn trajectory; a server engine sends them to the same replica (its prefix
+  cache holds the context). In-process engines ignore it.
 - one response per row unless ``meta_info["n"]`` asks for more: the trainer repeats the prompts
   itself (``batch.repeat(rollout.n, interleave=True)``, as verl does), so ``rollout.n`` in the
   config is not applied by the engine.
@@ -31,7 +34,9 @@ Contract of ``generate_sequences(prompts)``:
   precision (engines computing in lower precision, or with other kernels, say False).
   ``meta_info["rollout_weights_version"]`` is the version of the weights the engine generated with
   (the ``version`` of its last :meth:`RolloutEngine.update_weights`); the trainer refuses samples
-  whose version is not the actor's current one (a silently stale engine).
+  whose version is not the actor's current one (a silently stale engine). A server engine also
+  returns ``response_versions [B, R]`` (int64): the weights version that sampled each response token,
+  -1 where ``response_mask`` is 0.
 """
 
 from __future__ import annotations
@@ -52,8 +57,11 @@ from rlvr.workers.rollout.sampling import SamplingParams, resolve_sampling
 __all__ = [
     "RolloutEngine", "RolloutFactory", "ROLLOUT_ENGINES", "Weights", "register_rollout_engine", "get_rollout_engine",
     "as_named_tensors", "module_device", "tokenizer_ids", "CallSettings", "call_settings", "response_tensors",
-    "check_weights_version",
+    "check_weights_version", "SESSION_KEY",
 ]
+
+SESSION_KEY = "session_id"
+"""Optional non-tensor input field naming the multi-turn trajectory of a row (see the module docstring)."""
 
 Weights = Iterable[tuple[str, torch.Tensor]] | Mapping[str, torch.Tensor]
 
@@ -69,9 +77,10 @@ class RolloutEngine(Protocol):
     weights_version: int
     """Version of the weights the engine holds (set by :meth:`update_weights`; 0 at construction)."""
 
-    def update_weights(self, weights: Weights, version: int) -> None:
+    def update_weights(self, weights: Weights, version: int) -> dict[str, float] | None:
         """Load new policy weights, ``(name, tensor)`` pairs or a state dict with the policy's
-        parameter names, in place; afterwards ``weights_version == version``."""
+        parameter names, in place; afterwards ``weights_version == version``. An engine whose sync
+        has stages (a server engine: write, pause, reload, ...) returns their seconds, else None."""
         ...
 
     def wake_up(self) -> None:

@@ -41,7 +41,7 @@ from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.rollout.base import CallSettings, Weights, call_settings, register_rollout_engine, response_tensors
 from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
 
-__all__ = ["VLLMRollout"]
+__all__ = ["VLLMRollout", "VLLMEngineFactory"]
 
 _PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 CPU_KV_CACHE_BYTES = 1 << 30
@@ -66,7 +66,6 @@ def _import_vllm() -> ModuleType:
     return vllm
 
 
-@register_rollout_engine("vllm")
 class VLLMRollout:
     """Generation with vLLM, in-process, colocated with the actor.
 
@@ -216,3 +215,20 @@ class VLLMRollout:
                 log_probs[row, :length] = torch.tensor(
                     [step[token].logprob for step, token in zip(completion.logprobs, tokens)])
         return responses, response_mask, log_probs
+
+
+@register_rollout_engine("vllm")
+class VLLMEngineFactory:
+    """The ``vllm`` engine: :class:`VLLMRollout` in the worker's process (``rollout.mode=sync``) or
+    vLLM OpenAI servers (``rollout.mode=async``,
+    :class:`~rlvr.workers.rollout.server.engine.ServerRollout`). Both keep their own weights."""
+
+    runs_torch_module = False
+
+    def __new__(cls, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
+                seed: int, owns_module: bool):
+        if config.mode == "async":
+            from rlvr.workers.rollout.server import ServerRollout  # vllm's server runs in its own processes
+
+            return ServerRollout(config, module, tokenizer, device, seed, owns_module)
+        return VLLMRollout(config, module, tokenizer, device, seed, owns_module)
