@@ -27,9 +27,9 @@ import numpy as np
 import torch
 
 from rlvr.protocol import DataProto
-from rlvr.utils.torch_functional import compute_position_ids
+from rlvr.utils.torch_functional import compute_position_ids, left_pad
 
-__all__ = ["Trajectory", "TrajectoryBatch", "STOP_REASONS", "left_pad"]
+__all__ = ["Trajectory", "TrajectoryBatch", "STOP_REASONS"]
 
 STOP_REASONS = ("answered", "turn_limit", "response_budget")
 """Why a trajectory ended: the model answered (no more calls / the environment said done), the
@@ -80,17 +80,6 @@ class Trajectory:
         if reward and 1 in self.response_mask:
             last = len(self.response_mask) - 1 - self.response_mask[::-1].index(1)
             self.rewards.append((last, float(reward)))
-
-
-def left_pad(rows: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, attention_mask)`` ``[len(rows), width]``: each row of ids right-aligned after ``pad_id`` padding."""
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
-    return ids, mask
 
 
 class TrajectoryBatch:

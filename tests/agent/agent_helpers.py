@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from rlvr.agent import AgentLoopManager
 from rlvr.agent.chat import ChatTurns, render_prompt_ids
 from rlvr.agent.tools import BaseTool, ToolResponse, function_schema
-from rlvr.agent.trajectory import left_pad
+from rlvr.utils.torch_functional import left_pad
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RolloutConfig
 from rlvr.utils.testing import forward_log_probs, tiny_causal_lm
