@@ -11,6 +11,7 @@ once (a generation and a weight push, see :mod:`rlvr.workers.rollout.partial`).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from omegaconf import DictConfig
@@ -39,14 +40,18 @@ def rollout_pool_backends(cfg: DictConfig) -> dict[str, str]:
     return {ROLLOUT_POOL: "process"} if cfg.trainer.backend == "local" else {}
 
 
-def start_rollout_group(cfg: DictConfig, pools: Any, worker_cls: type, call_timeout_s: float) -> WorkerGroup:
+def start_rollout_group(cfg: DictConfig, pools: Any, worker_cls: type,
+                        give_weights: Callable[[WorkerGroup], None]) -> WorkerGroup:
     """Start the rollout workers (``role="rollout"``) in the rollout pool of ``pools`` (a
-    ``ResourcePoolManager`` whose pools exist) and load their models."""
+    ``ResourcePoolManager`` whose pools exist), load their models and hand the group to
+    ``give_weights`` (it sends the last weights pushed to the rollout: a restarted group goes on
+    with the current policy)."""
     pool_name = pools.pool_name(Role.Rollout)
     group_cls = get_worker_group_cls(pools.backend_of(pool_name))
     group = group_cls(resource_pool=pools.resource_pool_dict[pool_name],
                       ray_cls_with_init=ClassWithInitArgs(worker_cls, config=cfg, role="rollout"),
-                      name_prefix=f"{ROLLOUT_GROUP}_{uuid.uuid4().hex[:6]}", call_timeout_s=call_timeout_s,
+                      name_prefix=f"{ROLLOUT_GROUP}_{uuid.uuid4().hex[:6]}", call_timeout_s=cfg.trainer.call_timeout_s,
                       max_concurrency=ROLLOUT_CONCURRENCY)
     group.init_model()
+    give_weights(group)
     return group

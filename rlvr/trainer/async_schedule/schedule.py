@@ -32,7 +32,8 @@ from __future__ import annotations
 import copy
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from omegaconf import DictConfig
@@ -102,6 +103,15 @@ class AsyncRollout:
         self.last_push_s = 0.0
 
     # ------------------------------------------------------------------ lifecycle
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """The rollouter runs while the block does (one attempt of the trainer's loop)."""
+        self.start()
+        try:
+            yield
+        finally:
+            self.stop()
+
     def start(self) -> None:
         """Send the actor's current weights to the rollout and start the rollouter thread."""
         self._join_previous()

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -250,15 +250,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if not self.rollout_apart:
             self.rollout_wg = self.actor_rollout_wg
         elif self.rollout_wg is None:  # started once; a full restart starts it again (restart_stateless)
-            self.rollout_wg = self.add_stateless_group(ROLLOUT_GROUP, self._start_rollout_group,
-                                                       self.role_worker_mapping[Role.Rollout])
-
-    def _start_rollout_group(self) -> WorkerGroup:
-        """The rollout workers apart from the actor, with the last weights pushed to the rollout."""
-        group = start_rollout_group(self.config, self.resource_pool_manager, self.role_worker_mapping[Role.Rollout],
-                                    self.config.trainer.call_timeout_s)
-        self.async_rollout.resend_weights(group)
-        return group
+            worker_cls = self.role_worker_mapping[Role.Rollout]
+            self.rollout_wg = self.add_stateless_group(ROLLOUT_GROUP, lambda: start_rollout_group(
+                cfg, self.resource_pool_manager, worker_cls, self.async_rollout.resend_weights), worker_cls)
 
     def add_stateless_group(self, name: str, create: Callable[[], Any], worker_cls: type | None) -> RestartableGroup:
         """Start a group of workers without training state (reward workers, an LLM judge) that is
@@ -301,24 +295,12 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         """:meth:`_run`, restarted from the last whole checkpoint after each recoverable failure."""
         while True:
             try:
-                with self._rollout_running():
+                with self.async_rollout.running() if self.async_rollout is not None else nullcontext():
                     return self._run(progress)
             except RECOVERABLE_ERRORS if self.recovers else () as error:
                 if self.stop.requested:
                     raise  # stopping anyway: a resume starts from the last whole checkpoint
                 self._recover(error, progress)
-
-    @contextmanager
-    def _rollout_running(self) -> Iterator[None]:
-        """The asynchronous rollout's thread runs while the block does (a rollout apart only)."""
-        if self.async_rollout is None:
-            yield
-            return
-        self.async_rollout.start()
-        try:
-            yield
-        finally:
-            self.async_rollout.stop()
 
     def _run(self, progress: TrainingProgress) -> None:
         """Steps from ``global_steps`` on, then the final validation, checkpoint and export."""
