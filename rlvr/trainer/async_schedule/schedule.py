@@ -142,11 +142,13 @@ class AsyncRollout:
         try:
             while self.buffer.wait_for_admission():
                 prompts = self.prompts.take(self.batch_size)
+                start = time.perf_counter()
                 output = self._generate(prompts.repeat(self.n, interleave=True))
                 if stop.is_set():
                     return  # a new attempt owns the prompts and the buffer now
                 with self._metrics_lock:
-                    self._gen_metrics.append(output.meta_info.pop("metrics", {}))
+                    self._gen_metrics.append({**output.meta_info.pop("metrics", {}),
+                                              "async/rollout_gen_s": time.perf_counter() - start})
                 output.meta_info.pop("rollout_weights_version", None)  # per token in response_versions
                 groups = [output.select_idxs(list(range(i * self.n, (i + 1) * self.n))) for i in range(len(prompts))]
                 oldest = [int(self.buffer.version - sample_staleness(g.batch["response_versions"],
