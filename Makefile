@@ -10,7 +10,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults clean
+.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults bench-async clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,6 +85,13 @@ bench: setup
 bench-faults: setup
 	$(PY) -m benchmarks.bench_cli
 	$(PY) -m benchmarks.bench_faults --runs 12 --steps 8 --save-freq 2
+
+# synchronous against asynchronous training (sync, one_step, bounded), main job x 3 seeds x 50 steps, the
+# tool-use job, the staleness-4 correction ablation and the simulator's prediction (docs/PERFORMANCE.md);
+# several hours on 2 cores: run it on an idle machine
+bench-async: setup data/arith/test.jsonl data/tools/test.jsonl
+	$(PY) -m benchmarks.bench_async --out runs/bench_async $(ARGS)
+	$(PY) -m benchmarks.async_simulator --scale --json runs/bench_async/scaling.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
