@@ -35,7 +35,9 @@ reference.
   (``DataProto.union`` does).
 - A rollout worker group of its own (``role="rollout"``, ``actor_rollout_ref.hybrid_engine=false``)
   takes new weights while it generates: they wait for the end of the generation, or interrupt it
-  for a partial rollout (``rlvr.workers.rollout.partial``).
+  for a partial rollout (``rlvr.workers.rollout.partial``). Its output leaves the engine's one
+  ``rollout_weights_version`` out (its ranks may end a call on different versions): the per-token
+  ``response_versions`` say which weights sampled what.
 
 Outputs of the DP_COMPUTE_PROTO methods carry ``meta_info["metrics"]`` (name -> list of floats)
 and ``meta_info["timing"]`` (stage -> seconds, the slowest rank).
@@ -265,6 +267,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         output.meta_info.update(metrics=metrics, timing=timer.result())
         if self._is_actor:
             output.meta_info["actor_weights_version"] = self._weights_version
+        else:  # a rollout group apart: its ranks may end a call on different versions; response_versions say which
+            output.meta_info.pop("rollout_weights_version")
         return output
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

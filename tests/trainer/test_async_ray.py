@@ -61,7 +61,8 @@ def run(cfg, reward_fn=None, mapping=None, on_step=None) -> RayPPOTrainer:
     """A run of ``cfg`` with the trainer's pools on the training node and the rollout's on the
     rollout node."""
     default, pool_of_role = build_role_worker_mapping(cfg)
-    spec = {"global_pool": [1], **({"rollout_pool": [1]} if not cfg.actor_rollout_ref.hybrid_engine else {})}
+    spec = {"global_pool": [1], **({"rollout_pool": [cfg.rollout.n_gpus_per_node]}
+                                   if not cfg.actor_rollout_ref.hybrid_engine else {})}
     pools = ResourcePoolManager(spec, pool_of_role, use_gpu=False, backend="ray",
                                 pool_options={name: LABELS[name] for name in spec})
     tokenizer = hf_tokenizer(cfg.actor_rollout_ref.model.path)
@@ -98,7 +99,10 @@ def test_max_staleness_0_on_two_nodes_gives_the_synchronous_trainers_metrics_exa
 
 @pytest.mark.parametrize("mode", ["one_step", "bounded_drop_partial"])
 def test_the_staleness_bound_holds_for_every_token_across_nodes(cluster, tiny_model_dir, tiny_data, tmp_path, mode):
-    cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / mode, **BASE, **MODES[mode], **LONGER)
+    """one_step with one rollout worker; bounded with two (each a rank of the rollout group, taking
+    the pushes at their own moments: a call's ranks may end on different versions)."""
+    workers = {"rollout.n_gpus_per_node": 2} if mode != "one_step" else {}
+    cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / mode, **BASE, **MODES[mode], **LONGER, **workers)
     recorder = VersionRecorder(cfg, hf_tokenizer(str(tiny_model_dir)))
     trainer = run(cfg, reward_fn=recorder)
     staleness = recorder.staleness()

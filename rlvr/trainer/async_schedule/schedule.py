@@ -149,7 +149,6 @@ class AsyncRollout:
                 with self._metrics_lock:
                     self._gen_metrics.append({**output.meta_info.pop("metrics", {}),
                                               "async/rollout_gen_s": time.perf_counter() - start})
-                output.meta_info.pop("rollout_weights_version", None)  # per token in response_versions
                 groups = [output.select_idxs(list(range(i * self.n, (i + 1) * self.n))) for i in range(len(prompts))]
                 oldest = [int(self.buffer.version - sample_staleness(g.batch["response_versions"],
                                                                    g.batch["response_mask"], self.buffer.version).max())

@@ -227,8 +227,11 @@ def check_weights_version(meta_info: Mapping) -> None:
     Raises:
         StaleRolloutError: the versions differ (a silently stale engine).
     """
-    engine, actor = meta_info["rollout_weights_version"], meta_info.get("actor_weights_version")
-    if actor is not None and engine != actor:
+    actor = meta_info.get("actor_weights_version")
+    if actor is None:
+        return
+    engine = meta_info["rollout_weights_version"]
+    if engine != actor:
         raise StaleRolloutError(
             f"the rollout engine generated these samples with weights version {engine}, but the actor is at "
             f"version {actor}: the weight sync after an actor update did not reach the engine, so the samples "
