@@ -24,7 +24,8 @@ stage times, the staleness and the idle time of trainer and rollout. The load av
 is recorded before and after every run: compare runs only on an idle machine.
 
     python -m benchmarks.bench_async                                  # everything (hours on 2 cores)
-    python -m benchmarks.bench_async --steps 4 --seeds 1 --test-freq 2 --tool-steps 0 --no-ablation
+    python -m benchmarks.bench_async --steps 4 --seeds 1 --test-freq 2 --tool-steps 0 --no-ablation \
+        --override data.val_max_samples=16                           # a quick check
 """
 
 from __future__ import annotations
@@ -55,10 +56,14 @@ ABLATION = {
 }
 
 
+EXTRA: list[str] = []
+"""Overrides given with ``--override``, added to every run (e.g. a smaller validation set for a quick check)."""
+
+
 def run_job(preset: str, name: str, overrides: list[str], out: Path, steps: int, seed: int, test_freq: int) -> dict:
     """One ``rlvr`` command; returns its metrics rows, wall time and the load averages around it."""
     run_dir = out / name
-    args = [sys.executable, "-m", "rlvr.trainer.main_ppo", "--preset", preset, *overrides,
+    args = [sys.executable, "-m", "rlvr.trainer.main_ppo", "--preset", preset, *overrides, *EXTRA,
             f"trainer.total_training_steps={steps}", "trainer.max_time_s=null", f"trainer.test_freq={test_freq}",
             f"trainer.seed={seed}", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
             "trainer.progress_bar=false", "trainer.export_hf=false", "trainer.report=false"]
@@ -182,7 +187,9 @@ def main() -> None:
     parser.add_argument("--calibration-steps", type=int, default=10)
     parser.add_argument("--no-ablation", action="store_true", help="skip the staleness-4 correction ablation")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_async"))
+    parser.add_argument("--override", nargs="*", default=[], help="key=value overrides for every run")
     args = parser.parse_args()
+    EXTRA.extend(args.override)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
                               "args": {**vars(args), "out": str(args.out)}}

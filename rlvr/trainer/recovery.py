@@ -168,15 +168,16 @@ class RestartableGroup:
             group = self.group
             try:
                 return call(group)
-            except RECOVERABLE_ERRORS as err:
-                with self._lock:
-                    if self._closed:
+            except WorkerError as err:
+                with self._lock:  # waits for a restart that another thread has begun
+                    if self.group is not group:
+                        continue  # the group was restarted meanwhile (maybe because of this very failure)
+                    if self._closed or not isinstance(err, RECOVERABLE_ERRORS):
                         raise
-                    if self.group is group:  # the first to see this failure restarts the group
-                        step = self._current_step()
-                        started = self._recovery.admit(err, step)
-                        self._replace()
-                        self._recovery.record(err, step, restored_step=None, started=started)
+                    step = self._current_step()
+                    started = self._recovery.admit(err, step)
+                    self._replace()
+                    self._recovery.record(err, step, restored_step=None, started=started)
 
     def _retrying(self, method: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
