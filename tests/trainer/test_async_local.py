@@ -4,7 +4,8 @@ gives the synchronous trainer's metrics exactly; the bound is never exceeded (fr
 versions of every trained batch); partial rollouts mix versions along a row, oldest first; a killed
 driver resumes without losing or repeating a prompt; SIGTERM stops with a checkpoint; a hung weight
 push raises a timeout naming the rollout worker; a killed rollout worker is restarted alone and
-goes on with the current weights."""
+goes on with the current weights. The kill-and-resume test runs on the Ray backend too (the Ray
+versions of the others are in ``test_async_ray.py``)."""
 
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def test_max_staleness_0_gives_the_synchronous_trainers_metrics_exactly(run):
     assert recorder.staleness() == [[0] * 16] * 4
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", ["one_step", pytest.param("bounded_wait_partial", marks=pytest.mark.slow),
+                                  pytest.param("bounded_drop_partial", marks=pytest.mark.slow)])
 def test_the_staleness_bound_is_never_exceeded(run, mode):
     trainer, recorder = run(mode, record=True, **MODES[mode], **LONGER, **{"trainer.total_training_steps": 5})
     staleness = recorder.staleness()
@@ -95,6 +97,7 @@ def test_a_hung_weight_push_raises_a_timeout_naming_the_rollout_worker(run, tmp_
     assert isinstance(cause, WorkerTimeoutError) and "within 5.0 s" in str(cause)
 
 
+@pytest.mark.slow  # waits for a new rollout process
 def test_a_killed_rollout_worker_is_restarted_alone_with_the_current_weights(run, tmp_path):
     marker = tmp_path / "rollout-killed"
     faults = [Fault("generate_sequences", rank=0, call=3, kind="kill", marker=str(marker))]
@@ -133,12 +136,17 @@ def _wait_for_step(run_dir, step: int, process: subprocess.Popen, timeout_s: flo
 
 
 EPOCH = {**BASE, **MODES["bounded_wait_partial"], **LONGER, "trainer.total_training_steps": 8,
-         "data.val_files": None, "trainer.save_freq": 2, "trainer.resume_mode": "auto"}
+         "data.val_files": "null", "trainer.save_freq": 2, "trainer.resume_mode": "auto"}
 """One epoch of the 32 tiny prompts (8 steps of 4), a checkpoint every 2 steps."""
 
 
-def test_sigkill_mid_run_then_resume_trains_every_prompt_of_the_epoch_once(tmp_path, tiny_model_dir, tiny_data):
-    first = _train(tmp_path, tiny_model_dir, tiny_data, "killed", "first.jsonl", **EPOCH)
+@pytest.mark.slow  # two training processes, one killed in the middle of a step
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+def test_sigkill_mid_run_then_resume_trains_every_prompt_of_the_epoch_once(tmp_path, tiny_model_dir, tiny_data,
+                                                                           backend):
+    """The driver is killed with its whole process group (on Ray the cluster it started too)."""
+    extra = {**EPOCH, "trainer.backend": backend}
+    first = _train(tmp_path, tiny_model_dir, tiny_data, "killed", "first.jsonl", **extra)
     _wait_for_step(tmp_path / "killed", 5, first)
     os.killpg(first.pid, signal.SIGKILL)  # the driver and its rollout child, in the middle of a step
     first.wait(timeout=30)
@@ -147,7 +155,7 @@ def test_sigkill_mid_run_then_resume_trains_every_prompt_of_the_epoch_once(tmp_p
     assert step in (4, 6)
     state = CheckpointManager.load_trainer_state(checkpoint)["async_rollout"]
     assert state["policy_version"] == step and len(state["unfinished"]) >= 4  # drawn ahead: in flight or buffered
-    second = _train(tmp_path, tiny_model_dir, tiny_data, "killed", "second.jsonl", **EPOCH)
+    second = _train(tmp_path, tiny_model_dir, tiny_data, "killed", "second.jsonl", **extra)
     assert second.wait(timeout=600) == 0, second.stderr.read()[-3000:]
     committed = [b for b in read_log(tmp_path / "first.jsonl") if b["policy_version"] < step]
     resumed = read_log(tmp_path / "second.jsonl")
@@ -156,6 +164,7 @@ def test_sigkill_mid_run_then_resume_trains_every_prompt_of_the_epoch_once(tmp_p
     assert trained == Counter({i: 4 for i in range(32)})
 
 
+@pytest.mark.slow  # a training process of its own
 def test_sigterm_stops_cleanly_with_a_checkpoint_of_the_prompts_in_flight(tmp_path, tiny_model_dir, tiny_data):
     extra = {**EPOCH, "trainer.save_freq": -1}
     process = _train(tmp_path, tiny_model_dir, tiny_data, "stopped", "log.jsonl", **extra)

@@ -97,6 +97,7 @@ def test_max_staleness_0_on_two_nodes_gives_the_synchronous_trainers_metrics_exa
     assert [row["async/staleness_max"] for row in apart.metrics_history[:4]] == [0.0] * 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["one_step", "bounded_drop_partial"])
 def test_the_staleness_bound_holds_for_every_token_across_nodes(cluster, tiny_model_dir, tiny_data, tmp_path, mode):
     """one_step with one rollout worker; bounded with two (each a rank of the rollout group, taking
@@ -114,6 +115,7 @@ def test_the_staleness_bound_holds_for_every_token_across_nodes(cluster, tiny_mo
     assert [row["async/policy_version"] for row in trainer.metrics_history[:4]] == [0.0, 1.0, 2.0, 3.0]
 
 
+@pytest.mark.slow
 def test_a_hung_weight_push_to_the_rollout_node_raises_a_timeout_naming_the_worker(cluster, tiny_model_dir, tiny_data,
                                                                                  tmp_path):
     extra = {**BASE, **MODES["one_step"], "async_training.weight_sync_timeout_s": 5, "trainer.max_restarts": 0}
@@ -143,6 +145,7 @@ class LoseTheRolloutNode:
         return self.inner(data, return_dict=return_dict)
 
 
+@pytest.mark.slow  # a node of the cluster removed and another started
 def test_losing_the_rollout_node_is_survived_like_a_killed_worker(cluster, tiny_model_dir, tiny_data, tmp_path):
     cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "lost", **BASE, **MODES["one_step"])
     recorder = VersionRecorder(cfg, hf_tokenizer(str(tiny_model_dir)))
