@@ -195,12 +195,13 @@ def predict_from_stages(two_threads: dict[str, float], one_thread: dict[str, flo
 
 
 def _format(rows: list[dict]) -> str:
-    lines = ["| GPUs | sync s/step (generation) | one_step s/step, rollout GPUs (x sync) | bounded s/step, rollout GPUs "
-             "(x sync) | sync generation spent on the tail |", "|---|---|---|---|---|"]
+    lines = ["| GPUs | sync s/step (generation) | one_step s/step, rollout GPUs (x sync) | bounded s/step, rollout "
+             "GPUs (x sync) | sync generation spent on the tail |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['gpus']} | {r['sync/step_s']:.0f} ({r['sync/generation_s']:.0f}) | {r['one_step/step_s']:.0f}, "
-                     f"{r['one_step/rollout_gpus']} ({r['one_step/speedup']:.2f}x) | {r['bounded/step_s']:.0f}, "
-                     f"{r['bounded/rollout_gpus']} ({r['bounded/speedup']:.2f}x) | {100 * r['sync/tail_share']:.0f}% |")
+        modes = [f"{r[f'{m}/step_s']:.0f}, {r[f'{m}/rollout_gpus']} ({r[f'{m}/speedup']:.2f}x)"
+                 for m in ("one_step", "bounded")]
+        lines.append(f"| {r['gpus']} | {r['sync/step_s']:.0f} ({r['sync/generation_s']:.0f}) | {modes[0]} | {modes[1]} | "
+                     f"{100 * r['sync/tail_share']:.0f}% |")
     return "\n".join(lines)
 
 
