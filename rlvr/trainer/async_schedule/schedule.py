@@ -90,7 +90,7 @@ class AsyncRollout:
         self.batch_size = int(config.data.train_batch_size)
         self.trigger = int(a.trigger_parameter_sync_step)
         self.queue_timeout_s, self.push_timeout_s = float(a.queue_timeout_s), float(a.weight_sync_timeout_s)
-        self.decoupled = decoupled_ppo(config)
+        self.old_from_rollout = a.compute_prox_log_prob is False  # no decoupling: the behaviour policy is the old one
         self.on_ray = config.trainer.backend == "ray"
         self.prompts = PromptSource(train_iter)
         self.buffer = SampleBuffer(self.batch_size, self.bound, a.staleness_policy == "drop", rollout_name)
@@ -180,7 +180,7 @@ class AsyncRollout:
         metrics.update(self.buffer.take_counters())
         metrics.update({"async/weight_push_s": self.last_push_s, "async/policy_version": float(version)})
         batch.meta_info.update(metrics=metrics, policy_version=version)
-        if not self.decoupled:
+        if self.old_from_rollout:
             batch.meta_info["old_log_probs_from_rollout"] = True
         return batch
 
