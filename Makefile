@@ -10,7 +10,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults bench-long clean
+.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults bench-long bench-async clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -93,6 +93,12 @@ bench-long: setup
 	$(PY) -m benchmarks.bench_long_responses --attention --rows 8 --json runs/bench_long/attention.json
 	$(PY) -m benchmarks.bench_long_responses --rows 16 --micro 4 --json runs/bench_long/compare.json
 	$(PY) -m benchmarks.bench_long_responses --longest --budget-gb 24 --sp 3 --json runs/bench_long/longest.json
+# synchronous against asynchronous training (sync, one_step, bounded), main job x 3 seeds x 50 steps, the
+# tool-use job, the staleness-4 correction ablation and the simulator's prediction (docs/PERFORMANCE.md);
+# several hours on 2 cores: run it on an idle machine
+bench-async: setup data/arith/test.jsonl data/tools/test.jsonl
+	$(PY) -m benchmarks.bench_async --out runs/bench_async $(ARGS)
+	$(PY) -m benchmarks.async_simulator --scale --json runs/bench_async/scaling.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

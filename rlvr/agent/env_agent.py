@@ -36,10 +36,10 @@ from rlvr.agent.metrics import trajectory_metrics
 from rlvr.agent.multi_turn import Reply, TurnDriver, TurnLimits
 from rlvr.agent.tool_agent import truncate_text
 from rlvr.agent.tools.executor import run_with_timeout
-from rlvr.agent.trajectory import Trajectory, left_pad
+from rlvr.agent.trajectory import Trajectory
 from rlvr.protocol import DataProto
 from rlvr.utils.registry import Registry
-from rlvr.utils.torch_functional import compute_position_ids
+from rlvr.utils.torch_functional import compute_position_ids, left_pad
 from rlvr.workers.rollout.base import RolloutEngine, tokenizer_ids
 
 __all__ = ["Environment", "ENVIRONMENTS", "register_environment", "get_environment", "RetryEnvironment",

@@ -121,7 +121,8 @@ class TurnDriver:
             if item.turn_start == len(item.response_ids):  # a new model turn (not a continued one)
                 item.assistant_turns += 1
             ids = output.batch["responses"][j, :keep].tolist()
-            item.add_sampled(ids, output.batch["rollout_log_probs"][j, :keep].tolist())
+            item.add_sampled(ids, output.batch["rollout_log_probs"][j, :keep].tolist(),
+                             output.batch["response_versions"][j, :keep].tolist())
             if keep == n and (n < length or ids[-1] in self.eos_ids or self._ends_with_stop(ids, stop)):
                 finished.append(i)
             elif len(item.response_ids) >= self.limits.response_length:

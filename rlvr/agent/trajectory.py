@@ -6,12 +6,15 @@ environment feedback, the chat template's separators; mask 0). The output follow
 contract of :mod:`rlvr.workers.rollout.base`, so everything downstream sees a single-turn-shaped
 batch::
 
-    responses:      | sampled turn 1 | inserted | sampled turn 2 | pad ... |
-    response_mask:  | 1 1 1 ... 1    | 0 ... 0  | 1 1 ... 1      | 0 ...   |
-    attention_mask: | 1 1 1 ... 1    | 1 ... 1  | 1 1 ... 1      | 0 ...   |
+    responses:         | sampled turn 1 | inserted | sampled turn 2 | pad ... |
+    response_mask:     | 1 1 1 ... 1    | 0 ... 0  | 1 1 ... 1      | 0 ...   |
+    attention_mask:    | 1 1 1 ... 1    | 1 ... 1  | 1 1 ... 1      | 0 ...   |
+    response_versions: | v v v ... v    | -1 ... -1| v' v' ... v'   | -1 ...  |
 
 ``attention_mask`` covers every real token (the model reads the inserted ones), ``response_mask``
-only the sampled ones (losses, KL, entropy and advantages use it). ``turn_scores [B, R]`` holds the
+only the sampled ones (losses, KL, entropy and advantages use it); ``response_versions`` holds the
+weights version that sampled each token (turns may come from different versions when the weights
+change between rounds, or inside a turn with a partial rollout). ``turn_scores [B, R]`` holds the
 rewards given during the rollout (tool step rewards, environment rewards), each on the last
 sampled token of the turn it rewards; the trainer adds them to the reward manager's scores.
 """
@@ -25,10 +28,10 @@ import numpy as np
 import torch
 
 from rlvr.protocol import DataProto
-from rlvr.utils.torch_functional import compute_position_ids
+from rlvr.utils.torch_functional import compute_position_ids, left_pad
 from rlvr.workers.rollout.base import SESSION_KEY
 
-__all__ = ["Trajectory", "TrajectoryBatch", "STOP_REASONS", "left_pad"]
+__all__ = ["Trajectory", "TrajectoryBatch", "STOP_REASONS"]
 
 STOP_REASONS = ("answered", "turn_limit", "response_budget")
 """Why a trajectory ended: the model answered (no more calls / the environment said done), the
@@ -43,6 +46,7 @@ class Trajectory:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     rewards: list[tuple[int, float]] = field(default_factory=list)
     turn_start: int = 0
     assistant_turns: int = 0
@@ -56,15 +60,17 @@ class Trajectory:
     def count(self, name: str, amount: float = 1.0) -> None:
         self.counts[name] = self.counts.get(name, 0.0) + amount
 
-    def add_sampled(self, ids: list[int], log_probs: list[float]) -> None:
+    def add_sampled(self, ids: list[int], log_probs: list[float], versions: list[int]) -> None:
         self.response_ids += ids
         self.response_mask += [1] * len(ids)
         self.log_probs += log_probs
+        self.versions += versions
 
     def add_inserted(self, ids: list[int]) -> None:
         self.response_ids += ids
         self.response_mask += [0] * len(ids)
         self.log_probs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
         self.turn_start = len(self.response_ids)
 
     def turn_ids(self) -> list[int]:
@@ -76,17 +82,6 @@ class Trajectory:
         if reward and 1 in self.response_mask:
             last = len(self.response_mask) - 1 - self.response_mask[::-1].index(1)
             self.rewards.append((last, float(reward)))
-
-
-def left_pad(rows: list[list[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(ids, attention_mask)`` ``[len(rows), width]``: each row of ids right-aligned after ``pad_id`` padding."""
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, row in enumerate(rows):
-        if row:
-            ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            mask[i, width - len(row):] = 1
-    return ids, mask
 
 
 class TrajectoryBatch:
@@ -132,6 +127,7 @@ class TrajectoryBatch:
         response_mask = torch.zeros(rows, response_length, dtype=torch.long)
         attention = torch.zeros(rows, response_length, dtype=torch.long)
         log_probs = torch.zeros(rows, response_length)
+        versions = torch.full((rows, response_length), -1, dtype=torch.long)
         turn_scores = torch.zeros(rows, response_length)
         for i, t in enumerate(self.items):
             n = len(t.response_ids)
@@ -139,6 +135,7 @@ class TrajectoryBatch:
             response_mask[i, :n] = torch.tensor(t.response_mask, dtype=torch.long)
             attention[i, :n] = 1
             log_probs[i, :n] = torch.tensor(t.log_probs)
+            versions[i, :n] = torch.tensor(t.versions, dtype=torch.long)
             for position, reward in t.rewards:
                 turn_scores[i, position] += reward
         prompt_pos = compute_position_ids(prompt_mask)
@@ -148,7 +145,8 @@ class TrajectoryBatch:
             "input_ids": torch.cat([prompt_ids, responses], dim=1),
             "attention_mask": torch.cat([prompt_mask, attention], dim=1),
             "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
-            "response_mask": response_mask, "rollout_log_probs": log_probs, "turn_scores": turn_scores,
+            "response_mask": response_mask, "rollout_log_probs": log_probs, "response_versions": versions,
+            "turn_scores": turn_scores,
         }
         non_tensors = dict(prompts.non_tensor_batch)
         non_tensors["num_turns"] = np.array([t.assistant_turns for t in self.items], dtype=np.int64)

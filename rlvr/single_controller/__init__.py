@@ -1,4 +1,5 @@
-"""Single controller: one driver process calls methods on groups of role workers (Ray or local).
+"""Single controller: one driver process calls methods on groups of role workers (Ray, local, or
+child processes of the driver).
 
 See ``docs/single_controller.md`` for the data flow of one call.
 """
@@ -22,6 +23,7 @@ from rlvr.single_controller.base import (
     update_dispatch_mode,
 )
 from rlvr.single_controller.local import LocalResourcePool, LocalWorkerGroup
+from rlvr.single_controller.process import ProcessResourcePool, ProcessWorkerGroup
 
 _RAY_NAMES = ("RayClassWithInitArgs", "RayResourcePool", "RayWorkerGroup", "init_ray")
 
@@ -42,6 +44,8 @@ __all__ = [
     "Execute",
     "LocalResourcePool",
     "LocalWorkerGroup",
+    "ProcessResourcePool",
+    "ProcessWorkerGroup",
     "RankInfo",
     "RayClassWithInitArgs",
     "RayResourcePool",

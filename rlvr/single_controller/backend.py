@@ -1,17 +1,21 @@
-"""Choose the single-controller backend by name (``trainer.backend: ray | local``)."""
+"""Choose the single-controller backend by name (``trainer.backend: ray | local``; ``process``: workers
+in child processes of the driver, what the local backend runs a rollout apart from the actor with)."""
 
 from __future__ import annotations
 
 from rlvr.single_controller.base.worker_group import ResourcePool, WorkerGroup
 from rlvr.single_controller.local import LocalResourcePool, LocalWorkerGroup
+from rlvr.single_controller.process import ProcessResourcePool, ProcessWorkerGroup
 from rlvr.utils.errors import ConfigError
 
-BACKENDS = ("local", "ray")
+BACKENDS = ("local", "ray", "process")
 
 
 def _lookup(backend: str) -> tuple[type[WorkerGroup], type[ResourcePool]]:
     if backend == "local":
         return LocalWorkerGroup, LocalResourcePool
+    if backend == "process":
+        return ProcessWorkerGroup, ProcessResourcePool
     if backend == "ray":
         # imported here so that the local backend runs where Ray is not installed
         from rlvr.single_controller.ray.base import RayResourcePool, RayWorkerGroup
@@ -21,10 +25,12 @@ def _lookup(backend: str) -> tuple[type[WorkerGroup], type[ResourcePool]]:
 
 
 def get_worker_group_cls(backend: str) -> type[WorkerGroup]:
-    """``RayWorkerGroup`` for ``"ray"``, ``LocalWorkerGroup`` for ``"local"``."""
+    """``RayWorkerGroup`` for ``"ray"``, ``LocalWorkerGroup`` for ``"local"``, ``ProcessWorkerGroup`` for
+    ``"process"``."""
     return _lookup(backend)[0]
 
 
 def get_resource_pool_cls(backend: str) -> type[ResourcePool]:
-    """``RayResourcePool`` for ``"ray"``, ``LocalResourcePool`` for ``"local"``."""
+    """``RayResourcePool`` for ``"ray"``, ``LocalResourcePool`` for ``"local"``, ``ProcessResourcePool``
+    for ``"process"``."""
     return _lookup(backend)[1]

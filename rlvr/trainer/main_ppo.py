@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlvr.trainer.config import (check_config, check_names, help_config, list_presets, load_config, use_reference,
                                  validate_config)
+from rlvr.trainer.config.async_checks import rollout_apart, rollout_world_size
 from rlvr.trainer.config.validate import uses_user_code
 from rlvr.trainer.config.builtin_names import BUILTIN_NAMES
 from rlvr.trainer.graceful_stop import StopNow
@@ -49,7 +50,10 @@ GLOBAL_POOL = "global_pool"
 
 
 def build_role_worker_mapping(cfg: DictConfig) -> tuple[dict[Role, type], dict[Role, str]]:
-    """Worker classes per role and the pool of each role (every role shares one pool, colocated)."""
+    """Worker classes per role and the pool of each role: every role shares one pool, colocated,
+    except a rollout apart from the actor (``actor_rollout_ref.hybrid_engine=false``), which has a
+    pool of its own."""
+    from rlvr.trainer.async_schedule.placement import ROLLOUT_POOL
     from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 
     role_worker_mapping: dict[Role, type] = {Role.ActorRollout: ActorRolloutRefWorker}
@@ -57,7 +61,11 @@ def build_role_worker_mapping(cfg: DictConfig) -> tuple[dict[Role, type], dict[R
         role_worker_mapping[Role.Critic] = CriticWorker
     if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0:
         role_worker_mapping[Role.RefPolicy] = ActorRolloutRefWorker
-    return role_worker_mapping, {role: GLOBAL_POOL for role in role_worker_mapping}
+    pool_of_role = {role: GLOBAL_POOL for role in role_worker_mapping}
+    if rollout_apart(cfg):
+        role_worker_mapping[Role.Rollout] = ActorRolloutRefWorker
+        pool_of_role[Role.Rollout] = ROLLOUT_POOL
+    return role_worker_mapping, pool_of_role
 
 
 def _uses_gpu(cfg: DictConfig) -> bool:
@@ -80,6 +88,7 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
     """
     # Imported here: the command checks the config before paying for torch, Ray and transformers.
     from rlvr.single_controller import get_worker_group_cls, init_ray
+    from rlvr.trainer.async_schedule.placement import rollout_pool_backends, rollout_pool_spec
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
     from rlvr.trainer.ppo.reward import load_reward_manager
     from rlvr.utils.seed import set_seed
@@ -91,8 +100,11 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
     use_gpu = _uses_gpu(cfg)
     default_mapping, pool_of_role = build_role_worker_mapping(cfg)
     spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}
+    apart = rollout_apart(cfg)
+    if apart:
+        spec.update(rollout_pool_spec(cfg))
     pools = ResourcePoolManager(resource_pool_spec=spec, mapping=pool_of_role, use_gpu=use_gpu,
-                                backend=cfg.trainer.backend)
+                                backend=cfg.trainer.backend, pool_backends=rollout_pool_backends(cfg) if apart else {})
     val_reward_fn = None  # with reward.routes the trainer routes rewards through reward workers
     if not cfg.reward.routes:
         reward_fn = reward_fn or load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
@@ -105,7 +117,7 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
         import ray
 
         if not ray.is_initialized():
-            workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+            workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + (rollout_world_size(cfg) if apart else 0)
             init_ray(num_cpus=None if use_gpu else max(workers, 1))
             started_ray = True
     try:

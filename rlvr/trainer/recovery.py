@@ -25,6 +25,7 @@ graceful stop plus a resume (``trainer.resume_mode=auto``) covers it.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -135,7 +136,10 @@ class RestartableGroup:
     Each ``@register``-ed method of ``worker_cls`` is a method of the handle (and :meth:`run` sends
     any call); when the call fails because a worker died or hung, the group is shut down, created
     again with ``create`` and the call is sent again (its workers hold no state, so the call gives
-    the same result).
+    the same result). Calls may come from several threads (the asynchronous rollout's and the
+    trainer's): the first to see a failure restarts the group, the others send their call to the
+    new group. After :meth:`shutdown` (until :meth:`rebuild`) a failure is raised, not restarted
+    from: the trainer is tearing the workers down.
 
     Args:
         name: the group's name in logs and the report.
@@ -152,6 +156,8 @@ class RestartableGroup:
         self._create = create
         self._recovery = recovery
         self._current_step = current_step
+        self._lock = threading.Lock()
+        self._closed = False
         self.group = create()
         for method in registered_methods(worker_cls) if worker_cls is not None else ():
             setattr(self, method, self._retrying(method))
@@ -159,13 +165,19 @@ class RestartableGroup:
     def run(self, call: Callable[[Any], Any]) -> Any:
         """``call(group)``, sent again on a new group after each recoverable failure."""
         while True:
+            group = self.group
             try:
-                return call(self.group)
-            except RECOVERABLE_ERRORS as err:
-                step = self._current_step()
-                started = self._recovery.admit(err, step)
-                self.rebuild()
-                self._recovery.record(err, step, restored_step=None, started=started)
+                return call(group)
+            except WorkerError as err:
+                with self._lock:  # waits for a restart that another thread has begun
+                    if self.group is not group:
+                        continue  # the group was restarted meanwhile (maybe because of this very failure)
+                    if self._closed or not isinstance(err, RECOVERABLE_ERRORS):
+                        raise
+                    step = self._current_step()
+                    started = self._recovery.admit(err, step)
+                    self._replace()
+                    self._recovery.record(err, step, restored_step=None, started=started)
 
     def _retrying(self, method: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -176,8 +188,16 @@ class RestartableGroup:
 
     def rebuild(self) -> None:
         """Shut the group down (killing hung workers) and start it again."""
+        with self._lock:
+            self._replace()
+            self._closed = False
+
+    def _replace(self) -> None:
         self.group.shutdown()
         self.group = self._create()
 
     def shutdown(self) -> None:
-        self.group.shutdown()
+        """Shut the group down; calls that fail from now on raise until :meth:`rebuild`."""
+        with self._lock:
+            self._closed = True
+            self.group.shutdown()

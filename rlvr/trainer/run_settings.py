@@ -12,6 +12,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rlvr.trainer.config.async_checks import rollout_apart, rollout_world_size
 from rlvr.trainer.config.validate import use_reference, world_size
 
 
@@ -55,7 +56,8 @@ def _updates(cfg: DictConfig, section: Any, dynamic_bsz: bool, token_budget: int
 
 
 def _placement(cfg: DictConfig) -> str:
-    roles = ["actor", "rollout"]
+    apart = rollout_apart(cfg)
+    roles = ["actor"] if apart else ["actor", "rollout"]
     if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0:
         roles.append("reference")
     if cfg.critic.enable:
@@ -64,9 +66,12 @@ def _placement(cfg: DictConfig) -> str:
     device = {"auto": "a GPU each if CUDA is visible, else CPU", "cpu": "CPU", "cuda": "one GPU each"}[t.device]
     if t.backend == "local":
         where = f"{' + '.join(roles)} in the driver process ({device})"
+        where += "; rollout in a child process" if apart else ""
     else:
         where = (f"{' + '.join(roles)} colocated in {world_size(cfg)} Ray worker process(es) "
                  f"({t.nnodes} node(s) x {t.n_gpus_per_node}; {device})")
+        where += (f"; rollout in {rollout_world_size(cfg)} Ray worker process(es) of its own ({cfg.rollout.nnodes} "
+                  f"node(s) x {cfg.rollout.n_gpus_per_node})") if apart else ""
     reward = cfg.reward_model
     scoring = (f"{reward.num_workers} processes of the parallel reward manager" if reward.reward_manager == "parallel"
                else f"the {reward.reward_manager} reward manager in the driver")
@@ -80,7 +85,17 @@ def _schedule(cfg: DictConfig) -> str:
     validation = ("none" if cfg.data.val_files is None else
                   ("before training, " if t.val_before_train else "")
                   + (f"every {t.test_freq} steps and at the end" if t.test_freq > 0 else "at the end"))
-    return f"{steps}{budget}; validation: {validation}"
+    return f"{steps}{budget}; validation: {validation}; generation: {_generation(cfg)}"
+
+
+def _generation(cfg: DictConfig) -> str:
+    a = cfg.async_training
+    if a.mode == "sync":
+        return "synchronous (generate, then train)"
+    if a.mode == "one_step":
+        return "one_step (batch k+1 generated while batch k trains)"
+    return (f"bounded (at most {a.max_staleness} version(s) stale, {a.staleness_policy}"
+            + (", partial rollouts" if a.partial_rollout else "") + ")")
 
 
 def _checkpoints(cfg: DictConfig) -> str:

@@ -26,6 +26,7 @@ __all__ = [
     "calculate_sum_pi_squared_from_logits",
     "expand_as_nested",
     "compute_position_ids",
+    "left_pad",
     "get_response_mask",
     "pad_sequence_to_length",
     "pad_2d_list_to_length",
@@ -284,6 +285,18 @@ def compute_position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
         ``[batch, seq_len]`` int64: 0 on the left padding, then 0, 1, 2, ... on the tokens.
     """
     return (attention_mask.long().cumsum(dim=-1) - 1).clamp_min(0)
+
+
+def left_pad(rows: Sequence[Sequence[int]], width: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, attention_mask)`` ``[len(rows), width]`` int64: each row of ids right-aligned after
+    ``pad_id`` padding (mask 0 on the padding)."""
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        if len(row):
+            ids[i, width - len(row):] = torch.tensor(list(row), dtype=torch.long)
+            mask[i, width - len(row):] = 1
+    return ids, mask
 
 
 def get_response_mask(response_id: torch.Tensor, eos_token: int | Sequence[int] = 2,

@@ -25,9 +25,19 @@ reference.
 - ``compute_log_prob`` reuses the rollout's sampling log-probs as ``old_log_probs`` (no forward)
   when ``actor.use_rollout_log_probs`` is on and they are exact for the current weights: the
   rollout ran on this worker with the actor's current weights (``meta_info
-  ["rollout_weights_version"]``), the engine reports them exact (fp32 model,
+  ["rollout_weights_version"]``) or, with a rollout worker group of its own, every sampled token's
+  version (``response_versions``) is the one the trainer says is current (``meta_info
+  ["policy_version"]``), the engine reports them exact (fp32 model,
   ``meta_info["rollout_log_probs_exact"]``), at the same temperature, and no entropy is asked for.
-  The trainer keeps the rollout's ``meta_info`` in the batch (``DataProto.union`` does).
+  The asynchronous trainer without decoupled PPO (``async_training.compute_prox_log_prob=false``)
+  sets ``meta_info["old_log_probs_from_rollout"]``: the behaviour policy's log-probs are then the
+  old ones whatever their version. The trainer keeps the rollout's ``meta_info`` in the batch
+  (``DataProto.union`` does).
+- A rollout worker group of its own (``role="rollout"``, ``actor_rollout_ref.hybrid_engine=false``)
+  takes new weights while it generates: they wait for the end of the generation, or interrupt it
+  for a partial rollout (``rlvr.workers.rollout.partial``). Its output leaves the engine's one
+  ``rollout_weights_version`` out (its ranks may end a call on different versions): the per-token
+  ``response_versions`` say which weights sampled what.
 
 Outputs of the DP_COMPUTE_PROTO methods carry ``meta_info["metrics"]`` (name -> list of floats)
 and ``meta_info["timing"]`` (stage -> seconds, the slowest rank).
@@ -52,9 +62,11 @@ from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
+from rlvr.workers.rollout.partial import WeightInbox
 from rlvr.workers.worker_utils import (
     Placement,
     StageTimer,
+    cpu_workers,
     peak_memory_metrics,
     per_rank_batch_size,
     set_cpu_threads,
@@ -62,7 +74,7 @@ from rlvr.workers.worker_utils import (
 
 __all__ = ["ActorRolloutRefWorker", "TrainingWorker", "CriticWorker"]
 
-HYBRID_ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+HYBRID_ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
 class TrainingWorker(Worker):
@@ -76,7 +88,7 @@ class TrainingWorker(Worker):
         super().__init__(config)
         self.config = config
         if self.device == "cpu":
-            set_cpu_threads(config.trainer.num_threads, self.world_size)
+            set_cpu_threads(config.trainer.num_threads, cpu_workers(config))
 
     def _device_type(self) -> str:
         return "cuda" if self.device.startswith("cuda") else "cpu"
@@ -119,7 +131,9 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     Args:
         config: the whole run config.
-        role: ``"actor"``, ``"rollout"``, ``"ref"``, ``"actor_rollout"`` or ``"actor_rollout_ref"``.
+        role: ``"actor"``, ``"rollout"``, ``"ref"``, ``"actor_ref"``, ``"actor_rollout"`` or
+            ``"actor_rollout_ref"`` (``"actor"`` / ``"actor_ref"`` train beside a separate rollout
+            worker group, ``"rollout"``: ``actor_rollout_ref.hybrid_engine=false``).
     """
 
     def __init__(self, config, role: str) -> None:
@@ -127,9 +141,9 @@ class ActorRolloutRefWorker(TrainingWorker):
             raise ValueError(f"{type(self).__name__} role must be one of {HYBRID_ROLES}, got {role!r}")
         super().__init__(config)
         self.role = role
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         self.actor = self.rollout = self.ref = None
         self._weights_version = 0
         self._rollout_replica = None
@@ -183,11 +197,16 @@ class ActorRolloutRefWorker(TrainingWorker):
         if self._is_actor:
             shared = factory.runs_torch_module and self._rollout_replica is None
             module = self._rollout_replica if factory.runs_torch_module and not shared else self.actor_module
-        else:
-            shared, module = False, build_causal_lm(cfg.model, trainable=False).to(self.device)
+        else:  # parameters that require grad, as the actor's (the decode runs under no_grad: no cost): for
+            # frozen weights PyTorch's CPU linear on the prefill's last hidden state (logits_to_keep=1) takes
+            # another path, 1e-7 apart, and a rollout apart would not sample what the one-rank hybrid does
+            shared, module = False, build_causal_lm(cfg.model, trainable=False).requires_grad_(True).to(self.device)
         seed = int(self.config.trainer.seed) + 1_000_003 * (self.rank + 1)
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
         self._rollout_shares_actor = shared
+        # a rollout worker of its own takes weights while it generates (async_training.partial_rollout)
+        partial = bool(self.config.async_training.partial_rollout) and not self._is_actor
+        self.weight_inbox = WeightInbox(self.rollout, partial)
         if not factory.runs_torch_module:  # the engine starts without the policy's weights
             self.rollout.update_weights(full_parameters(module) if self._is_actor else module.named_parameters(),
                                         self._weights_version)
@@ -245,13 +264,18 @@ class ActorRolloutRefWorker(TrainingWorker):
                 self._sync_rollout_weights()
                 self.actor_placement.place(params=self._rollout_shares_actor, optimizer=False)
             self.rollout.wake_up()
-            output = self.agent_loops.generate_sequences(self.rollout, prompts)
+            with self.weight_inbox.generation(bool(prompts.meta_info.get("validate", False))) as engine:
+                output = self.agent_loops.generate_sequences(engine, prompts)
             if self.config.actor_rollout_ref.rollout.free_cache_engine:
                 self.rollout.sleep()
         metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen")}
+        if self.weight_inbox.interrupt is not None:
+            metrics["async/interrupted_generations"] = float(self.weight_inbox.last_interrupted_rows)
         output.meta_info.update(metrics=metrics, timing=timer.result())
         if self._is_actor:
             output.meta_info["actor_weights_version"] = self._weights_version
+        else:  # a rollout group apart: its ranks may end a call on different versions; response_versions say which
+            output.meta_info.pop("rollout_weights_version")
         return output
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -260,28 +284,41 @@ class ActorRolloutRefWorker(TrainingWorker):
         (names of the policy's parameters) as weights ``version`` (None = the engine's version + 1),
         or ``weights=None`` to sync the actor's current weights in-process (the trainer's
         ``update_weights`` stage after every actor update). When the rollout shares the actor's
-        module (hybrid, one rank), given weights change the actor too. Returns the engine's seconds
-        per sync stage (a server engine: write, pause, reload, ...; empty for in-process engines)."""
+        module (hybrid, one rank), given weights change the actor too. Weights that arrive while
+        the engine generates (a rollout worker of its own) wait for the end of the generation, or
+        interrupt it with ``async_training.partial_rollout`` (see ``rlvr.workers.rollout.partial``).
+        Returns the engine's seconds per sync stage (a server engine: write, pause, reload, ...; empty
+        for in-process engines and for weights that wait for the end of a generation)."""
         self._require(self._is_rollout, "update_weights", "rollout")
         if weights is None:
             self._require(self._is_actor, "update_weights(None)", "actor")
             return self._sync_rollout_weights(force=True)
-        self.rollout.wake_up()
-        return self.rollout.update_weights(weights, self.rollout.weights_version + 1 if version is None
-                                           else version) or {}
+        return self.weight_inbox.deliver(weights, self.rollout.weights_version + 1 if version is None else version)
 
     # ------------------------------------------------------------------ actor
     def _reuse_rollout_log_probs(self, data: DataProto, temperature: float, calculate_entropy: bool) -> bool:
         meta = data.meta_info
+        if calculate_entropy or "rollout_log_probs" not in data.batch.keys():
+            return False
+        if meta.get("old_log_probs_from_rollout") is True:  # the behaviour policy is the old one (no decoupling)
+            return True
         return (
             bool(self.config.actor_rollout_ref.actor.use_rollout_log_probs)
-            and self._is_rollout
-            and not calculate_entropy
-            and "rollout_log_probs" in data.batch.keys()
             and meta.get("rollout_log_probs_exact") is True
-            and meta.get("rollout_weights_version") == self._weights_version
             and meta.get("rollout_log_prob_temperature") == temperature
+            and self._rollout_is_current(data)
         )
+
+    def _rollout_is_current(self, data: DataProto) -> bool:
+        """Whether the rollout sampled with the actor's current weights: this worker's engine at the
+        actor's version, or, for a rollout worker group of its own, every sampled token at the
+        version the trainer says is current (``meta_info["policy_version"]``, the async schedule's
+        numbering of the weights it pushes)."""
+        meta = data.meta_info
+        if "policy_version" in meta:
+            sampled = data.batch["response_mask"].bool()
+            return bool((data.batch["response_versions"][sampled] == int(meta["policy_version"])).all())
+        return self._is_rollout and meta.get("rollout_weights_version") == self._weights_version
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:

@@ -15,7 +15,19 @@ from rlvr.utils.errors import ConfigError
 from rlvr.workers.collectives import all_reduce_max
 from rlvr.workers.fsdp import move_module, move_optimizer_state
 
-__all__ = ["set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement", "peak_memory_metrics"]
+__all__ = ["cpu_workers", "set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement", "peak_memory_metrics"]
+
+
+def cpu_workers(config) -> int:
+    """Model-worker processes that share the cores (a machine's, on one node): the trainer's (one on
+    the local backend) plus, with a rollout apart from the actor (``hybrid_engine=false``), the
+    rollout's, which compute at the same time."""
+    t = config.trainer
+    local = t.backend == "local"
+    trainer = 1 if local else t.nnodes * t.n_gpus_per_node
+    if config.actor_rollout_ref.hybrid_engine:
+        return trainer
+    return trainer + (1 if local else config.rollout.nnodes * config.rollout.n_gpus_per_node)
 
 
 def set_cpu_threads(num_threads: int | None, world_size: int) -> int:

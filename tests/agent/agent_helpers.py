@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from rlvr.agent import AgentLoopManager
 from rlvr.agent.chat import ChatTurns, render_prompt_ids
 from rlvr.agent.tools import BaseTool, ToolResponse, function_schema
-from rlvr.agent.trajectory import left_pad
+from rlvr.utils.torch_functional import left_pad
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RolloutConfig
 from rlvr.utils.testing import forward_log_probs, tiny_causal_lm
@@ -163,6 +163,7 @@ class ScriptedEngine:
         self.pending: dict[tuple[int, ...], list[int]] = {}
         self.calls: list[tuple[int, int, list[str]]] = []
         self.widths: list[int] = []
+        self.weights_version = 0
 
     def _script_of(self, context: list[int]) -> tuple[int, ...]:
         keys = [key for key in self.turns if tuple(context[: len(key)]) == key]
@@ -197,9 +198,11 @@ class ScriptedEngine:
         attention = torch.cat([mask, response_mask], dim=1)
         tensors = {"prompts": ids, "responses": responses, "input_ids": torch.cat([ids, responses], dim=1),
                    "attention_mask": attention, "position_ids": compute_position_ids(attention),
-                   "response_mask": response_mask, "rollout_log_probs": log_probs}
+                   "response_mask": response_mask, "rollout_log_probs": log_probs,
+                   "response_versions": torch.where(response_mask.bool(), self.weights_version, -1)}
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch),
-                                   meta_info={"rollout_log_prob_temperature": 1.0, "rollout_log_probs_exact": True})
+                                   meta_info={"rollout_log_prob_temperature": 1.0, "rollout_log_probs_exact": True,
+                                              "rollout_weights_version": self.weights_version})
 
 
 def rollout_config(response_length: int = 64, prompt_length: int = 64, **multi_turn: Any):

@@ -93,6 +93,30 @@ def test_response_is_sampled_ids_plus_inserted_ids_with_masks_and_log_probs(tok,
     assert out.meta_info["rollout_log_probs_exact"] is True
 
 
+class NewWeightsEveryCall(ScriptedEngine):
+    """A scripted engine whose weights version goes up by one after every call (a trainer pushing
+    new weights between the rounds of a multi-turn rollout)."""
+
+    def generate_sequences(self, prompts):
+        out = super().generate_sequences(prompts)
+        self.weights_version += 1
+        return out
+
+
+def test_each_turn_keeps_the_version_of_the_weights_that_sampled_it(tok, tmp_path):
+    eos = tok.eos_token_id
+    p1 = prompt(tok, "What is 12*3?")
+    first, answer = enc(tok, call("calculator", '{"expression": "12*3"}')), enc(tok, "36") + [eos]
+    loops = manager(tok, tmp_path, CALCULATOR)
+    engine = NewWeightsEveryCall(tok, {tuple(p1): [first, answer]})
+    batch = loops.generate_sequences(engine, prompt_batch(tok, [p1])).batch
+    inserted = ChatTurns(tok, [eos]).after_turn([{"role": "tool", "content": "36"}], last_token=first[-1])
+    expected = [0] * len(first) + [-1] * len(inserted) + [1] * len(answer)
+    n = len(expected)
+    assert batch["response_versions"][0, :n].tolist() == expected
+    assert batch["response_versions"][0, n:].eq(-1).all()
+
+
 def test_without_stopping_after_the_call_the_turn_runs_to_eos(tok, tmp_path):
     eos = tok.eos_token_id
     p = prompt(tok, "q")

@@ -12,13 +12,15 @@ import torch.distributed as dist
 from rlvr.protocol import DataProto
 from rlvr.single_controller import Dispatch, Execute, RankInfo, Worker, register
 
-BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local"]
-RAY_WORKERS = 2
+BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local", "process"]
+SEPARATE_PROCESS_BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "process"]
+"""The backends whose workers live in processes of their own (they can hang or die apart from the driver)."""
+MULTI_WORKERS = 2
 
 
 def world_size_of(backend: str) -> int:
-    """Workers of a test group: 2 Ray actors, or the one local worker."""
-    return RAY_WORKERS if backend == "ray" else 1
+    """Workers of a test group: 2 Ray actors or child processes, or the one local worker."""
+    return 1 if backend == "local" else MULTI_WORKERS
 
 
 def _spread(group, x: list):

@@ -44,7 +44,7 @@ def test_dp_compute_proto_pads_and_unpads(demo, rows):
     assert len(out) == rows
     torch.testing.assert_close(out.batch["y"], 2.0 * torch.arange(rows, dtype=torch.float32))
     # 2 ranks: rows are padded to a multiple of 2 and split in halves; rank 1 gets the second half
-    expected_rank = {("ray", 4): [0, 0, 1, 1], ("ray", 5): [0, 0, 0, 1, 1]}.get((backend, rows), [0] * rows)
+    expected_rank = {4: [0, 0, 1, 1], 5: [0, 0, 0, 1, 1]}[rows] if world_size_of(backend) == 2 else [0] * rows
     assert out.batch["rank"].tolist() == expected_rank
 
     applied = group.apply(lambda x: x * x + 1, batch(rows))  # DP_COMPUTE_PROTO_WITH_FUNC
@@ -55,8 +55,8 @@ def test_dp_mp_modes_follow_the_workers_rank_info(demo):
     backend, group = demo
     out = group.mp_double(batch(5))  # default layout: dp_size = world_size
     torch.testing.assert_close(out.batch["y"], 2.0 * torch.arange(5, dtype=torch.float32))
-    assert out.batch["rank"].tolist() == ([0, 0, 0, 1, 1] if backend == "ray" else [0] * 5)
-    if backend != "ray":
+    assert out.batch["rank"].tolist() == ([0, 0, 0, 1, 1] if world_size_of(backend) == 2 else [0] * 5)
+    if world_size_of(backend) == 1:
         return
     group.set_tp(2)  # now both ranks form one dp group: data replicated, output from tp_rank 0
     out = group.mp_double(batch(5))

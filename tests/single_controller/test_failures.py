@@ -6,7 +6,7 @@ import time
 
 import pytest
 import torch
-from sc_workers import BACKENDS, BrokenWorker, DemoWorker, late_part, world_size_of
+from sc_workers import BACKENDS, SEPARATE_PROCESS_BACKENDS, BrokenWorker, DemoWorker, late_part, world_size_of
 
 from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs
@@ -28,9 +28,9 @@ def test_worker_exception_names_group_method_rank_with_traceback(demo):
     assert group.add_rank(1) == [1, 2][: world_size_of(backend)]  # an exception does not break the group
 
 
-@pytest.mark.ray
-def test_hanging_worker_times_out_and_the_group_refuses_further_calls(make_group):
-    group = make_group("ray", ClassWithInitArgs(DemoWorker), name_prefix="hanger", call_timeout_s=3)
+@pytest.mark.parametrize("backend", SEPARATE_PROCESS_BACKENDS)
+def test_hanging_worker_times_out_and_the_group_refuses_further_calls(backend, make_group):
+    group = make_group(backend, ClassWithInitArgs(DemoWorker), name_prefix="hanger", call_timeout_s=3)
     assert group.sleep(0.1) == [0, 1]
     start = time.monotonic()
     with pytest.raises(WorkerTimeoutError) as info:
@@ -50,9 +50,9 @@ def test_local_timeout_is_checked_when_the_call_returns(make_group):
     assert group.sleep(0.0) == [0]  # the local worker is intact
 
 
-@pytest.mark.ray
-def test_killed_worker_raises_worker_died(make_group):
-    group = make_group("ray", ClassWithInitArgs(DemoWorker), name_prefix="victim", call_timeout_s=60)
+@pytest.mark.parametrize("backend", SEPARATE_PROCESS_BACKENDS)
+def test_killed_worker_raises_worker_died(backend, make_group):
+    group = make_group(backend, ClassWithInitArgs(DemoWorker), name_prefix="victim", call_timeout_s=60)
     start = time.monotonic()
     with pytest.raises(WorkerDiedError) as info:
         group.exit_on(1)
@@ -66,7 +66,7 @@ def test_killed_worker_raises_worker_died(make_group):
 def test_constructor_failure_raises_at_group_creation(backend, make_group):
     with pytest.raises(WorkerError, match="deliberate constructor failure") as info:
         make_group(backend, ClassWithInitArgs(BrokenWorker), name_prefix=f"broken_{backend}", call_timeout_s=60)
-    last_rank = 1 if backend == "ray" else 0
+    last_rank = world_size_of(backend) - 1
     assert (info.value.group, info.value.method, info.value.rank) == (f"broken_{backend}", "__init__", last_rank)
     assert f"deliberate constructor failure on rank {last_rank}" in str(info.value)
 

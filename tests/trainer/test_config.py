@@ -11,6 +11,7 @@ from trainer_helpers import tiny_overrides
 
 PPO_N1 = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
           "critic.ppo_micro_batch_size_per_gpu": 4}
+APART = {"actor_rollout_ref.hybrid_engine": False}
 PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo", "rlvr_mixed",
            "tool_job"]
 
@@ -133,13 +134,45 @@ CASES = [
      "must be > 0"),
     ({"actor_rollout_ref.actor.policy_loss.clip_cov_lb": 6.0}, "actor_rollout_ref.actor.policy_loss.clip_cov_lb",
      "must be below clip_cov_ub=5.0"),
+    # rollout placement and the asynchronous schedule
+    ({"async_training.mode": "bounded"}, "async_training.mode",
+     "needs a rollout of its own: set actor_rollout_ref.hybrid_engine=false"),
+    ({**APART, "async_training.mode": "fast"}, "async_training.mode", "'fast' is not valid; use one of sync, one_step"),
+    ({**APART, "async_training.staleness_policy": "skip"}, "async_training.staleness_policy", "use one of wait, drop"),
+    ({**APART, "async_training.mode": "one_step", "async_training.max_staleness": 2}, "async_training.mode",
+     "one_step is the bounded schedule with max_staleness=1"),
+    ({**APART, "async_training.mode": "one_step", "async_training.partial_rollout": True},
+     "async_training.partial_rollout", r"only mode=bounded does while it generates \(mode=one_step\)"),
+    ({**APART, "async_training.partial_rollout": True}, "async_training.partial_rollout",
+     "only mode=bounded does while it generates"),
+    ({**APART, "async_training.mode": "bounded", "async_training.trigger_parameter_sync_step": 3},
+     "async_training.trigger_parameter_sync_step", "would wait forever; use trigger_parameter_sync_step <= 2"),
+    ({**APART, "async_training.max_staleness": -1}, "async_training.max_staleness", "must be >= 0"),
+    ({**APART, "rollout.n_gpus_per_node": 2}, "rollout.n_gpus_per_node", "runs the rollout in one child process"),
+    ({**APART, "algorithm.adv_estimator": "remax"}, "algorithm.adv_estimator", "needs a greedy baseline"),
+    ({**APART, "async_training.mode": "bounded", "async_training.partial_rollout": True,
+      "actor_rollout_ref.rollout.name": "test_uninterruptible"}, "async_training.partial_rollout",
+     "cannot be interrupted in the middle of a generation"),
     # keys a verl config sets: validated
-    ({"actor_rollout_ref.hybrid_engine": False}, "actor_rollout_ref.hybrid_engine", "set hybrid_engine=true"),
     ({"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy",
      "'megatron' is not supported; rlvr trains with PyTorch FSDP2: use fsdp or fsdp2"),
     ({"actor_rollout_ref.actor.global_batch_info.dp_size": 2}, "actor_rollout_ref.actor.global_batch_info",
      "filled in by the actor worker"),
 ]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def uninterruptible_engine():
+    """An engine registered as not interruptible (what partial rollouts refuse)."""
+    from rlvr.workers.rollout import ROLLOUT_ENGINES, register_rollout_engine
+    from rlvr.workers.rollout.hf_rollout import HFRollout
+
+    @register_rollout_engine("test_uninterruptible")
+    class Uninterruptible(HFRollout):
+        interruptible = False
+
+    yield
+    del ROLLOUT_ENGINES["test_uninterruptible"]
 
 
 @pytest.mark.parametrize(("extra", "key", "message"), CASES, ids=[c[1] + ":" + str(i) for i, c in enumerate(CASES)])

@@ -33,8 +33,6 @@ VERL_SIGNATURE_ONLY = {
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
 }
 VALIDATED_VERL_KEYS = {
-    "actor_rollout_ref.hybrid_engine": "verl's choice between one worker group for actor, rollout and reference "
-                                       "and separate ones; rlvr has only the first, validation rejects false",
     "actor_rollout_ref.actor.strategy": "verl's training backend; fsdp and fsdp2 both run FSDP2 here, validation "
                                         "rejects the others (megatron)",
     "critic.strategy": "the same for the critic",

@@ -141,6 +141,18 @@ def test_derived_settings_follow_the_config(tiny_model_dir, tiny_data, tmp_path)
     assert "actor + rollout in the driver process (CPU)" in text
     assert "3 steps or 60 s, whichever comes first; validation: before training, at the end" in text
     assert "in-process workers: a crash ends the run" in text
+    assert "generation: synchronous (generate, then train)" in text
+
+
+def test_derived_settings_of_a_rollout_apart(tiny_model_dir, tiny_data, tmp_path):
+    apart = {"actor_rollout_ref.hybrid_engine": False, "async_training.mode": "bounded",
+             "async_training.max_staleness": 3, "async_training.partial_rollout": True}
+    local = describe_run(tiny_config(tiny_model_dir, tiny_data, tmp_path, **apart))
+    assert "actor + reference in the driver process (CPU); rollout in a child process" in local
+    assert "generation: bounded (at most 3 version(s) stale, wait, partial rollouts)" in local
+    ray = describe_run(tiny_config(tiny_model_dir, tiny_data, tmp_path, **apart, **{
+        "trainer.backend": "ray", "trainer.n_gpus_per_node": 2, "rollout.n_gpus_per_node": 3, "rollout.nnodes": 2}))
+    assert "rollout in 6 Ray worker process(es) of its own (2 node(s) x 3)" in ray
 
 
 def test_builtin_names_match_the_registries():

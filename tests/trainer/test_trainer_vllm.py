@@ -56,3 +56,18 @@ def test_a_stale_vllm_engine_is_refused(model_dir, tiny_data, tmp_path, monkeypa
         "trainer.total_training_steps": 2})
     with pytest.raises(StaleRolloutError, match="weights version 0, but the actor is at version 1"):
         run_ppo(cfg)
+
+
+def test_one_step_with_the_vllm_engine_apart_from_the_actor(model_dir, tiny_data, tmp_path):
+    """The vLLM engine in the rollout's own process (local backend: a child process), one batch
+    ahead: its samples are one version old from the second step on, the actor recomputes the
+    proximal log-probs and the decoupled-PPO correction weighs them."""
+    cfg = tiny_config(model_dir, tiny_data, tmp_path / "run", **{
+        "actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.kv_cache_memory_bytes": 64 << 20,
+        "actor_rollout_ref.hybrid_engine": False, "async_training.mode": "one_step",
+        "trainer.total_training_steps": 3, "trainer.val_before_train": False})
+    trainer = run_ppo(cfg)
+    steps = [row for row in trainer.metrics_history if "timing/step" in row]
+    assert [row["async/staleness_max"] for row in steps] == [0.0, 1.0, 1.0]
+    assert [row["async/tokens_lag_1"] for row in steps] == [0.0, 1.0, 1.0]
+    assert all(row["actor/reused_rollout_log_probs"] == 0.0 and "rollout_corr/rollout_is_mean" in row for row in steps)

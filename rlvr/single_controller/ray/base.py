@@ -101,6 +101,8 @@ class RayResourcePool(ResourcePool):
         num_cpus_per_bundle: CPUs reserved per bundle; a small share lets 2 workers fit on 2 cores.
         start_timeout_s: how long to wait for the placement groups to be scheduled and for the
             workers of a group to be constructed.
+        resources: custom Ray resources each bundle asks for, e.g. ``{"rollout_node": 0.01}`` to put
+            the pool on the nodes started with that resource (``ray start --resources``).
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class RayResourcePool(ResourcePool):
         *,
         num_cpus_per_bundle: float = 0.1,
         start_timeout_s: float = 600.0,
+        resources: dict[str, float] | None = None,
     ) -> None:
         super().__init__(process_on_nodes, max_colocate_count)
         self.use_gpu = use_gpu
@@ -122,11 +125,12 @@ class RayResourcePool(ResourcePool):
         self.accelerator_type = accelerator_type
         self.num_cpus_per_bundle = num_cpus_per_bundle
         self.start_timeout_s = start_timeout_s
+        self.resources = dict(resources or {})
         self._pgs: list[PlacementGroup] | None = None
 
     def bundle(self) -> dict[str, float]:
         """Resources of one bundle."""
-        bundle = {"CPU": self.num_cpus_per_bundle}
+        bundle = {"CPU": self.num_cpus_per_bundle, **self.resources}
         if self.use_gpu:
             bundle["GPU"] = 1.0
             if self.accelerator_type is not None:
@@ -187,6 +191,8 @@ class RayWorkerGroup(WorkerGroup):
             waits ``resource_pool.start_timeout_s``).
         device_name: the accelerator of GPU bundles, ``"cuda"`` (verl's default); ``"cpu"`` is
             accepted for CPU-only pools.
+        max_concurrency: calls each actor runs at once, in threads (Ray's threaded actors): a rollout
+            worker takes new weights while it generates. 1 (default): one call at a time.
     """
 
     def __init__(
@@ -199,11 +205,13 @@ class RayWorkerGroup(WorkerGroup):
         *,
         call_timeout_s: float | None = None,
         device_name: str = "cuda",
+        max_concurrency: int = 1,
     ) -> None:
         cls = ray_cls_with_init.cls
         super().__init__(name_prefix or f"{cls.__name__}_{uuid.uuid4().hex[:6]}", cls, call_timeout_s)
         self.resource_pool = resource_pool
         check_device_name(self.name, device_name, resource_pool.use_gpu)
+        self.max_concurrency = max_concurrency
         try:
             self._start_workers(ray_cls_with_init, bin_pack, detached)
             self._query_rank_infos("__init__", resource_pool.start_timeout_s)  # every worker constructed
@@ -241,6 +249,7 @@ class RayWorkerGroup(WorkerGroup):
                     runtime_env={"env_vars": env},
                     name=f"{self.name}_rank{rank}",
                     lifetime="detached" if detached else None,
+                    max_concurrency=self.max_concurrency,
                 ).remote(*ray_cls_with_init.args, **ray_cls_with_init.kwargs)
                 self._workers.append(actor)
                 if not master:

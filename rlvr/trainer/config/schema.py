@@ -254,7 +254,7 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    hybrid_engine: bool = _f(True, "actor, rollout and reference share one worker group (the only layout rlvr runs; false is rejected)")
+    hybrid_engine: bool = _f(True, "actor, rollout and reference share one worker group; false: the rollout runs in a resource pool of its own (top-level rollout section; the local backend: a child process)")
     model: ModelConfig = _sub(ModelConfig, "the policy model")
     actor: ActorConfig = _sub(ActorConfig, "policy training")
     ref: RefConfig = _sub(RefConfig, "reference policy")
@@ -338,6 +338,35 @@ class AlgorithmConfig:
     egpo_uncertainty_norm: str = _f("group", "EGPO: standardise the entropy proxy within the 'group' or the 'batch'")
 
 
+# ------------------------------------------------------------------------- rollout apart, async
+@dataclass
+class RolloutPoolConfig:
+    """verl's top-level ``rollout`` section (one-step-off and fully-async recipes): the resource pool
+    of the rollout workers when they run apart from the actor."""
+
+    nnodes: int = _f(1, "nodes of the rollout's resource pool (actor_rollout_ref.hybrid_engine=false)")
+    n_gpus_per_node: int = _f(1, "rollout workers per node (GPUs, or CPU processes; the local backend runs 1, in a child process)")
+
+
+ASYNC_MODES = ("sync", "one_step", "bounded")
+STALENESS_POLICIES = ("wait", "drop")
+
+
+@dataclass
+class AsyncTrainingConfig:
+    """The schedule of generation and training (verl's ``async_training`` section; the version bound
+    is AReaL's ``max_head_offpolicyness``, TRL's ``max_staleness``)."""
+
+    mode: str = _f("sync", "sync: generate, then train | one_step: generate batch k+1 while training batch k | bounded: the rollout streams, each sample at most max_staleness versions old (one_step and bounded need actor_rollout_ref.hybrid_engine=false)")
+    max_staleness: int = _f(1, "bounded: most weight versions a sample may lag behind the policy that trains on it (0 = synchronous; one_step is 1)")
+    staleness_policy: str = _f("wait", "bounded: wait (the rollout starts no sample that could exceed the bound) | drop (a sample over the bound is dropped and its prompt generated again)")
+    partial_rollout: bool = _f(False, "bounded: a weight update interrupts the running generations, which go on with the new weights (earlier tokens keep their log-probs and versions); needs an interruptible engine (hf)")
+    trigger_parameter_sync_step: int = _f(1, "push the weights to the rollout every k actor updates (wait: k <= max_staleness + 1)")
+    compute_prox_log_prob: Optional[bool] = _f(None, "decoupled PPO: the actor recomputes the proximal (old) log-probs and algorithm.rollout_correction weighs the behaviour/proximal ratio (token TIS if unset); false: the engine's log-probs are the old ones; None = on when samples can be stale")
+    queue_timeout_s: float = _f(3600.0, "longest wait of the trainer for generated samples before it raises naming the stage and the rollout worker group")
+    weight_sync_timeout_s: float = _f(600.0, "time limit of one weight push to the rollout workers (a hung push raises naming the worker)")
+
+
 # ---------------------------------------------------------------------------------------- trainer
 @dataclass
 class TrainerConfig:
@@ -381,4 +410,6 @@ class RlvrConfig:
     reward: RewardConfig = _sub(RewardConfig, "reward routing: each domain scored by its reward worker group or manager")
     custom_reward_function: CustomRewardFunctionConfig = _sub(CustomRewardFunctionConfig, "user scoring function")
     algorithm: AlgorithmConfig = _sub(AlgorithmConfig, "advantage estimator and KL")
+    rollout: RolloutPoolConfig = _sub(RolloutPoolConfig, "resource pool of a rollout that runs apart from the actor")
+    async_training: AsyncTrainingConfig = _sub(AsyncTrainingConfig, "overlap of generation and training: schedule, staleness bound, partial rollouts")
     trainer: TrainerConfig = _sub(TrainerConfig, "loop, schedule, checkpoints, logging")

@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
@@ -190,9 +191,6 @@ def _check_strategy(value: str, key: str) -> None:
 
 
 def _check_actor(cfg: DictConfig) -> None:
-    _require(cfg.actor_rollout_ref.hybrid_engine, "actor_rollout_ref.hybrid_engine",
-             "rlvr always runs actor, rollout and reference in one worker group that shares the weights; "
-             "set hybrid_engine=true (separate rollout workers are not available)")
     actor = cfg.actor_rollout_ref.actor
     _check_strategy(actor.strategy, "actor_rollout_ref.actor.strategy")
     _require(not actor.global_batch_info, "actor_rollout_ref.actor.global_batch_info",
@@ -406,6 +404,17 @@ def _start_local_sandbox(config: Any, at: str) -> None:
         raise ConfigError(at + err.key.removeprefix("sandbox"), err.message) from None
 
 
+def _check_partial_rollout_engine(cfg: DictConfig) -> None:
+    """A partial rollout interrupts the engine at a weight update: the engine must say it can be."""
+    from rlvr.workers.rollout import get_rollout_engine
+
+    name = cfg.actor_rollout_ref.rollout.name
+    _require(not cfg.async_training.partial_rollout or get_rollout_engine(name).interruptible,
+             "async_training.partial_rollout",
+             f"the rollout engine {name!r} cannot be interrupted in the middle of a generation (its factory says "
+             "interruptible=False), so it cannot run partial rollouts; use rollout.name=hf or partial_rollout=false")
+
+
 def registered_names() -> dict[str, Collection[str]]:
     """Config key -> the registry behind it, as it is now (imports the registries, hence torch);
     the KL estimators are a plain set of names."""
@@ -470,10 +479,12 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     ``estimator_needs`` is what the estimator's registry entry says it needs; without it a built-in
     estimator's needs come from :data:`~rlvr.trainer.config.builtin_names.BUILTIN_ESTIMATOR_NEEDS`
     (another estimator's are checked by :func:`validate_config`)."""
+    needs = estimator_needs or BUILTIN_ESTIMATOR_NEEDS.get(cfg.algorithm.adv_estimator)
     _check_trainer(cfg)
     _check_data(cfg, require_data_files)
     _check_rollout(cfg)
-    _check_algorithm(cfg, estimator_needs or BUILTIN_ESTIMATOR_NEEDS.get(cfg.algorithm.adv_estimator))
+    _check_algorithm(cfg, needs)
+    check_async_training(cfg, needs is not None and needs.needs_greedy_baseline)
     _check_actor(cfg)
     _check_critic(cfg)
     _check_reward(cfg)
@@ -503,6 +514,7 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     check_names(cfg, names)
     check_reward_routes(cfg)
     check_sequence_parallel_heads(cfg)
+    _check_partial_rollout_engine(cfg)
     if cfg.trainer.device == "cuda":
         import torch
 

@@ -3,7 +3,9 @@
 
 A checkpoint holds the worker groups' states (actor, and critic when there is one) and the driver
 state that makes a resumed run continue exactly: the step, the data position, the driver's RNG
-states, the adaptive KL controller and the kept validation generations. Saving, resuming per
+states, the adaptive KL controller and the kept validation generations; with a rollout apart from
+the actor also the prompts drawn but not trained yet (in flight or buffered, with their versions)
+and the policy version, so a resume generates those prompts again first. Saving, resuming per
 ``trainer.resume_mode`` and, after a worker failure, restoring the newest whole checkpoint of the
 run (or the run's start), after starting the worker groups again, and the retries of a start or
 a resume that a worker failure interrupted, live here.
@@ -24,18 +26,25 @@ __all__ = ["DriverStateMixin"]
 
 class DriverStateMixin:
     """The trainer's checkpoint and recovery methods (they use its ``checkpoints``, worker groups,
-    ``_start_workers``, ``shutdown``, ``recovers``, ``train_iter``, ``kl_ctrl_in_reward``,
+    ``_start_workers``, ``shutdown``, ``recovers``, ``train_iter``, ``async_rollout``, ``kl_ctrl_in_reward``,
     ``val_generations``, ``global_steps``, ``recovery``, ``tracker`` and ``metrics_history``)."""
 
     def _driver_state(self) -> dict[str, Any]:
-        """What the driver needs to continue exactly: step, data position, RNG, KL controller."""
-        return {"global_steps": self.global_steps, "data": self.train_iter.state_dict(),
-                "driver_rng": get_rng_state(),
-                "kl_ctrl": self.kl_ctrl_in_reward.state_dict() if self.kl_ctrl_in_reward else None,
-                "val_generations": list(self.val_generations)}
+        """What the driver needs to continue exactly: step, data position, RNG, KL controller (and
+        the asynchronous rollout's unfinished prompts, taken with the data position at one instant)."""
+        state = {"global_steps": self.global_steps, "data": self.train_iter.state_dict(),
+                 "driver_rng": get_rng_state(),
+                 "kl_ctrl": self.kl_ctrl_in_reward.state_dict() if self.kl_ctrl_in_reward else None,
+                 "val_generations": list(self.val_generations)}
+        if self.async_rollout is not None:
+            state["async_rollout"] = self.async_rollout.state_dict()
+            state["data"] = state["async_rollout"]["data"]
+        return state
 
     def _restore_driver_state(self, state: dict[str, Any]) -> None:
         self.train_iter.load_state_dict(state["data"])
+        if self.async_rollout is not None:
+            self.async_rollout.load_state_dict(state["async_rollout"])
         set_rng_state(state["driver_rng"])
         if self.kl_ctrl_in_reward is not None:
             self.kl_ctrl_in_reward.load_state_dict(state["kl_ctrl"])

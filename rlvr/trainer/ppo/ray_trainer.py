@@ -18,6 +18,11 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
     update_weights the hybrid worker loads the new weights into its rollout engine in place; every
                   generation is checked to come from the actor's current weights version
 
+With ``actor_rollout_ref.hybrid_engine=false`` the rollout runs in a worker group of its own and
+``gen`` takes the step's samples from the asynchronous schedule (:mod:`rlvr.trainer.async_schedule`:
+``async_training.mode`` sync, one_step or bounded), which generates them ahead, overlapped with
+training; ``update_weights`` pushes the new weights to the rollout workers.
+
 Validation (greedy, ``rollout.val_kwargs``; :mod:`rlvr.trainer.ppo.validation`) runs before training
 if asked, every ``test_freq`` steps and at the end; checkpoints (:mod:`rlvr.trainer.ppo.driver_state`)
 every ``save_freq`` steps and at the end.
@@ -33,7 +38,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +50,11 @@ from rlvr.agent.metrics import tool_use_metrics
 from rlvr.protocol import DataProto
 from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
 from rlvr.single_controller import ClassWithInitArgs, RayWorkerGroup, WorkerGroup
+from rlvr.trainer.async_schedule import AsyncRollout, rollout_correction_config
+from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
 from rlvr.trainer.checkpoint import RunCheckpoints
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
+from rlvr.trainer.config.async_checks import rollout_apart
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
 from rlvr.trainer.ppo.core_algos import (
@@ -111,7 +119,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         tokenizer: tokenizer of the policy (decoding, pad/EOS ids).
         role_worker_mapping: ``Role`` -> worker class; needs ``Role.ActorRollout`` (or
             ``Role.ActorRolloutRef``), ``Role.Critic`` with a critic, ``Role.RefPolicy`` when a
-            reference is needed and the actor does not provide it (LoRA).
+            reference is needed and the actor does not provide it (LoRA), ``Role.Rollout`` for a
+            rollout apart from the actor (``actor_rollout_ref.hybrid_engine=false``).
         resource_pool_manager: pools and role -> pool mapping.
         ray_worker_group_cls: ``RayWorkerGroup`` or ``LocalWorkerGroup``.
         processor: multimodal processor (passed to the datasets).
@@ -142,6 +151,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         self.use_reference = use_reference(self.config)
         self.ref_in_actor = self.use_reference and self.config.actor_rollout_ref.model.lora_rank > 0
         self.use_critic = bool(self.config.critic.enable)
+        self.rollout_apart = rollout_apart(self.config)
+        self.rollout_correction = rollout_correction_config(self.config)
         self._check_roles()
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
@@ -160,6 +171,10 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         self.recovery = Recovery(self.config.trainer.max_restarts)
         self._start_state: dict[str, Any] | None = None  # driver state at step 0 of a fresh run
         self.stop = GracefulStop()
+        self.rollout_wg: Any = None  # the group that generates: the actor's, or a rollout group apart
+        self.async_rollout = AsyncRollout(
+            self.config, self.train_iter, lambda batch: self._generate(batch, validate=False), lambda: self.rollout_wg,
+            lambda: self.actor_rollout_wg.get_actor_weights()[0], ROLLOUT_GROUP) if self.rollout_apart else None
 
     # ------------------------------------------------------------------ setup
     def _check_roles(self) -> None:
@@ -169,6 +184,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if self.use_critic and Role.Critic not in mapping:
             raise ConfigError("critic.enable", "a critic is enabled but role_worker_mapping has no Role.Critic; "
                               "add the critic worker or set critic.enable=False")
+        if self.rollout_apart and Role.Rollout not in mapping:
+            raise ConfigError("actor_rollout_ref.hybrid_engine", "a rollout apart from the actor (hybrid_engine=false) "
+                              "needs Role.Rollout in role_worker_mapping (the worker class of the rollout workers)")
         if self.use_reference and not self.ref_in_actor and Role.RefPolicy not in mapping:
             raise ConfigError("actor_rollout_ref.actor.use_kl_loss", "a KL term (use_kl_loss or use_kl_in_reward) "
                               "needs a reference policy: add Role.RefPolicy to role_worker_mapping, train the "
@@ -217,7 +235,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if self.routes_rewards and self.reward_workers is None:
             self.create_reward_worker_groups()
         cfg = self.config
-        actor_role = "actor_rollout_ref" if self.ref_in_actor else "actor_rollout"
+        actor_role = ("actor" if self.rollout_apart else "actor_rollout") + ("_ref" if self.ref_in_actor else "")
         roles: dict[str, tuple[Role, ClassWithInitArgs]] = {
             "actor_rollout": (self._actor_role(), ClassWithInitArgs(
                 self.role_worker_mapping[self._actor_role()], config=cfg, role=actor_role))}
@@ -234,6 +252,12 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         for name in ("critic", "ref", "actor_rollout"):
             if name in groups:
                 groups[name].init_model()
+        if not self.rollout_apart:
+            self.rollout_wg = self.actor_rollout_wg
+        elif self.rollout_wg is None:  # started once; a full restart starts it again (restart_stateless)
+            worker_cls = self.role_worker_mapping[Role.Rollout]
+            self.rollout_wg = self.add_stateless_group(ROLLOUT_GROUP, lambda: start_rollout_group(
+                cfg, self.resource_pool_manager, worker_cls, self.async_rollout.resend_weights), worker_cls)
 
     def add_stateless_group(self, name: str, create: Callable[[], Any], worker_cls: type | None) -> RestartableGroup:
         """Start a group of workers without training state (reward workers, an LLM judge) that is
@@ -276,7 +300,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         """:meth:`_run`, restarted from the last whole checkpoint after each recoverable failure."""
         while True:
             try:
-                return self._run(progress)
+                with self.async_rollout.running() if self.async_rollout is not None else nullcontext():
+                    return self._run(progress)
             except RECOVERABLE_ERRORS if self.recovers else () as error:
                 if self.stop.requested:
                     raise  # stopping anyway: a resume starts from the last whole checkpoint
@@ -374,17 +399,20 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _generate_and_score(self, timing: dict[str, float], metrics: dict[str, float], tag: str) -> DataProto:
         """Draw a batch of prompts (uid ``<step>-<tag>-<i>``), generate ``rollout.n`` responses each
         (plus a greedy response per prompt, scored, when the estimator's registry entry needs a greedy
-        baseline, e.g. ReMax) and score them; worker and reward metrics go to ``metrics``."""
-        batch = DataProto.from_single_dict(next(self.train_iter))
-        batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}-{tag}-{i}" for i in range(len(batch))],
-                                                 dtype=object)
+        baseline, e.g. ReMax) and score them; worker and reward metrics go to ``metrics``. A rollout
+        apart from the actor has generated them already: they come from its schedule."""
         n = self.config.actor_rollout_ref.rollout.n
-        repeated = batch.repeat(n, interleave=True)
         greedy_baseline = get_adv_estimator_needs(self.config.algorithm.adv_estimator).needs_greedy_baseline
         with _timer("gen", timing):
-            if greedy_baseline:
-                baseline = self._generate(batch, validate=False, do_sample=False)
-            batch = self._generate(repeated, validate=False)
+            if self.async_rollout is not None:
+                batch = self.async_rollout.next_batch()
+            else:
+                batch = DataProto.from_single_dict(next(self.train_iter))
+                batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}-{tag}-{i}" for i in range(len(batch))],
+                                                         dtype=object)
+                if greedy_baseline:
+                    baseline = self._generate(batch, validate=False, do_sample=False)
+                batch = self._generate(batch.repeat(n, interleave=True), validate=False)
         metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))
         with _timer("reward", timing):
             metrics.update(self._score(batch, self.reward_fn))
@@ -404,7 +432,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
                                "validate": validate, "global_steps": self.global_steps}
         if do_sample is not None:
             gen_input.meta_info["do_sample"] = do_sample
-        output = self.actor_rollout_wg.generate_sequences(gen_input)
+        output = self.rollout_wg.generate_sequences(gen_input)
         check_weights_version(output.meta_info)
         output.meta_info.pop("timing", None)  # per-call worker timing; the trainer times its stages itself
         generated = output.select(batch_keys=list(output.batch.keys()))
@@ -428,7 +456,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         they are exact for the current weights), the rollout/actor mismatch metrics and the rollout
         correction. ``actor/entropy`` is the Monte-Carlo estimate
         ``mean(-log p)`` of the sampled tokens, unless the worker returned per-token ``entropys``."""
-        rc = self.config.algorithm.rollout_correction
+        rc = self.rollout_correction
         if rc.bypass_mode:
             metrics.update(bypass_old_log_probs(batch, rc))
             return
@@ -496,8 +524,11 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             output = self.actor_rollout_wg.update_actor(batch)
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
         with _timer("update_weights", timing):
-            stages = self.actor_rollout_wg.update_weights()[0]
-        metrics.update({f"timing/update_weights/{stage}": seconds for stage, seconds in stages.items()})
+            if self.async_rollout is None:
+                stages = self.actor_rollout_wg.update_weights()[0]
+                metrics.update({f"timing/update_weights/{stage}": seconds for stage, seconds in stages.items()})
+            else:
+                self.async_rollout.after_update()
 
 
 def _tool_use_metrics(prefix: str, batch: DataProto) -> dict[str, float]:

@@ -7,6 +7,7 @@ what is missing and which config value to change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 import torch
@@ -29,12 +30,23 @@ class ResourcePoolManager:
     mapping: dict[Role, str] = field(metadata={"help": "role -> name of the pool it runs in"})
     use_gpu: bool = field(default=True, metadata={"help": "one GPU per worker process; False: CPU workers"})
     backend: str = field(default="ray", metadata={"help": "single-controller backend: 'ray' or 'local'"})
+    pool_backends: dict[str, str] = field(
+        default_factory=dict,
+        metadata={"help": "pool name -> its backend when not `backend`, e.g. {'rollout_pool': 'process'}: the "
+                          "local backend's rollout in a child process"},
+    )
+    pool_options: dict[str, dict[str, Any]] = field(
+        default_factory=dict,
+        metadata={"help": "pool name -> extra keyword arguments of its pool class, e.g. {'rollout_pool': "
+                          "{'resources': {'rollout_node': 0.01}}} to put it on labelled Ray nodes"},
+    )
     resource_pool_dict: dict[str, ResourcePool] = field(
         default_factory=dict, metadata={"help": "the created pools (filled by create_resource_pool)"}
     )
 
     def __post_init__(self) -> None:
-        self._pool_cls = get_resource_pool_cls(self.backend)  # an unknown backend is a ConfigError here
+        for name in [None, *self.pool_backends]:
+            get_resource_pool_cls(self.backend_of(name))  # an unknown backend is a ConfigError here
         for role, pool in self.mapping.items():
             if pool not in self.resource_pool_spec:
                 raise ConfigError(
@@ -47,15 +59,23 @@ class ResourcePoolManager:
         """Check the cluster, then create one pool per entry of ``resource_pool_spec``."""
         self._check_resource_available()
         for name, process_on_nodes in self.resource_pool_spec.items():
-            self.resource_pool_dict[name] = self._pool_cls(
-                process_on_nodes=process_on_nodes, use_gpu=self.use_gpu, max_colocate_count=1, name_prefix=name
-            )
+            self.resource_pool_dict[name] = get_resource_pool_cls(self.backend_of(name))(
+                process_on_nodes=process_on_nodes, use_gpu=self.use_gpu, max_colocate_count=1, name_prefix=name,
+                **self.pool_options.get(name, {}))
+
+    def backend_of(self, pool: str | None) -> str:
+        """The backend of the pool named ``pool`` (None: the manager's own)."""
+        return self.pool_backends.get(pool, self.backend) if pool is not None else self.backend
+
+    def pool_name(self, role: Role) -> str:
+        """The name of the pool that ``role`` runs in."""
+        if role not in self.mapping:
+            raise KeyError(f"role {role.name} has no resource pool; mapped roles: {[r.name for r in self.mapping]}")
+        return self.mapping[role]
 
     def get_resource_pool(self, role: Role) -> ResourcePool:
         """The pool that ``role`` runs in (after ``create_resource_pool``)."""
-        if role not in self.mapping:
-            raise KeyError(f"role {role.name} has no resource pool; mapped roles: {[r.name for r in self.mapping]}")
-        return self.resource_pool_dict[self.mapping[role]]
+        return self.resource_pool_dict[self.pool_name(role)]
 
     def get_n_gpus(self) -> int:
         """Number of devices over all pools (GPUs, or CPU worker processes when ``use_gpu`` is False)."""

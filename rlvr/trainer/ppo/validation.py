@@ -31,6 +31,8 @@ class ValidationMixin:
         """Greedy (``rollout.val_kwargs``) generation on the validation set; ``val/<source>/acc``,
         ``val/<source>/score`` and ``val/acc``. Sample generations are kept for the report."""
         cfg = self.config
+        if self.async_rollout is not None:  # the rollout apart may hold older weights (trigger_parameter_sync_step)
+            self.async_rollout.sync_weights()
         val_n = cfg.actor_rollout_ref.rollout.val_kwargs.n
         size = cfg.data.val_batch_size or len(self.val_dataset)
         sources, scores, accs, tool_calls = [], [], [], []

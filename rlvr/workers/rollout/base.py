@@ -34,9 +34,19 @@ Contract of ``generate_sequences(prompts)``:
   precision (engines computing in lower precision, or with other kernels, say False).
   ``meta_info["rollout_weights_version"]`` is the version of the weights the engine generated with
   (the ``version`` of its last :meth:`RolloutEngine.update_weights`); the trainer refuses samples
-  whose version is not the actor's current one (a silently stale engine). A server engine also
-  returns ``response_versions [B, R]`` (int64): the weights version that sampled each response token,
-  -1 where ``response_mask`` is 0.
+  whose version is not the actor's current one (a silently stale engine).
+  ``response_versions [B, R]`` (int64) is the weights version that sampled each response token, and
+  -1 where ``response_mask`` is 0 (padding; tokens an agent loop inserts). An in-process engine
+  writes its ``weights_version`` on every sampled token; a server engine writes what the server
+  reports per token span; with a partial rollout (below) the versions change along a row. The
+  asynchronous trainer measures staleness from them (:mod:`rlvr.trainer.async_schedule`).
+- partial rollouts, for engines whose factory says ``interruptible = True``: the per-call key
+  ``meta_info["interrupt"]`` (a ``threading.Event``, in-process only) asks the engine to stop
+  decoding at its next step once the event is set (new weights are waiting). The tokens sampled so
+  far are returned as usual, with their log-probs and version, and ``meta_info["interrupted_rows"]``
+  lists the rows cut short (``[]`` when the event was never set); every other row is finished.
+  :class:`~rlvr.workers.rollout.partial.PartialRollout` loads the new weights and continues the cut
+  rows from where they stopped.
 """
 
 from __future__ import annotations
@@ -111,6 +121,10 @@ class RolloutFactory(Protocol):
     to copy); False: it keeps its own copy of the weights (``module`` only describes the policy) and
     needs :meth:`RolloutEngine.update_weights` after every actor update."""
 
+    interruptible: bool
+    """True: ``generate_sequences`` honours ``meta_info["interrupt"]`` (see the module docstring), so
+    the engine can run partial rollouts (``async_training.partial_rollout``)."""
+
     def __call__(self, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
                  seed: int, owns_module: bool) -> RolloutEngine: ...
 
@@ -181,12 +195,15 @@ def call_settings(config, tokenizer: PreTrainedTokenizerBase, prompts: DataProto
 
 
 def response_tensors(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                     responses: torch.Tensor, response_mask: torch.Tensor, log_probs: torch.Tensor
-                     ) -> dict[str, torch.Tensor]:
+                     responses: torch.Tensor, response_mask: torch.Tensor, log_probs: torch.Tensor,
+                     versions: torch.Tensor | int) -> dict[str, torch.Tensor]:
     """The output tensors of ``generate_sequences`` from the prompts ``[b, P]`` and the right-padded
     responses, their mask and sampling log-probs ``[b, R]`` (all on CPU); response positions
-    continue each row's prompt positions."""
+    continue each row's prompt positions. ``versions`` is the weights version of each response
+    token ``[b, R]``, or one version for every sampled token; ``response_versions`` is -1 where
+    ``response_mask`` is 0."""
     response_pos = position_ids[:, -1:] + 1 + torch.arange(responses.shape[1], dtype=position_ids.dtype)
+    versions = torch.as_tensor(versions, dtype=torch.long).expand(responses.shape)
     return {
         "prompts": input_ids,
         "responses": responses,
@@ -195,6 +212,7 @@ def response_tensors(input_ids: torch.Tensor, attention_mask: torch.Tensor, posi
         "position_ids": torch.cat([position_ids, response_pos], dim=1),
         "response_mask": response_mask.to(attention_mask.dtype),
         "rollout_log_probs": log_probs,
+        "response_versions": torch.where(response_mask.bool(), versions, -1),
     }
 
 
@@ -216,8 +234,11 @@ def check_weights_version(meta_info: Mapping) -> None:
     Raises:
         StaleRolloutError: the versions differ (a silently stale engine).
     """
-    engine, actor = meta_info["rollout_weights_version"], meta_info.get("actor_weights_version")
-    if actor is not None and engine != actor:
+    actor = meta_info.get("actor_weights_version")
+    if actor is None:
+        return
+    engine = meta_info["rollout_weights_version"]
+    if engine != actor:
         raise StaleRolloutError(
             f"the rollout engine generated these samples with weights version {engine}, but the actor is at "
             f"version {actor}: the weight sync after an actor update did not reach the engine, so the samples "

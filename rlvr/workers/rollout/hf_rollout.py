@@ -10,6 +10,10 @@ cache rows indexed out to every occurrence. A row stops at an EOS id (unless ``i
 its text ends a stop string; the loop ends when all rows have stopped or after ``response_length``
 tokens.
 Finished rows keep running through the model (static batch) but their tokens become padding.
+Every sampled token carries the engine's weights version (``response_versions``). The engine is
+interruptible: once ``meta_info["interrupt"]`` is set, the decode loop stops after its current step
+and the rows still running (those of micro-batches not started yet too) are listed in
+``meta_info["interrupted_rows"]`` (see :mod:`rlvr.workers.rollout.base`).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class HFRollout:
     """
 
     runs_torch_module = True
+    interruptible = True
 
     def __init__(self, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
                  seed: int, owns_module: bool) -> None:
@@ -114,20 +119,36 @@ class HFRollout:
 
         See :mod:`rlvr.workers.rollout.base` for the input and output keys.
         """
+        interrupt = prompts.meta_info.get("interrupt")  # a per-call key (see the module docstring)
         prompts, settings = call_settings(self.config, self.tokenizer, prompts)
         self.module.eval()
-        outputs = []
+        outputs, interrupted = [], []
         size = int(self.config.micro_batch_size)
         for start in range(0, len(prompts), size):
             chunk = {key: prompts.batch[key][start : start + size] for key in _PROMPT_KEYS}
-            outputs.append(self._generate(chunk, settings))
+            if interrupt is not None and interrupt.is_set():  # not started: cut with no token
+                out, cut = self._empty(chunk, settings), list(range(len(chunk["input_ids"])))
+            else:
+                out, cut = self._generate(chunk, settings, interrupt)
+            outputs.append(out)
+            interrupted += [start + row for row in cut]
         tensors = {key: torch.cat([out[key] for out in outputs]) for key in outputs[0]}
         out_meta = {
             "rollout_log_prob_temperature": settings.sampling.log_prob_temperature,
             "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32,
             "rollout_weights_version": self.weights_version,
         }
+        if interrupt is not None:
+            out_meta["interrupted_rows"] = interrupted
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=out_meta)
+
+    def _empty(self, prompt: dict[str, torch.Tensor], settings: CallSettings) -> dict[str, torch.Tensor]:
+        """The output of a micro-batch whose rows were cut before their first token."""
+        rows, width = prompt["input_ids"].shape[0], settings.response_length
+        responses = torch.full((rows, width), settings.pad_id, dtype=prompt["input_ids"].dtype)
+        mask = torch.zeros(rows, width, dtype=prompt["attention_mask"].dtype)
+        return response_tensors(*(prompt[k] for k in _PROMPT_KEYS), responses, mask, torch.zeros(rows, width),
+                                self.weights_version)
 
     def _stopped_by_string(self, responses: torch.Tensor, step: int, active: torch.Tensor,
                            stop: list[str]) -> torch.Tensor:
@@ -143,9 +164,11 @@ class HFRollout:
             hit[row] = any(s in text for s in stop)
         return hit
 
-    def _generate(self, prompt: dict[str, torch.Tensor], settings: CallSettings) -> dict[str, torch.Tensor]:
+    def _generate(self, prompt: dict[str, torch.Tensor], settings: CallSettings, interrupt
+                  ) -> tuple[dict[str, torch.Tensor], list[int]]:
         """Decode one micro-batch of prompts ``[b, P]`` for up to ``settings.response_length`` tokens;
-        returns the output tensors (CPU)."""
+        returns the output tensors (CPU) and the rows cut short because ``interrupt`` (a
+        ``threading.Event`` or None) was set."""
         input_ids, attention_mask, position_ids = (prompt[k] for k in _PROMPT_KEYS)
         params, pad_id, stop = settings.sampling, settings.pad_id, settings.stop
         rows, response_len = input_ids.shape[0], settings.response_length
@@ -175,6 +198,7 @@ class HFRollout:
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         eos = torch.tensor(settings.eos_ids, device=self.device)
         can_stop = not self.config.ignore_eos or bool(stop)  # else no device read-back per step
+        cut: list[int] = []
         for step in range(response_len):
             tokens, token_log_probs = sample_tokens(logits, params, self.generator)
             active = ~done
@@ -187,7 +211,10 @@ class HFRollout:
                 done |= self._stopped_by_string(responses, step, active & ~done, stop)
             if step == response_len - 1 or (can_stop and bool(done.all())):
                 break
+            if interrupt is not None and interrupt.is_set():
+                cut = (~done).nonzero().flatten().tolist()
+                break
             logits = self.decoder.step(tokens, next_pos + step)
         self.decoder.finish()
         return response_tensors(input_ids, attention_mask, position_ids, responses.cpu(), response_mask.cpu(),
-                                log_probs.cpu())
+                                log_probs.cpu(), self.weights_version), cut

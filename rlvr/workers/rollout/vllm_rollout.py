@@ -17,7 +17,9 @@ token: ``log_softmax(logits / temperature)`` (``logits`` for greedy decoding), a
 With ``top_p < 1`` or ``top_k > 0`` vLLM renormalises them over the kept tokens instead, so config
 validation refuses those for training (validation calls may use them: their log-probs go unused).
 They are never reported exact (other kernels; bf16), so the actor recomputes ``old_log_probs`` and
-the trainer's mismatch metrics show the gap.
+the trainer's mismatch metrics show the gap. Every sampled token carries the engine's weights
+version (``response_versions``). The engine is not interruptible (``LLM.generate`` runs its requests
+to the end), so it runs no partial rollouts.
 
 Memory: on GPU the engine is built with ``enable_sleep_mode`` and :meth:`VLLMRollout.sleep` frees its
 weights and KV cache between phases (vLLM's level-1 sleep); on CPU vLLM has no sleep mode, so
@@ -84,6 +86,7 @@ class VLLMRollout:
     """
 
     runs_torch_module = False
+    interruptible = False  # LLM.generate runs its requests to the end; a server engine aborts them instead
 
     def __init__(self, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
                  seed: int, owns_module: bool) -> None:
@@ -192,7 +195,8 @@ class VLLMRollout:
         self.wake_up()
         outputs = self.llm.generate(requests, sampling, use_tqdm=False)
         responses, response_mask, log_probs = self._pack(outputs, inverse, call.response_length, call.pad_id)
-        tensors = response_tensors(input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
+        tensors = response_tensors(input_ids, attention_mask, position_ids, responses, response_mask, log_probs,
+                                   self.weights_version)
         out_meta = {"rollout_log_prob_temperature": params.log_prob_temperature, "rollout_log_probs_exact": False,
                     "rollout_weights_version": self.weights_version}
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=out_meta)

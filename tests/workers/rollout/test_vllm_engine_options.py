@@ -140,6 +140,7 @@ def test_sampling_settings_reach_the_engine(fake_vllm, tiny):
     assert (out.batch["responses"][:, 2:] == tokenizer.pad_token_id).all()
     assert out.batch["response_mask"].sum(-1).tolist() == [2] * 6
     assert out.batch["rollout_log_probs"][0].tolist() == [-0.5, -1.5] + [0.0] * 10
+    assert out.batch["response_versions"][0].tolist() == [0, 0] + [-1] * 10
     assert out.meta_info == {"rollout_log_prob_temperature": 0.7, "rollout_log_probs_exact": False,
                              "rollout_weights_version": 0}
 

@@ -1,6 +1,6 @@
 """The vLLM engine against the HF engine on a tiny random model: same greedy ids, masks and EOS /
 stop-string handling, log-probs equal to a transformers forward, in-place weight sync (tied LM head,
-prefix cache) and the weights version. Needs vLLM (``make setup-vllm``; run with ``make test-vllm``)."""
+prefix cache) and the weights version of every token. Needs vLLM (``make setup-vllm``; run with ``make test-vllm``)."""
 
 from __future__ import annotations
 
@@ -143,6 +143,8 @@ def test_weights_sync_in_place_with_tied_head_and_fresh_prefix_cache(tiny, engin
         prompts(tokenizer, do_sample=False))
     assert_same_generation(expected, got)
     assert vllm_engine.weights_version == got.meta_info["rollout_weights_version"] == 1
+    mask = got.batch["response_mask"].bool()  # the version of every sampled token, -1 on the padding
+    assert got.batch["response_versions"][mask].eq(1).all() and got.batch["response_versions"][~mask].eq(-1).all()
     vllm_engine.update_weights(model.named_parameters(), 0)  # back for the other tests
 
 

@@ -1,0 +1,228 @@
+"""Synchronous against asynchronous training, side by side in one run (the figures of
+docs/PERFORMANCE.md, "Asynchronous training").
+
+The main job (GRPO on the embedded SmolLM2-135M-Instruct, two-number addition; ``--preset main_job``)
+runs in each schedule, one after the other on the same machine, for every seed:
+
+- ``sync``: the colocated trainer (the default), generation and training each on both cores;
+- ``one_step``: the rollout in a child process (``actor_rollout_ref.hybrid_engine=false``), batch k+1
+  generated on one core while batch k trains on the other;
+- ``bounded``: the same placement, the rollout streaming ahead within ``max_staleness=2`` versions,
+  with partial rollouts;
+
+then the tool-use job (``--preset tool_job``, long multi-turn generations) in the three schedules,
+the staleness-4 ablation (bounded, ``max_staleness=4``, with and without the decoupled-PPO
+correction) and a one-thread calibration of the synchronous trainer, from which
+:mod:`benchmarks.async_simulator` predicts the asynchronous speedups before they are compared with
+the measured ones. Every run is a fresh ``rlvr`` command in its own process.
+
+Reported per schedule: steps per hour (training steps over the summed step times; validation is
+the same work in every schedule and is left out), the speedup over ``sync``, held-out greedy
+accuracy every ``--test-freq`` steps (mean over the seeds) and, at equal wall-clock, the accuracy
+``sync`` had when the asynchronous run finished (interpolated between its validations), the median
+stage times, the staleness and the idle time of trainer and rollout. The load average of the machine
+is recorded before and after every run: compare runs only on an idle machine.
+
+    python -m benchmarks.bench_async                                  # everything (hours on 2 cores)
+    python -m benchmarks.bench_async --steps 4 --seeds 1 --test-freq 2 --tool-steps 0 --no-ablation \
+        --override data.val_max_samples=16                           # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.async_simulator import predict_from_stages
+
+APART = ["actor_rollout_ref.hybrid_engine=false"]
+SCHEDULES = {
+    "sync": [],
+    "one_step": [*APART, "async_training.mode=one_step"],
+    "bounded": [*APART, "async_training.mode=bounded", "async_training.max_staleness=2",
+                "async_training.partial_rollout=true"],
+}
+ABLATION = {
+    "bounded_s4_corrected": [*APART, "async_training.mode=bounded", "async_training.max_staleness=4"],
+    "bounded_s4_uncorrected": [*APART, "async_training.mode=bounded", "async_training.max_staleness=4",
+                               "async_training.compute_prox_log_prob=false"],
+}
+
+
+EXTRA: list[str] = []
+"""Overrides given with ``--override``, added to every run (e.g. a smaller validation set for a quick check)."""
+
+
+def run_job(preset: str, name: str, overrides: list[str], out: Path, steps: int, seed: int, test_freq: int) -> dict:
+    """One ``rlvr`` command; returns its metrics rows, wall time and the load averages around it."""
+    run_dir = out / name
+    args = [sys.executable, "-m", "rlvr.trainer.main_ppo", "--preset", preset, *overrides, *EXTRA,
+            f"trainer.total_training_steps={steps}", "trainer.max_time_s=null", f"trainer.test_freq={test_freq}",
+            f"trainer.seed={seed}", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
+            "trainer.progress_bar=false", "trainer.export_hf=false", "trainer.report=false"]
+    load_before = os.getloadavg()
+    start = time.monotonic()
+    done = subprocess.run(args, capture_output=True, text=True)
+    wall = time.monotonic() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {"name": name, "rows": rows, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg()}
+
+
+def summarize(run: dict) -> dict[str, Any]:
+    """Steps per hour, validation accuracy by step and by training time, median stage times."""
+    steps = [r for r in run["rows"] if "timing/step" in r]
+    elapsed, accuracy = 0.0, {}
+    clock = {0: 0.0}
+    for row in run["rows"]:
+        if "timing/step" in row:
+            elapsed += row["timing/step"]
+            clock[row["step"]] = elapsed
+        if "val/acc" in row:
+            accuracy[row["step"]] = row["val/acc"]
+    train_s = sum(r["timing/step"] for r in steps)
+
+    def median(key: str) -> float | None:
+        values = [r[key] for r in steps if key in r]
+        return statistics.median(values) if values else None
+
+    keys = ("timing/step", "timing/gen", "timing/update_actor", "timing/update_weights", "async/rollout_gen_s",
+            "async/trainer_wait_s", "async/rollout_wait_s", "async/staleness_mean", "async/staleness_max",
+            "async/weight_push_s", "async/interrupted_generations", "response_length/mean")
+    return {"steps": len(steps), "train_s": train_s, "steps_per_hour": 3600.0 * len(steps) / train_s,
+            "accuracy": accuracy, "accuracy_clock": {step: clock.get(step) for step in accuracy},
+            "medians": {key: median(key) for key in keys}, "wall_s": run["wall_s"],
+            "load": [run["load_before"], run["load_after"]]}
+
+
+def accuracy_at(summary: dict, seconds: float) -> float:
+    """Held-out accuracy at ``seconds`` of training time, interpolated between validations."""
+    points = sorted((summary["accuracy_clock"][s], summary["accuracy"][s]) for s in summary["accuracy"])
+    for (t0, a0), (t1, a1) in zip(points, points[1:]):
+        if t0 <= seconds <= t1:
+            return a0 + (a1 - a0) * (seconds - t0) / max(t1 - t0, 1e-9)
+    return points[-1][1]
+
+
+def compare(summaries: dict[str, list[dict]]) -> dict[str, dict]:
+    """Per schedule, over its seeds: steps/hour (mean, min, max), speedup over sync, accuracy by
+    step, the difference at the last step, and sync's accuracy at the same training time."""
+    sync = summaries["sync"]
+    table = {}
+    for mode, runs in summaries.items():
+        rate = [r["steps_per_hour"] for r in runs]
+        steps = sorted(set.intersection(*(set(r["accuracy"]) for r in runs)))
+        by_step = {s: statistics.mean(r["accuracy"][s] for r in runs) for s in steps}
+        at_sync_clock = [accuracy_at(s, r["train_s"]) for s, r in zip(sync, runs)]
+        table[mode] = {"steps_per_hour": statistics.mean(rate), "steps_per_hour_range": [min(rate), max(rate)],
+                       "speedup": statistics.mean(rate) / statistics.mean(x["steps_per_hour"] for x in sync),
+                       "accuracy_by_step": by_step,
+                       "sync_accuracy_at_equal_time": statistics.mean(at_sync_clock)}
+    last = max(table["sync"]["accuracy_by_step"])
+    for row in table.values():
+        row["accuracy_delta_at_last_step"] = row["accuracy_by_step"][last] - table["sync"]["accuracy_by_step"][last]
+    return table
+
+
+def markdown(job: str, table: dict[str, dict], summaries: dict[str, list[dict]]) -> str:
+    steps = sorted(table["sync"]["accuracy_by_step"])
+    lines = [f"### {job}", "", "| schedule | steps/hour (range) | x sync | held-out accuracy at steps "
+             f"{', '.join(map(str, steps))} | delta at {steps[-1]} | sync at equal time | median step / gen wait | "
+             "staleness mean | load avg |", "|---|---|---|---|---|---|---|---|---|"]
+    for mode, row in table.items():
+        runs = summaries[mode]
+        med = runs[0]["medians"]
+        loads = [load[0] for r in runs for load in r["load"]]
+        accuracy = ", ".join(f"{100 * row['accuracy_by_step'][s]:.0f}" for s in steps)
+        lines.append(
+            f"| {mode} | {row['steps_per_hour']:.0f} ({row['steps_per_hour_range'][0]:.0f}-"
+            f"{row['steps_per_hour_range'][1]:.0f}) | {row['speedup']:.2f} | "
+            f"{accuracy} | "
+            f"{100 * row['accuracy_delta_at_last_step']:+.0f} | {100 * row['sync_accuracy_at_equal_time']:.0f} | "
+            f"{med['timing/step']:.1f} / {med['timing/gen']:.1f} s | {med['async/staleness_mean'] or 0:.2f} | "
+            f"{min(loads):.1f}-{max(loads):.1f} |")
+    return "\n".join(lines)
+
+
+def calibrate(out: Path, steps: int) -> dict[str, Any]:
+    """The synchronous trainer on one thread: stage times of each side of an asynchronous run."""
+    run = run_job("main_job", "calibration_1thread", ["trainer.num_threads=1", "trainer.val_before_train=false",
+                                                     "data.val_files=null"], out, steps, 1, -1)
+    return summarize(run)
+
+
+def stages(summary: dict) -> dict[str, float]:
+    med = summary["medians"]
+    return {"gen_s": med["timing/gen"], "train_s": med["timing/step"] - med["timing/gen"]}
+
+
+def run_schedules(preset: str, schedules: dict[str, list[str]], out: Path, steps: int, seeds: list[int],
+                  test_freq: int) -> dict[str, list[dict]]:
+    summaries: dict[str, list[dict]] = {mode: [] for mode in schedules}
+    for seed in seeds:
+        for mode, overrides in schedules.items():
+            name = f"{preset}_{mode}_seed{seed}"
+            summary = summarize(run_job(preset, name, overrides, out, steps, seed, test_freq))
+            summaries[mode].append(summary)
+            print(f"{name}: {summary['steps_per_hour']:.0f} steps/h, accuracy {summary['accuracy']}, "
+                  f"load {summary['load']}", flush=True)
+    return summaries
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--test-freq", type=int, default=10)
+    parser.add_argument("--tool-steps", type=int, default=24, help="steps of the tool-use job (0: skip it)")
+    parser.add_argument("--tool-seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--calibration-steps", type=int, default=10)
+    parser.add_argument("--no-ablation", action="store_true", help="skip the staleness-4 correction ablation")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_async"))
+    parser.add_argument("--override", nargs="*", default=[], help="key=value overrides for every run")
+    args = parser.parse_args()
+    EXTRA.extend(args.override)
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
+                              "args": {**vars(args), "out": str(args.out)}}
+    main_job = run_schedules("main_job", SCHEDULES, args.out, args.steps, args.seeds, args.test_freq)
+    report["main_job"] = {"table": compare(main_job), "runs": main_job}
+    sections = [markdown("main job", report["main_job"]["table"], main_job)]
+    calibration = calibrate(args.out, args.calibration_steps)
+    sync_two = statistics.median_low([stages(s)["gen_s"] for s in main_job["sync"]])
+    two = {"gen_s": sync_two, "train_s": statistics.median_low([stages(s)["train_s"] for s in main_job["sync"]])}
+    push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in main_job["one_step"]])
+    predicted = predict_from_stages(two, stages(calibration), push)
+    report["simulator"] = {"two_threads": two, "one_thread": stages(calibration), "push_s": push,
+                           "predicted": predicted,
+                           "measured": {m: report["main_job"]["table"][m]["speedup"] for m in SCHEDULES}}
+    sections.append("Simulator (from synchronous stage times only): predicted speedup "
+                    f"one_step {predicted['one_step/speedup']:.2f}, bounded {predicted['bounded/speedup']:.2f}; "
+                    f"measured {report['simulator']['measured']['one_step']:.2f}, "
+                    f"{report['simulator']['measured']['bounded']:.2f}.")
+    if args.tool_steps > 0:
+        tools = run_schedules("tool_job", SCHEDULES, args.out, args.tool_steps, args.tool_seeds, args.tool_steps)
+        report["tool_job"] = {"table": compare(tools), "runs": tools}
+        sections.append(markdown("tool-use job", report["tool_job"]["table"], tools))
+    if not args.no_ablation:
+        ablation = {"sync": main_job["sync"][:1],
+                    **run_schedules("main_job", ABLATION, args.out, args.steps, args.seeds[:1], args.test_freq)}
+        report["ablation"] = {"table": compare(ablation), "runs": ablation}
+        sections.append(markdown("staleness 4, with and without the decoupled-PPO correction",
+                                 report["ablation"]["table"], ablation))
+    text = "\n\n".join(sections)
+    (args.out / "bench_async.json").write_text(json.dumps(report, indent=1))
+    (args.out / "bench_async.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,230 @@
+"""The schedule of a rollout that runs apart from the actor: the one trainer, generation overlapped.
+
+With ``actor_rollout_ref.hybrid_engine=false`` the trainer's steps stay what they are (reward,
+log-probs, advantages, updates); only where a step's samples come from changes. A thread of the
+driver, the *rollouter*, draws prompts, has the rollout worker group generate them and puts the
+groups into a :class:`~rlvr.trainer.async_schedule.buffer.SampleBuffer`, as far ahead as
+``async_training`` allows (``sync``: not at all; ``one_step``: one batch; ``bounded``: within
+``max_staleness`` versions, ``wait`` or ``drop``). The trainer takes its batches from there
+(:meth:`AsyncRollout.next_batch`) and, after each actor update, pushes the new weights to the rollout
+workers (:meth:`AsyncRollout.after_update`; every ``trigger_parameter_sync_step`` updates), which
+take them between generations, or in the middle of one with ``partial_rollout``. On Ray the weights
+travel through the object store (nodes need no shared filesystem); locally the rollout is a child
+process that receives them over a socket.
+
+Off-policy correction, by default when samples can be stale (``compute_prox_log_prob``): decoupled
+PPO (Hilton et al. 2022, arXiv:2110.00641; AReaL, Fu et al. 2025, arXiv:2505.24298): the engine's
+log-probs are the behaviour policy, the actor recomputes the proximal policy's (``old_log_probs``),
+the PPO ratio is taken against the proximal policy and ``algorithm.rollout_correction`` weighs the
+proximal/behaviour ratio (truncated IS at ``rollout_is_threshold``, token level, unless the run
+sets its own correction). Without it (``compute_prox_log_prob=false``) the engine's log-probs are the
+old ones, as in verl's fully-async default.
+
+Faults: the rollout worker group is a stateless group of the trainer's recovery
+(:class:`~rlvr.trainer.recovery.RestartableGroup`): a dead or hung rollout worker is restarted alone,
+gets the last weights pushed, and the interrupted generation runs again; training does not roll
+back. A failure it cannot cure reaches the trainer at its next wait for samples. Every wait has a
+deadline: ``async_training.queue_timeout_s`` for samples, ``weight_sync_timeout_s`` per push.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from omegaconf import DictConfig
+
+from rlvr.protocol import DataProto
+from rlvr.trainer.async_schedule.buffer import SampleBuffer
+from rlvr.trainer.async_schedule.prompts import PromptSource
+from rlvr.trainer.async_schedule.versions import check_staleness_bound, sample_staleness, staleness_metrics
+from rlvr.trainer.config.async_checks import rollout_apart, staleness_bound
+
+__all__ = ["AsyncRollout", "decoupled_ppo", "rollout_correction_config"]
+
+STOP_WAIT_S = 60.0
+"""How long a stopping schedule waits for its rollout thread (it ends once its generation call
+returns or fails: the workers are shut down next)."""
+
+
+def decoupled_ppo(cfg: DictConfig) -> bool:
+    """Whether the actor recomputes the proximal log-probs of a rollout apart from it
+    (``compute_prox_log_prob``; None = when samples can be stale)."""
+    choice = cfg.async_training.compute_prox_log_prob
+    return rollout_apart(cfg) and (staleness_bound(cfg) > 0 if choice is None else bool(choice))
+
+
+def rollout_correction_config(cfg: DictConfig) -> DictConfig:
+    """``algorithm.rollout_correction`` as the run applies it: with decoupled PPO and no correction
+    of its own, token-level truncated IS of the proximal/behaviour ratio."""
+    rc = cfg.algorithm.rollout_correction
+    if not decoupled_ppo(cfg) or rc.rollout_is is not None or rc.rollout_rs is not None:
+        return rc
+    corrected = copy.deepcopy(rc)
+    corrected.rollout_is = "token"
+    return corrected
+
+
+class AsyncRollout:
+    """The rollouter thread, the sample buffer, the prompts in flight and the weight pushes.
+
+    Args:
+        config: the run config.
+        train_iter: the trainer's data iterator (the rollouter draws from it, ahead of training).
+        generate: generates a batch of repeated prompts on the rollout workers (the trainer's
+            ``_generate``); called from the rollouter thread.
+        rollout_group: returns the rollout worker group (a ``RestartableGroup``).
+        actor_weights: returns the actor's full weights (the trainer's actor group).
+        rollout_name: the rollout worker group's name, for messages.
+    """
+
+    def __init__(self, config: DictConfig, train_iter: Any, generate: Callable[[DataProto], DataProto],
+                 rollout_group: Callable[[], Any], actor_weights: Callable[[], dict], rollout_name: str) -> None:
+        a = config.async_training
+        self.n = int(config.actor_rollout_ref.rollout.n)
+        self.bound = staleness_bound(config)
+        self.batch_size = int(config.data.train_batch_size)
+        self.trigger = int(a.trigger_parameter_sync_step)
+        self.queue_timeout_s, self.push_timeout_s = float(a.queue_timeout_s), float(a.weight_sync_timeout_s)
+        self.old_from_rollout = a.compute_prox_log_prob is False  # no decoupling: the behaviour policy is the old one
+        self.on_ray = config.trainer.backend == "ray"
+        self.prompts = PromptSource(train_iter)
+        self.buffer = SampleBuffer(self.batch_size, self.bound, a.staleness_policy == "drop", rollout_name)
+        self._generate, self._rollout_group, self._actor_weights = generate, rollout_group, actor_weights
+        self._weights: tuple[Any, int] | None = None  # the last push: (weights or their object ref, version)
+        self._gen_metrics: list[dict] = []
+        self._metrics_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.last_push_s = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """The rollouter runs while the block does (one attempt of the trainer's loop)."""
+        self.start()
+        try:
+            yield
+        finally:
+            self.stop()
+
+    def start(self) -> None:
+        """Send the actor's current weights to the rollout and start the rollouter thread."""
+        self._join_previous()
+        self.buffer.reset(self.buffer.version)
+        self.push_weights(self.buffer.version)
+        self.buffer.weights_sent()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(self._stop,), daemon=True, name="rlvr-rollouter")
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop drawing and generating; a generation in flight is left to the workers' shutdown."""
+        self._stop.set()
+        self.buffer.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+
+    def _join_previous(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            self._thread.join(timeout=STOP_WAIT_S)
+            if self._thread.is_alive():
+                raise RuntimeError(f"the rollout thread of the previous attempt did not stop within {STOP_WAIT_S:.0f} s "
+                                   "after its workers were shut down; cannot start the rollout again safely")
+
+    # ------------------------------------------------------------------ rollout side (its own thread)
+    def _loop(self, stop: threading.Event) -> None:
+        """Draw, generate and buffer batches as long as the admission rule allows."""
+        try:
+            while self.buffer.wait_for_admission():
+                prompts = self.prompts.take(self.batch_size)
+                start = time.perf_counter()
+                output = self._generate(prompts.repeat(self.n, interleave=True))
+                if stop.is_set():
+                    return  # a new attempt owns the prompts and the buffer now
+                with self._metrics_lock:
+                    self._gen_metrics.append({**output.meta_info.pop("metrics", {}),
+                                              "async/rollout_gen_s": time.perf_counter() - start})
+                groups = [output.select_idxs(list(range(i * self.n, (i + 1) * self.n))) for i in range(len(prompts))]
+                oldest = [int(self.buffer.version - sample_staleness(g.batch["response_versions"],
+                                                                   g.batch["response_mask"], self.buffer.version).max())
+                          for g in groups]
+                self.prompts.generated([g.non_tensor_batch["uid"][0] for g in groups], oldest)
+                self.buffer.put(groups)
+        except BaseException as err:  # noqa: BLE001 - handed to the trainer, which raises it at its next wait
+            if not stop.is_set():
+                self.buffer.fail(err)
+
+    # ------------------------------------------------------------------ trainer side
+    def next_batch(self) -> DataProto:
+        """The next ``train_batch_size`` prompt groups (``rollout.n`` samples each), within the
+        staleness bound, with the async metrics in ``meta_info["metrics"]`` and the policy version
+        in ``meta_info["policy_version"]`` (the actor reuses exact log-probs of the current version)."""
+        groups, _ = self.buffer.take(self.queue_timeout_s, self.prompts.requeue)
+        batch = DataProto.concat(groups)
+        self.prompts.trained([g.non_tensor_batch["uid"][0] for g in groups])
+        version = self.buffer.version
+        versions, mask = batch.batch["response_versions"], batch.batch["response_mask"]
+        check_staleness_bound(versions, mask, version, self.bound)
+        with self._metrics_lock:
+            gen_metrics, self._gen_metrics = self._gen_metrics, []
+        metrics: dict[str, Any] = {}
+        for part in gen_metrics:
+            for name, value in part.items():
+                metrics.setdefault(name, []).extend(value if isinstance(value, list) else [value])
+        metrics.update(staleness_metrics(versions, mask, version, self.bound))
+        metrics.update(self.buffer.take_counters())
+        metrics.update({"async/weight_push_s": self.last_push_s, "async/policy_version": float(version)})
+        batch.meta_info.update(metrics=metrics, policy_version=version)
+        if self.old_from_rollout:
+            batch.meta_info["old_log_probs_from_rollout"] = True
+        return batch
+
+    def after_update(self) -> None:
+        """The actor made an update: push the new weights when due, then let the rollout go on."""
+        version = self.buffer.version + 1
+        due = version % self.trigger == 0
+        if due:
+            self.push_weights(version)
+        self.buffer.updated(pushed=due)
+
+    def sync_weights(self) -> None:
+        """Make sure the rollout holds the trainer's current weights (before a validation)."""
+        if self.buffer.pushed != self.buffer.version:
+            self.push_weights(self.buffer.version)
+            self.buffer.weights_sent()
+
+    def push_weights(self, version: int) -> None:
+        """Send the actor's weights to every rollout worker as ``version`` (timed: ``async/weight_push_s``).
+
+        Raises:
+            WorkerTimeoutError: a rollout worker took them not within ``weight_sync_timeout_s``.
+        """
+        start = time.perf_counter()
+        weights = self._actor_weights()
+        if self.on_ray:  # one copy in the object store for every rollout worker, on any node
+            import ray
+
+            weights = ray.put(weights)
+        self._weights = (weights, version)
+        self.resend_weights(self._rollout_group())
+        self.last_push_s = time.perf_counter() - start
+
+    def resend_weights(self, group: Any) -> None:
+        """Give ``group`` (a rollout group, e.g. one just restarted) the last weights pushed."""
+        if self._weights is not None:
+            group.update_weights(*self._weights, _timeout_s=self.push_timeout_s)
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The data position, the unfinished prompts and the policy version (see :class:`PromptSource`)."""
+        return {**self.prompts.state_dict(), "policy_version": self.buffer.version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the unfinished prompts are generated again first."""
+        self.prompts.load_state_dict(state)
+        self.buffer.reset(int(state["policy_version"]))

@@ -1,0 +1,95 @@
+"""Checks of the rollout placement (``actor_rollout_ref.hybrid_engine``, the top-level ``rollout``
+pool) and of the asynchronous schedule (``async_training``); imports neither torch nor Ray.
+
+Everything that would make an async run hang, or silently train on samples older than the bound,
+is refused here, before any worker starts: a schedule that needs a rollout of its own without one,
+a weight-push period longer than the staleness bound allows (the rollout would wait for weights
+that never come), partial rollouts outside the bounded mode.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from rlvr.trainer.config.schema import ASYNC_MODES, STALENESS_POLICIES
+from rlvr.utils.errors import ConfigError
+
+__all__ = ["rollout_apart", "rollout_world_size", "staleness_bound", "check_async_training"]
+
+KEY = "async_training"
+
+
+def rollout_apart(cfg: DictConfig) -> bool:
+    """Whether the rollout runs in a worker group of its own (``hybrid_engine=false``)."""
+    return not cfg.actor_rollout_ref.hybrid_engine
+
+
+def rollout_world_size(cfg: DictConfig) -> int:
+    """Rollout workers of a rollout apart: the ``rollout`` pool on Ray, one child process locally."""
+    if cfg.trainer.backend == "local":
+        return 1
+    return cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node
+
+
+def staleness_bound(cfg: DictConfig) -> int:
+    """The most weight versions a trained sample may lag: 0 for ``sync``, 1 for ``one_step``,
+    ``max_staleness`` for ``bounded``."""
+    mode = cfg.async_training.mode
+    return {"sync": 0, "one_step": 1}.get(mode, cfg.async_training.max_staleness)
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(key, message)
+
+
+def check_async_training(cfg: DictConfig, needs_greedy_baseline: bool) -> None:
+    """Raise :class:`ConfigError` for a placement or schedule that cannot run.
+
+    Args:
+        cfg: the run config.
+        needs_greedy_baseline: the estimator's registry entry asks for a greedy baseline (ReMax).
+    """
+    a = cfg.async_training
+    _require(a.mode in ASYNC_MODES, f"{KEY}.mode", f"{a.mode!r} is not valid; use one of {', '.join(ASYNC_MODES)}")
+    _require(a.staleness_policy in STALENESS_POLICIES, f"{KEY}.staleness_policy",
+             f"{a.staleness_policy!r} is not valid; use one of {', '.join(STALENESS_POLICIES)}")
+    _require(a.max_staleness >= 0, f"{KEY}.max_staleness", "must be >= 0 weight versions (0 = synchronous)")
+    _require(a.trigger_parameter_sync_step >= 1, f"{KEY}.trigger_parameter_sync_step", "must be >= 1 actor update")
+    _require(a.queue_timeout_s > 0 and a.weight_sync_timeout_s > 0, f"{KEY}.queue_timeout_s",
+             "queue_timeout_s and weight_sync_timeout_s must be > 0 seconds")
+    if not rollout_apart(cfg):
+        _require(a.mode == "sync", f"{KEY}.mode",
+                 f"mode={a.mode} overlaps generation and training, which needs a rollout of its own: set "
+                 "actor_rollout_ref.hybrid_engine=false (the rollout then runs in the top-level rollout pool; "
+                 "on the local backend in a child process)")
+        return
+    _check_placement(cfg, needs_greedy_baseline)
+    if a.mode == "one_step":
+        _require(a.max_staleness == 1 and a.staleness_policy == "wait" and a.trigger_parameter_sync_step == 1,
+                 f"{KEY}.mode", "one_step is the bounded schedule with max_staleness=1, wait and a weight push "
+                 "after every update; for other settings use mode=bounded")
+    _require(not a.partial_rollout or a.mode == "bounded", f"{KEY}.partial_rollout",
+             f"partial rollouts interrupt generations at a weight update, which only mode=bounded does while it "
+             f"generates (mode={a.mode}); set mode=bounded or partial_rollout=false")
+    bound = staleness_bound(cfg)
+    _require(a.staleness_policy == "drop" or a.trigger_parameter_sync_step <= bound + 1,
+             f"{KEY}.trigger_parameter_sync_step",
+             f"with a weight push every {a.trigger_parameter_sync_step} updates the rollout's weights lag up to "
+             f"{a.trigger_parameter_sync_step - 1} versions, more than the bound of {bound} allows, so the rollout "
+             f"would wait forever; use trigger_parameter_sync_step <= {bound + 1} or a larger max_staleness")
+
+
+def _check_placement(cfg: DictConfig, needs_greedy_baseline: bool) -> None:
+    pool = cfg.rollout
+    _require(pool.nnodes >= 1 and pool.n_gpus_per_node >= 1, "rollout.n_gpus_per_node",
+             "the rollout pool needs nnodes >= 1 and n_gpus_per_node >= 1")
+    _require(cfg.trainer.backend == "ray" or pool.nnodes * pool.n_gpus_per_node == 1, "rollout.n_gpus_per_node",
+             "the local backend runs the rollout in one child process; set rollout.nnodes=1 "
+             "rollout.n_gpus_per_node=1 or use trainer.backend=ray")
+    _require(not needs_greedy_baseline, "algorithm.adv_estimator",
+             f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs a greedy baseline generation per prompt, "
+             "which a rollout apart from the actor does not make; use actor_rollout_ref.hybrid_engine=true or "
+             "another estimator (grpo, rloo)")
+    _require(cfg.actor_rollout_ref.rollout.name != "vllm" or rollout_world_size(cfg) == 1, "rollout.n_gpus_per_node",
+             "rollout.name=vllm runs one engine per rollout pool for now; set rollout.nnodes=1 rollout.n_gpus_per_node=1")

@@ -1,0 +1,63 @@
+"""The asynchronous-training simulator against hand-computed step times."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from benchmarks.async_simulator import LARGE, Workload, generation_s, predict, predict_from_stages, scaling_table
+
+
+def test_a_static_batch_decodes_until_its_longest_sample_and_streaming_keeps_seats_full():
+    work = Workload(step_s=1.0, token_s=0.5)
+    # lengths 1 and 3: one step with 2 samples (1 + 2 * 0.5), then two steps with 1 sample (1.5 each)
+    assert generation_s(work, [1, 3], workers=1, streaming=False) == pytest.approx(2.0 + 2 * 1.5)
+    # streaming: 4 tokens at 2 seats = 2 steps of 2 samples
+    assert generation_s(work, [1, 3], workers=1, streaming=True) == pytest.approx(2 * 2.0)
+    # two workers, one sample each: the slower one (3 steps of 1.5)
+    assert generation_s(work, [1, 3], workers=2, streaming=False) == pytest.approx(3 * 1.5)
+    # seats: 3 samples with 2 seats run as two batches one after the other
+    seated = Workload(step_s=1.0, token_s=0.0, seats=2)
+    assert generation_s(seated, [2, 2, 2], workers=1, streaming=False) == pytest.approx(2.0 + 2.0)
+
+
+def test_overlap_takes_the_longer_stage_instead_of_their_sum():
+    # constant lengths of 10 tokens, 4 samples: generation of 10 steps, training 4 x 10 x 0.1 s
+    work = Workload(prompts=2, n=2, lengths=[10], step_s=0.5, token_s=0.0, train_token_s=0.1, push_s=1.0,
+                    max_staleness=1)
+    out = predict(work, rollout_workers=1, train_workers=1, steps=3)
+    assert out["sync/step_s"] == pytest.approx(10 * 0.5 + 40 * 0.1 / 2)  # both workers: generate, then train
+    assert out["one_step/step_s"] == pytest.approx(max(10 * 0.5, 40 * 0.1 + 1.0))
+    # streaming at full occupancy: 40 tokens / 4 seats = 10 steps; the longest sample (5 s) over 2 steps: 2.5 s
+    assert out["bounded/step_s"] == pytest.approx(max(10 * 0.5, 5.0, 5.0 / 2))
+    assert out["one_step/speedup"] == pytest.approx(7.0 / 5.0)
+
+
+def test_the_bound_limits_how_far_streaming_hides_a_long_tail():
+    work = Workload(prompts=4, n=1, lengths=[100], step_s=1.0, token_s=0.0, train_token_s=0.0, max_staleness=0)
+    assert predict(work, 4, 4, steps=2)["bounded/step_s"] == pytest.approx(100.0)  # S = 0: wait for the longest
+    work.max_staleness = 3
+    assert predict(work, 4, 4, steps=2)["bounded/step_s"] == pytest.approx(100.0)  # 4 samples, 4 workers: 100 steps
+
+
+def test_predict_from_stages_overlaps_one_core_each():
+    out = predict_from_stages({"gen_s": 6.0, "train_s": 5.0}, {"gen_s": 9.0, "train_s": 7.0}, push_s=0.5)
+    assert out["sync/step_s"] == 11.0 and out["one_step/step_s"] == 9.0
+    assert out["one_step/speedup"] == pytest.approx(11.0 / 9.0)
+
+
+def test_lengths_are_drawn_from_the_measured_ones_or_the_lognormal():
+    from benchmarks.async_simulator import sample_lengths
+
+    assert set(sample_lengths(Workload(lengths=[3, 5]), 50, random.Random(0))) == {3, 5}
+    drawn = sample_lengths(Workload(median_len=100, sigma=0.5, max_len=150), 2000, random.Random(0))
+    assert max(drawn) == 150 and 85 < sorted(drawn)[1000] < 115
+
+
+def test_the_scaling_table_shows_sync_stop_scaling_on_the_tail():
+    rows = scaling_table(LARGE, [8, 64, 512])
+    sync = [r["sync/step_s"] for r in rows]
+    assert sync[0] > sync[1] > sync[2] and sync[1] / sync[2] < 1.5  # 8x the GPUs, far less than 8x faster
+    assert all(r["sync/tail_share"] > 0.5 for r in rows)
+    assert rows[-1]["bounded/speedup"] > rows[-1]["one_step/speedup"] >= 1.0

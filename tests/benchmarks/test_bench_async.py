@@ -1,0 +1,38 @@
+"""The sync/async benchmark's bookkeeping: steps per hour, accuracy by step and at equal training
+time, the comparison over seeds."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.bench_async import accuracy_at, compare, summarize
+
+
+def run(step_s: float, accuracies: dict[int, float]) -> dict:
+    """A run of 4 steps of ``step_s`` seconds with validations at the given steps."""
+    rows = []
+    for step in range(5):
+        if step > 0:
+            rows.append({"step": step, "timing/step": step_s, "timing/gen": step_s / 2})
+        if step in accuracies:
+            rows.append({"step": step, "val/acc": accuracies[step]})
+    return {"rows": rows, "wall_s": 5 * step_s, "load_before": (1.0, 1.0, 1.0), "load_after": (2.0, 1.0, 1.0)}
+
+
+def test_steps_per_hour_leave_validation_out_and_accuracy_is_interpolated_on_training_time():
+    summary = summarize(run(10.0, {0: 0.2, 2: 0.6, 4: 0.8}))
+    assert summary["steps"] == 4 and summary["steps_per_hour"] == pytest.approx(360.0)
+    assert summary["accuracy_clock"] == {0: 0.0, 2: 20.0, 4: 40.0}
+    assert accuracy_at(summary, 10.0) == pytest.approx(0.4) and accuracy_at(summary, 30.0) == pytest.approx(0.7)
+    assert accuracy_at(summary, 99.0) == pytest.approx(0.8)
+    assert summary["medians"]["timing/gen"] == 5.0
+
+
+def test_compare_gives_speedups_accuracy_deltas_and_sync_at_equal_time():
+    summaries = {"sync": [summarize(run(10.0, {0: 0.2, 4: 0.8})), summarize(run(10.0, {0: 0.2, 4: 0.6}))],
+                 "one_step": [summarize(run(8.0, {0: 0.2, 4: 0.7})), summarize(run(8.0, {0: 0.2, 4: 0.7}))]}
+    table = compare(summaries)
+    assert table["one_step"]["speedup"] == pytest.approx(10.0 / 8.0)
+    assert table["one_step"]["accuracy_delta_at_last_step"] == pytest.approx(0.7 - 0.7)
+    # async finished at 32 s: sync was at 0.2 + (0.8 - 0.2) * 32 / 40 and 0.2 + (0.6 - 0.2) * 32 / 40
+    assert table["one_step"]["sync_accuracy_at_equal_time"] == pytest.approx((0.68 + 0.52) / 2)
