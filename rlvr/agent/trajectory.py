@@ -14,16 +14,21 @@ batch::
 only the sampled ones (losses, KL, entropy and advantages use it). ``turn_scores [B, R]`` holds the
 rewards given during the rollout (tool step rewards, environment rewards), each on the last
 sampled token of the turn it rewards; the trainer adds them to the reward manager's scores.
+With images (a vision-language model), ``multi_modal_inputs`` / ``multi_modal_data`` hold every
+image of the conversation - the prompt's, then those inserted with observations - in the order of
+their image tokens.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from rlvr.protocol import DataProto
+from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS, MultiModalRows
 from rlvr.utils.torch_functional import compute_position_ids
 
 __all__ = ["Trajectory", "TrajectoryBatch", "STOP_REASONS", "left_pad"]
@@ -46,6 +51,8 @@ class Trajectory:
     assistant_turns: int = 0
     stop_reason: str | None = None
     counts: dict[str, float] = field(default_factory=dict)
+    image_inputs: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -64,6 +71,16 @@ class Trajectory:
         self.response_mask += [0] * len(ids)
         self.log_probs += [0.0] * len(ids)
         self.turn_start = len(self.response_ids)
+
+    def add_images(self, image_inputs: dict[str, torch.Tensor], images: list[Any]) -> None:
+        """Images inserted with the last ids (their processor tensors and the images themselves)."""
+        if image_inputs:
+            self.image_inputs.append(image_inputs)
+            self.images += list(images)
+
+    def multi_modal_inputs(self) -> dict[str, torch.Tensor]:
+        """The image inputs of the whole conversation, in the order of its image tokens."""
+        return MultiModalRows(self.image_inputs).merged()
 
     def turn_ids(self) -> list[int]:
         """The ids sampled in the current turn (since the last insertion)."""
@@ -100,6 +117,11 @@ class TrajectoryBatch:
         self.items = [Trajectory(prompt_ids=row[keep].tolist()) for row, keep in zip(ids, mask)]
         self.prompt_width = ids.shape[1]
         self.pad_id = pad_id
+        self.had_images = MULTI_MODAL_INPUTS in prompts.non_tensor_batch
+        if self.had_images:  # the prompts' images come first
+            for item, inputs, data in zip(self.items, prompts.non_tensor_batch[MULTI_MODAL_INPUTS],
+                                          prompts.non_tensor_batch[MULTI_MODAL_DATA]):
+                item.add_images(inputs or {}, (data or {}).get("image", []))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -112,7 +134,12 @@ class TrajectoryBatch:
         contexts = [self.items[i].prompt_ids + self.items[i].response_ids for i in rows]
         ids, mask = left_pad(contexts, max(len(c) for c in contexts), self.pad_id)
         tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
-        return DataProto.from_dict(tensors=tensors, meta_info=dict(meta_info))
+        non_tensors = {MULTI_MODAL_INPUTS: [self.items[i].multi_modal_inputs() for i in rows]} if self.has_images else {}
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(meta_info))
+
+    @property
+    def has_images(self) -> bool:
+        return self.had_images or any(item.image_inputs for item in self.items)
 
     def context_width(self, rows: list[int]) -> int:
         return max(len(self.items[i].prompt_ids) + len(self.items[i].response_ids) for i in rows)
@@ -146,6 +173,9 @@ class TrajectoryBatch:
             "response_mask": response_mask, "rollout_log_probs": log_probs, "turn_scores": turn_scores,
         }
         non_tensors = dict(prompts.non_tensor_batch)
+        if self.has_images:  # the prompts' images and those inserted, per conversation
+            non_tensors[MULTI_MODAL_INPUTS] = [t.multi_modal_inputs() for t in self.items]
+            non_tensors[MULTI_MODAL_DATA] = [{"image": list(t.images)} if t.images else {} for t in self.items]
         non_tensors["num_turns"] = np.array([t.assistant_turns for t in self.items], dtype=np.int64)
         non_tensors["num_tool_calls"] = np.array([int(t.counts.get("tool_calls", 0)) for t in self.items],
                                                  dtype=np.int64)

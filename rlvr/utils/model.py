@@ -27,7 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -186,7 +197,8 @@ def load_causal_lm(
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """Load a causal language model (hub id, local folder or GGUF, see :func:`resolve_model_path`).
+    """Load a causal language model (hub id, local folder or GGUF, see :func:`resolve_model_path`);
+    a vision-language model loads with its vision encoder (``AutoModelForImageTextToText``).
 
     Args:
         dtype: parameter dtype (e.g. ``torch.bfloat16`` for training with mixed precision).
@@ -194,12 +206,22 @@ def load_causal_lm(
             transformers choose.
         trust_remote_code: allow model code from the hub.
     """
-    return AutoModelForCausalLM.from_pretrained(
-        local_model_dir(name_or_path),
+    source = local_model_dir(name_or_path)
+    return _auto_model_class(source, trust_remote_code).from_pretrained(
+        source,
         dtype=dtype,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
+
+
+def _auto_model_class(source: str, trust_remote_code: bool) -> type:
+    """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model that
+    has no causal-LM class (Qwen2-VL, LLaVA, Idefics3: the text decoder with the vision encoder)."""
+    model_type = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).model_type
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerBase:

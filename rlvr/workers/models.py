@@ -101,17 +101,21 @@ class CriticModel(nn.Module):
         self.value_head.to(next(backbone.parameters()).dtype)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor) -> torch.Tensor:
+                position_ids: torch.Tensor, **image_inputs: torch.Tensor) -> torch.Tensor:
         """Values of every position.
 
         Args:
-            input_ids, attention_mask, position_ids: ``[batch, seq_len]``.
+            input_ids, attention_mask: ``[batch, seq_len]``.
+            position_ids: ``[batch, seq_len]`` (``[3, batch, seq_len]`` for an M-RoPE model with images).
+            image_inputs: the images of a vision-language backbone (``pixel_values``, ...;
+                :func:`rlvr.utils.multimodal.model_inputs`).
 
         Returns:
             ``[batch, seq_len]`` float32 values.
         """
         hidden = self.backbone(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+            **image_inputs,
         ).last_hidden_state
         return self.value_head(hidden).squeeze(-1).float()
 
@@ -134,7 +138,7 @@ def build_critic(model_config, path: str) -> CriticModel:
         if model_config.enable_gradient_checkpointing:
             backbone.enable_input_require_grads()
         backbone = get_peft_model(backbone, _lora_config(model_config, "FEATURE_EXTRACTION"))
-    return CriticModel(backbone, lm.config.hidden_size)
+    return CriticModel(backbone, lm.config.get_text_config().hidden_size)
 
 
 def critic_tokenizer(config) -> PreTrainedTokenizerBase:

@@ -4,6 +4,7 @@ The value of response token ``t`` is read from the hidden state that *predicts* 
 just before it), as in verl: the state is the prompt plus the response up to ``t - 1``. Value
 clipping follows PPO (Schulman et al. 2017, arXiv:1707.06347) through
 ``core_algos.compute_value_loss``; the update loop around it is :mod:`rlvr.workers.ppo_update`.
+Rows with images (``multi_modal_inputs``) reach a vision-language backbone with their images.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import torch
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import compute_value_loss
 from rlvr.workers.batching import micro_batch_indices, select_batch_keys
-from rlvr.workers.models import CriticModel
+from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, with_multi_modal_rows
+from rlvr.workers.models import CriticModel, unwrap_hf_model
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 
 __all__ = ["DataParallelPPOCritic"]
@@ -45,7 +47,9 @@ class DataParallelPPOCritic:
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Values of the response positions ``[b, R]`` (float32)."""
         response_len = batch["responses"].shape[1]
-        values = self.module(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+        inputs = model_inputs(unwrap_hf_model(self.module.backbone), batch["input_ids"], batch["attention_mask"],
+                              batch["position_ids"], batch.get(MULTI_MODAL_INPUTS))
+        values = self.module(**inputs)
         return values[:, -response_len - 1 : -1]
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int) -> list[list[int]]:
@@ -54,7 +58,7 @@ class DataParallelPPOCritic:
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values ``[B, R]`` (float32, CPU), zero outside ``response_mask`` when it is present."""
-        batch = {key: data.batch[key] for key in _FORWARD_KEYS}
+        batch = with_multi_modal_rows({key: data.batch[key] for key in _FORWARD_KEYS}, data.non_tensor_batch)
         rows, response_len = batch["responses"].shape
         values = torch.zeros(rows, response_len)
         self.module.eval()
@@ -70,6 +74,7 @@ class DataParallelPPOCritic:
         ``response_mask``); returns ``critic/vf_loss``, ``critic/vf_clipfrac``,
         ``critic/grad_norm``, ``critic/skipped_steps``, one value per mini-batch."""
         batch = select_batch_keys(data.batch, [*_FORWARD_KEYS, "response_mask", "values", "returns"], "update_critic")
+        batch = with_multi_modal_rows(batch, data.non_tensor_batch)
         self.module.train()
         return run_ppo_epochs(
             batch, self._train_mini_batch, epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size,
