@@ -38,13 +38,13 @@ def _open(data: bytes, what: str) -> Image.Image:
         raise ImageReadError(f"{what} is not a readable image ({err})") from None
 
 
-def _from_base64(text: str) -> Image.Image:
+def _base64_bytes(text: str) -> bytes | None:
+    """The bytes of a base64 text (a data URL's payload), or None when it is not base64."""
     payload = text.split(",", 1)[1] if text.startswith("data:") else text
     try:
-        data = base64.b64decode(payload, validate=True)
+        return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise ImageReadError(f"{text[:60]!r} is neither an existing image file nor base64 image data") from None
-    return _open(data, "the base64 data")
+        return None
 
 
 def _from_path(path: Path) -> Image.Image:
@@ -56,16 +56,17 @@ def _from_path(path: Path) -> Image.Image:
 
 
 def _from_string(text: str, base_dir: Path) -> Image.Image:
-    if text.startswith("data:"):
-        return _from_base64(text)
     path = Path(text).expanduser()
     if not path.is_absolute():
         path = base_dir / path
-    if path.is_file():
+    if not text.startswith("data:") and path.is_file():
         return _from_path(path)
-    if len(text) < 256 and ("/" in text or Path(text).suffix):
-        raise ImageReadError(f"the image file {path} does not exist")
-    return _from_base64(text)
+    data = _base64_bytes(text)
+    if data is not None:
+        return _open(data, "the base64 data")
+    if text.startswith("data:"):
+        raise ImageReadError(f"the data URL {text[:40]!r}... does not hold base64 data")
+    raise ImageReadError(f"the image file {path} does not exist (and the text is not base64 image data either)")
 
 
 def load_image(value: Any, base_dir: str | Path = ".") -> Image.Image:

@@ -17,9 +17,9 @@ states through :func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: th
 log-softmax run a chunk of tokens at a time, so no ``[batch, response_len, vocab]`` logits are
 ever held (forward or backward). An entropy bonus with a gradient (``entropy_coeff != 0``) and
 sharded modules use the full logits of a micro-batch instead. On that same one-rank path, each
-distinct prompt of a text-only micro-batch runs through the model once (``actor.share_prompt_forward``,
-see :mod:`~rlvr.workers.actor.shared_prompt`), and count-sized micro-batches are cut from the rows
-grouped by prompt.
+distinct prompt of a micro-batch (its ids and images) runs through the model once
+(``actor.share_prompt_forward``, see :mod:`~rlvr.workers.actor.shared_prompt`), and count-sized
+micro-batches are cut from the rows grouped by prompt.
 """
 
 from __future__ import annotations
@@ -93,10 +93,11 @@ def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor], share_pro
     start, stop, num_response = _response_window(batch)
     model = unwrap_hf_model(module)
     weight = model.get_output_embeddings().weight
-    if share_prompts and MULTI_MODAL_INPUTS not in batch:
+    if share_prompts:
         window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
         prompt_len = stop - start - num_response
-        hidden = shared_prompt_hidden(module, **window, prompt_len=prompt_len, num_response=num_response)
+        hidden = shared_prompt_hidden(module, **window, prompt_len=prompt_len, num_response=num_response,
+                                      multi_modal=batch.get(MULTI_MODAL_INPUTS))
         if hidden is not None:
             return hidden, weight
     # the base model: the decoder of a text model; the decoder with the vision encoder of a VLM
