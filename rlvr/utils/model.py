@@ -48,6 +48,7 @@ __all__ = [
     "model_cache_root",
     "load_causal_lm",
     "load_tokenizer",
+    "is_vision_language_model",
 ]
 
 logger = logging.getLogger(__name__)
@@ -215,13 +216,16 @@ def load_causal_lm(
     )
 
 
+def is_vision_language_model(model_type: str) -> bool:
+    """Whether ``config.model_type`` names a vision-language model with no causal-LM class of its own
+    (Qwen2-VL, LLaVA, Idefics3: a text decoder with a vision encoder)."""
+    return model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
 def _auto_model_class(source: str, trust_remote_code: bool) -> type:
-    """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model that
-    has no causal-LM class (Qwen2-VL, LLaVA, Idefics3: the text decoder with the vision encoder)."""
+    """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model."""
     model_type = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).model_type
-    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
-        return AutoModelForImageTextToText
-    return AutoModelForCausalLM
+    return AutoModelForImageTextToText if is_vision_language_model(model_type) else AutoModelForCausalLM
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerBase:

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from rlvr.utils.model import is_vision_language_model
+
 __all__ = [
     "IMAGE_PLACEHOLDER",
     "MULTI_MODAL_INPUTS",
@@ -48,6 +50,7 @@ __all__ = [
     "position_offsets",
     "with_multi_modal_rows",
     "image_row_keys",
+    "check_images_on_every_rank",
 ]
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -175,12 +178,29 @@ def rope_index(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.
         in all three components).
     """
     config = model.config
+    _check_image_tokens(config, input_ids, vision.get("image_grid_thw"))
     token_types = ((input_ids == config.image_token_id).long() * _IMAGE
                    + (input_ids == config.video_token_id).long() * _VIDEO)
     return model.base_model.get_rope_index(
         input_ids=input_ids, mm_token_type_ids=token_types, image_grid_thw=vision.get("image_grid_thw"),
         video_grid_thw=vision.get("video_grid_thw"), attention_mask=attention_mask,
     )
+
+
+def _check_image_tokens(config: Any, input_ids: torch.Tensor, image_grid_thw: torch.Tensor | None) -> None:
+    """The image tokens of the rows must be as many as their images make features.
+
+    Raises:
+        ValueError: they are not (image inputs that do not belong to the rows' tokens, or an image
+            token the model sampled in a response).
+    """
+    found = int((input_ids == config.image_token_id).sum())
+    merge = config.vision_config.spatial_merge_size
+    made = 0 if image_grid_thw is None else int(image_grid_thw.prod(-1).sum()) // merge**2
+    if found != made:
+        raise ValueError(f"the rows hold {found} image tokens but their images make {made} image features: "
+                         "the rows' multi_modal_inputs do not belong to their token ids (or a response holds an "
+                         "image token)")
 
 
 def model_inputs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -235,3 +255,24 @@ def image_row_keys(multi_modal: MultiModalRows) -> torch.Tensor:
         fingerprint = digest.digest() if row else b""
         out.append(keys.setdefault(fingerprint, len(keys)))
     return torch.tensor(out, dtype=torch.long)
+
+
+def check_images_on_every_rank(model: nn.Module, batch: dict[str, Any], world_size: int, method: str) -> None:
+    """A vision-language model sharded over several ranks needs an image in every row.
+
+    FSDP2 gathers a sharded module's weights with a collective in every forward pass, so all ranks
+    must run the vision encoder together: a rank whose micro-batch has no image would skip it and
+    leave the others waiting (and its gradients would miss the encoder's). Datasets of image
+    questions (verl's geo3k) have an image in every row.
+
+    Raises:
+        ValueError: a row of this rank's batch has no image (naming ``method`` and the count).
+    """
+    if world_size == 1 or not is_vision_language_model(model.config.model_type):
+        return
+    rows = batch.get(MULTI_MODAL_INPUTS)
+    missing = len(batch["input_ids"]) if rows is None else sum(1 for row in rows.rows if not row)
+    if missing:
+        raise ValueError(f"{method}: {missing} row(s) of this rank's batch have no image, but the vision-language "
+                         f"model is sharded over {world_size} ranks, which must run its vision encoder together in "
+                         "every forward pass; give every row an image, or train text-only rows on one rank")

@@ -75,12 +75,13 @@ def test_one_dimensional_positions_would_be_caught(kind, vl_dirs, image_data):
 def test_an_image_changed_in_one_row_changes_only_that_rows_log_probs(kind, vl_dirs, image_data):
     hybrid, out = rollout(vl_dirs[kind], image_data)
     before = hybrid.compute_log_prob(out).batch["old_log_probs"]
-    changed = with_image(out, 2, picture(COLOURS[3], mark=3), hf_processor(vl_dirs[kind]))  # row 2: a 56x56 image, like the new one
+    # row 4 holds a 56x56 image, like the new one; row 5 has the same prompt ids and (still) the old image
+    changed = with_image(out, 4, picture(COLOURS[3], mark=3), hf_processor(vl_dirs[kind]))
     after = hybrid.compute_log_prob(changed).batch["old_log_probs"]
     mask = out.batch["response_mask"].bool()
     moved = ((after - before).abs() * mask).amax(dim=-1)
-    assert moved[2] > 1e-4
-    assert torch.all(moved[[0, 1, 3, 4, 5, 6, 7]] < 1e-6), moved
+    assert moved[4] > 1e-4
+    assert torch.all(moved[[0, 1, 2, 3, 5, 6, 7]] < 1e-6), moved
 
 
 def test_the_update_trains_with_the_images_and_the_shared_prompt_forward_is_exact(vl_dirs, image_data):
@@ -94,11 +95,12 @@ def test_the_update_trains_with_the_images_and_the_shared_prompt_forward_is_exac
         old = hybrid.compute_log_prob(out).batch["old_log_probs"]
         mask = out.batch["response_mask"]
         out.batch["old_log_probs"] = old
-        out.batch["advantages"] = torch.tensor([1.0, -1.0] * 4)[:, None] * mask
+        advantages = torch.tensor([1.0, -1.0] * 4)
+        out.batch["advantages"] = advantages[:, None] * mask
         metrics = hybrid.update_actor(out).meta_info["metrics"]
         new = hybrid.compute_log_prob(out).batch["old_log_probs"]
-        change = ((new - old) * mask).sum(-1)
-        assert (change[0::2] > 0).all() and (change[1::2] < 0).all(), change
+        change = ((new - old) * mask).sum(-1)  # the step raises A-weighted log-likelihood
+        assert (change[0::2] > 0).all() and float((advantages * change).sum()) > 0, change
         results[share] = metrics["actor/grad_norm"][0]
     assert results["true"] == pytest.approx(results["false"], rel=1e-5)
 

@@ -31,7 +31,9 @@ from transformers import PreTrainedModel
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, with_multi_modal_rows
+from rlvr.utils.multimodal import (
+    MULTI_MODAL_INPUTS, check_images_on_every_rank, model_inputs, with_multi_modal_rows,
+)
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
@@ -201,6 +203,7 @@ class DataParallelPPOActor:
         """
         temperature = float(data.meta_info["temperature"])
         batch = with_multi_modal_rows({key: data.batch[key] for key in _FORWARD_KEYS}, data.non_tensor_batch)
+        check_images_on_every_rank(unwrap_hf_model(self.module), batch, self.world_size, "compute_log_prob")
         rows, response_len = batch["responses"].shape
         log_probs = torch.zeros(rows, response_len)
         entropys = torch.zeros(rows, response_len) if calculate_entropy else None
@@ -232,6 +235,7 @@ class DataParallelPPOActor:
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
         batch = with_multi_modal_rows(select_batch_keys(data.batch, keys, "update_actor"), data.non_tensor_batch)
+        check_images_on_every_rank(unwrap_hf_model(self.module), batch, self.world_size, "update_actor")
         self.module.train()
         return run_ppo_epochs(
             batch, lambda mini: self._train_mini_batch(mini, temperature), epochs=self.config.ppo_epochs,

@@ -14,7 +14,9 @@ import torch
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import compute_value_loss
 from rlvr.workers.batching import micro_batch_indices, select_batch_keys
-from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, with_multi_modal_rows
+from rlvr.utils.multimodal import (
+    MULTI_MODAL_INPUTS, check_images_on_every_rank, model_inputs, with_multi_modal_rows,
+)
 from rlvr.workers.models import CriticModel, unwrap_hf_model
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 
@@ -59,6 +61,7 @@ class DataParallelPPOCritic:
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values ``[B, R]`` (float32, CPU), zero outside ``response_mask`` when it is present."""
         batch = with_multi_modal_rows({key: data.batch[key] for key in _FORWARD_KEYS}, data.non_tensor_batch)
+        check_images_on_every_rank(unwrap_hf_model(self.module.backbone), batch, self.world_size, "compute_values")
         rows, response_len = batch["responses"].shape
         values = torch.zeros(rows, response_len)
         self.module.eval()
@@ -75,6 +78,7 @@ class DataParallelPPOCritic:
         ``critic/grad_norm``, ``critic/skipped_steps``, one value per mini-batch."""
         batch = select_batch_keys(data.batch, [*_FORWARD_KEYS, "response_mask", "values", "returns"], "update_critic")
         batch = with_multi_modal_rows(batch, data.non_tensor_batch)
+        check_images_on_every_rank(unwrap_hf_model(self.module.backbone), batch, self.world_size, "update_critic")
         self.module.train()
         return run_ppo_epochs(
             batch, self._train_mini_batch, epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size,
