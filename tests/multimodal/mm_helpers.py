@@ -70,11 +70,12 @@ def image_batch(model_dir: str, data_file: Path, **meta) -> DataProto:
 
 
 def reference_log_probs(model, out: DataProto) -> torch.Tensor:
-    """Log-probs ``[B, R]`` of the sampled responses from a plain fp32 forward of each row alone (no
+    """Log-probs ``[B, R]`` of the response tokens from a plain fp32 forward of each row alone (no
     padding), with the model computing its own 3-D positions from ``mm_token_type_ids`` as the
-    processor returns them: independent of rlvr's model-input code."""
+    processor returns them: independent of rlvr's model-input code. Compare where ``response_mask``
+    is 1 (inserted tokens of a multi-turn response get a value too, but have no sampled log-prob)."""
     image_token = model.config.image_token_id
-    responses, mask = out.batch["responses"], out.batch["response_mask"]
+    responses = out.batch["responses"]
     result = torch.zeros(responses.shape)
     for i in range(len(out)):
         real = out.batch["attention_mask"][i].bool()
@@ -82,7 +83,7 @@ def reference_log_probs(model, out: DataProto) -> torch.Tensor:
         vision = out.non_tensor_batch[MULTI_MODAL_INPUTS][i]
         with torch.no_grad():
             logits = model(input_ids=ids, mm_token_type_ids=(ids == image_token).long(), **vision).logits[0]
-        n = int(mask[i].sum())
+        n = int(real[-responses.shape[1]:].sum())  # response tokens: sampled and inserted
         log_probs = torch.log_softmax(logits[-n - 1 : -1].float(), dim=-1)
         result[i, :n] = log_probs.gather(-1, responses[i, :n, None])[:, 0]
     return result

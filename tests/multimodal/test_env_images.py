@@ -34,13 +34,13 @@ class PictureEnvironment:
 
 @pytest.fixture(scope="module")
 def eos_prone_vl_dir(tmp_path_factory) -> str:
-    """The tiny Qwen2.5-VL made to end its turns after a few tokens: the embedding of its EOS (tied to
+    """The tiny Qwen2.5-VL made to end its turns after 1 to about 15 tokens: the embedding of its EOS (tied to
     the LM head) points along a typical final hidden state."""
     model, processor = tiny_qwen_vl("qwen2_5_vl", seed=0), tiny_vl_processor("qwen2_5_vl")
     ids = processor.tokenizer(["What colour is this?", "a picture"], return_tensors="pt", padding=True)["input_ids"]
     with torch.no_grad():
         direction = model.model(input_ids=ids).last_hidden_state.mean(dim=(0, 1))
-        model.lm_head.weight[processor.tokenizer.eos_token_id] = 3.0 * direction / direction.norm()
+        model.lm_head.weight[processor.tokenizer.eos_token_id] = 6.5 * direction / direction.norm()
     folder = tmp_path_factory.mktemp("eos_prone") / "model"
     model.save_pretrained(folder)
     save_processor(processor, folder)
