@@ -49,6 +49,7 @@ __all__ = [
     "load_causal_lm",
     "load_tokenizer",
     "is_vision_language_model",
+    "auto_model_class",
 ]
 
 logger = logging.getLogger(__name__)
@@ -222,10 +223,13 @@ def is_vision_language_model(model_type: str) -> bool:
     return model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
 
 
-def _auto_model_class(source: str, trust_remote_code: bool) -> type:
+def auto_model_class(model_type: str) -> type:
     """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model."""
-    model_type = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).model_type
     return AutoModelForImageTextToText if is_vision_language_model(model_type) else AutoModelForCausalLM
+
+
+def _auto_model_class(source: str, trust_remote_code: bool) -> type:
+    return auto_model_class(AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).model_type)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerBase:

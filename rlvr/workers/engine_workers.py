@@ -352,10 +352,10 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
-        """Write the actor (LoRA merged) and tokenizer as a Hugging Face folder at ``path``."""
+        """Write the actor (LoRA merged) and tokenizer (or processor) as a Hugging Face folder at ``path``."""
         self._require(self._is_actor, "export_hf", "actor")
         self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
-        export_hf_model(path, self.actor_module, self.tokenizer, self.rank, self.world_size)
+        export_hf_model(path, self.actor_module, self.tokenizer, self.rank, self.world_size, self.processor)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_actor_weights(self) -> dict[str, torch.Tensor]:

@@ -9,6 +9,8 @@ import json
 from mm_helpers import write_image_rows
 
 from rlvr.trainer.main_ppo import main
+from rlvr.utils.model import load_causal_lm
+from rlvr.utils.tokenizer import hf_processor
 
 REWARD = '''
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
@@ -33,7 +35,7 @@ def test_grpo_on_image_questions_end_to_end(vl_dirs, tmp_path):
                  "trainer.total_training_steps=2", "trainer.test_freq=-1", "trainer.save_freq=-1",
                  "trainer.val_before_train=true", f"trainer.default_local_dir={run}", "trainer.progress_bar=false",
                  "trainer.logger=[jsonl]", "trainer.num_threads=1", "trainer.log_val_generations=2",
-                 "trainer.export_hf=false"])
+                 "trainer.export_hf=true"])
     assert code == 0
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val/acc" in r] == [0, 2]
@@ -44,3 +46,6 @@ def test_grpo_on_image_questions_end_to_end(vl_dirs, tmp_path):
     assert '<img src="samples/step0_0_0.png" width="64">' in report
     assert sorted(p.name for p in (run / "samples").iterdir()) == ["step0_0_0.png", "step0_1_0.png", "step2_2_0.png",
                                                                   "step2_3_0.png"]
+    exported = run / "hf_model"  # a vision-language folder: the model with its processor
+    assert type(load_causal_lm(exported)).__name__ == "Qwen2_5_VLForConditionalGeneration"
+    assert type(hf_processor(exported)).__name__ == "Qwen2_5_VLProcessorWithoutVideo"
