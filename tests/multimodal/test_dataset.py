@@ -143,3 +143,23 @@ def test_the_image_column_is_data_image_key(vl_dirs, image_data):
                image_data.parent / "pictures.jsonl")
     ds = dataset(vl_dirs["qwen2_vl"], image_data.parent / "pictures.jsonl", "data.image_key=pictures")
     assert ds[0][MULTI_MODAL_INPUTS]["image_grid_thw"].tolist() == [[1, 4, 4]]
+
+
+def test_geometry3k_records_become_image_rows(vl_dirs, tmp_path):
+    from rlvr.data_prep.geo3k import DATA_SOURCE, _local, to_rows
+    from rlvr.reward.scorers import default_compute_score
+
+    diagram = picture((250, 250, 250), mark=1)
+    records = [{"images": [diagram], "problem": "<image>Find x.", "answer": "3"},
+               {"images": [{"bytes": png(diagram), "path": None}], "problem": "Find y.", "answer": "\\frac{1}{2}"}]
+    rows = to_rows(records, "train")
+    assert rows[0]["prompt"][0]["content"].startswith("<image>Find x. You FIRST think")
+    assert rows[1]["prompt"][0]["content"].startswith("<image>Find y.")
+    assert rows[1]["images"][0]["bytes"][:4] == b"\x89PNG" and rows[0]["data_source"] == DATA_SOURCE
+    hub_layout = tmp_path / "geometry3k" / "data" / "train-00000-of-00001.parquet"  # a downloaded copy
+    write_rows([{"images": [{"bytes": png(diagram), "path": None}], "problem": "Find z.", "answer": "4"}], hub_layout)
+    assert [r["problem"] for r in _local(tmp_path / "geometry3k", "train")] == ["Find z."]
+    write_rows(rows, tmp_path / "train.parquet")
+    ds = dataset(vl_dirs["qwen2_vl"], tmp_path / "train.parquet", "data.max_prompt_length=128")
+    assert ds[1][MULTI_MODAL_INPUTS]["image_grid_thw"].tolist() == [[1, 4, 4]]
+    assert default_compute_score(DATA_SOURCE, "<think>...</think> \\boxed{0.5}", "\\frac{1}{2}")["acc"] == 1.0
