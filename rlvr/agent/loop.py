@@ -3,8 +3,9 @@
 An agent loop takes the rollout engine and a batch of prompts and returns what an engine returns
 (:mod:`rlvr.workers.rollout.base`), so rewards, advantages and losses see the same batch as for
 single-turn work. Loops register under a name (``@register_agent_loop("name")``, a factory
-``(rollout_config, tokenizer) -> loop``, given ``processor=`` too with a vision-language model); each row runs the loop named by its ``agent_name`` field
-(as in verl), or ``actor_rollout_ref.rollout.agent.default_agent_loop``:
+``(rollout_config, tokenizer) -> loop``, given ``processor=`` too with a vision-language model); each
+row runs the loop named by its ``agent_name`` field (as in verl), or
+``actor_rollout_ref.rollout.agent.default_agent_loop``:
 
 - ``single_turn``: the engine's ``generate_sequences`` on the prompts, untouched (the same results
   as calling the engine directly);

@@ -6,8 +6,9 @@ may still add and ``meta_info["stop"]`` = the loop's stop strings. The sampled i
 log-probs are appended as they are. A row whose turn ended (EOS, a stop string) is handed to the
 loop's *responder* (tools, an environment), whose reply decides: the trajectory is done, or the
 reply's messages are inserted (ids from :class:`~rlvr.agent.chat.ChatTurns`, mask 0; a reply's
-images join the trajectory's image inputs) and the row runs again in the next round. A row cut short only because the round's window was full continues
-its turn in the next round without an insertion.
+images join the trajectory's image inputs) and the row runs again in the next round. A row cut
+short only because the round's window was full continues its turn in the next round without an
+insertion.
 
 Limits: ``multi_turn.max_assistant_turns`` model turns, ``rollout.response_length`` response tokens
 over all turns (sampled and inserted), and, applied by the loops, ``multi_turn.max_tool_response_tokens``

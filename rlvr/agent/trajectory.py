@@ -134,7 +134,9 @@ class TrajectoryBatch:
         contexts = [self.items[i].prompt_ids + self.items[i].response_ids for i in rows]
         ids, mask = left_pad(contexts, max(len(c) for c in contexts), self.pad_id)
         tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
-        non_tensors = {MULTI_MODAL_INPUTS: [self.items[i].multi_modal_inputs() for i in rows]} if self.has_images else {}
+        non_tensors = {}
+        if self.has_images:  # each row's images so far, for the engine's prefill
+            non_tensors[MULTI_MODAL_INPUTS] = [self.items[i].multi_modal_inputs() for i in rows]
         return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(meta_info))
 
     @property

@@ -71,7 +71,8 @@ def evaluate(model: PreTrainedModel, processor: ProcessorMixin, test_file: str |
             score = default_compute_score(row["data_source"], text, row["reward_model"]["ground_truth"])
             samples.append({"image": row["images"][0], "question": row["extra_info"]["question"], "answer": text,
                             "truth": row["reward_model"]["ground_truth"], **score})
-    result: dict[str, Any] = {"acc": _mean(s["acc"] for s in samples), "mentions": _mean(s["mentions"] for s in samples)}
+    result: dict[str, Any] = {"acc": _mean(s["acc"] for s in samples),
+                              "mentions": _mean(s["mentions"] for s in samples)}
     for kind in sorted({s["question"] for s in samples}):
         result[f"acc/{kind}"] = _mean(s["acc"] for s in samples if s["question"] == kind)
     return {**result, "samples": samples}
@@ -125,7 +126,8 @@ def warm_start(model: PreTrainedModel, processor: ProcessorMixin, warm_file: str
     loss of every step."""
     rows = read_rows(warm_file)
     base_dir = Path(warm_file).parent
-    trained = [p for name, p in model.named_parameters() if name.startswith(("model.vision_tower", "model.multi_modal"))]
+    trained = [p for name, p in model.named_parameters()
+               if name.startswith(("model.vision_tower", "model.multi_modal_projector"))]
     model.requires_grad_(False)
     for parameter in trained:
         parameter.requires_grad_(True)
