@@ -1,6 +1,7 @@
 # rlvr — two commands on a fresh machine:
 #   make train   set up, then run the main job (GRPO on the embedded SmolLM2-135M-Instruct, CPU)
 #   make train-tools   the tool-use main job (the model learns to multiply with a calculator tool)
+#   make train-vision  the vision job (a VLM made from SmolLM2 learns to name a drawn shape's colour and form)
 #   make test    set up, then run the test suite (slow end-to-end tests: make test-slow)
 
 PYTHON ?= python3
@@ -10,7 +11,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm train train-tools test test-slow test-all test-vllm bench bench-faults bench-long bench-async clean
+.PHONY: setup setup-vllm train train-tools train-vision test test-slow test-all test-vllm bench bench-faults bench-long bench-async clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +62,20 @@ data/tools/test.jsonl: rlvr/data_prep/tool_use.py rlvr/data_prep/reasoning_gym.p
 
 train-tools: setup data/tools/test.jsonl
 	$(PY) -m rlvr.trainer.main_ppo --preset tool_job $(ARGS)
+
+# the vision job: drawn shapes and questions (a training set, a held-out set, warm-start captions);
+# then, per seed, the model assembled and warm-started, GRPO, and the summary of the three stages
+data/vision/test.jsonl: rlvr/data_prep/vision_shapes.py | $(STAMP)
+	$(PY) -m rlvr.data_prep.vision_shapes --out data/vision
+
+VISION_SEED ?= 1
+VISION_RUN  := runs/vision/seed$(VISION_SEED)
+
+train-vision: setup data/vision/test.jsonl
+	$(PY) -m rlvr.data_prep.vision_warm_start --data data/vision --out $(VISION_RUN)/warm --seed $(VISION_SEED)
+	$(PY) -m rlvr.trainer.main_ppo --preset vision_job actor_rollout_ref.model.path=$(VISION_RUN)/warm/model \
+		trainer.seed=$(VISION_SEED) trainer.default_local_dir=$(VISION_RUN)/rl $(ARGS)
+	$(PY) -m rlvr.data_prep.vision_summary $(VISION_RUN)
 
 test: setup
 	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)

@@ -19,6 +19,13 @@ metrics; ``agent/env_responses_truncated`` counts the observations that were cut
 run concurrently for all samples, bounded by ``multi_turn.tool_timeout_s``; an environment that
 raises or hangs fails the rollout with a message naming it and the sample.
 
+An observation may show images to a vision-language model: ``{"text": "Look again: <image>",
+"images": [image]}`` (one ``<image>`` where each image goes, or none: the images then come before
+the text; an image in any form a data row may hold it, see :mod:`rlvr.utils.images`). The images are
+processed by the model's processor and join the conversation's ``multi_modal_inputs``, so the model
+sees them in the next turn and in training; images after the token limit's cut are dropped with
+the text.
+
 Built in: ``retry`` - checks each answer with the row's reward scorer and says "try again" until
 it is right (:class:`RetryEnvironment`).
 """
@@ -28,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from rlvr.agent.chat import render_prompt_ids
 from rlvr.agent.loop import expand_samples, register_agent_loop
@@ -38,12 +45,14 @@ from rlvr.agent.tool_agent import truncate_text
 from rlvr.agent.tools.executor import run_with_timeout
 from rlvr.agent.trajectory import Trajectory
 from rlvr.protocol import DataProto
+from rlvr.utils.images import load_image
+from rlvr.utils.multimodal import IMAGE_PLACEHOLDER
 from rlvr.utils.registry import Registry
 from rlvr.utils.torch_functional import compute_position_ids, left_pad
 from rlvr.workers.rollout.base import RolloutEngine, tokenizer_ids
 
 __all__ = ["Environment", "ENVIRONMENTS", "register_environment", "get_environment", "RetryEnvironment",
-           "EnvAgentLoop"]
+           "EnvAgentLoop", "observation_parts"]
 
 
 class Environment(Protocol):
@@ -53,8 +62,9 @@ class Environment(Protocol):
         """Start an episode for the sample ``row``; returns the first observation (the task)."""
         ...
 
-    def step(self, text: str) -> tuple[str, float, bool, dict[str, Any]]:
-        """React to one model turn: ``(observation, reward, done, info)``."""
+    def step(self, text: str) -> tuple[str | dict[str, Any], float, bool, dict[str, Any]]:
+        """React to one model turn: ``(observation, reward, done, info)``; the observation is a string
+        or ``{"text": ..., "images": [...]}``."""
         ...
 
 
@@ -114,6 +124,27 @@ ENV_COUNTERS = ("env_reward", "env_responses_truncated", "observation_tokens")
 """The counters the environment loop reports every step (see the module docstring)."""
 
 
+def observation_parts(observation: Any) -> tuple[str, list[Any]]:
+    """``(text, images)`` of an observation: a string, or ``{"text": ..., "images": [...]}`` whose text
+    holds one ``<image>`` per image (none: the images are put before the text). The images are read
+    with :func:`rlvr.utils.images.load_image`.
+
+    Raises:
+        ValueError: a dict without ``text``, or a text with another number of ``<image>`` than images.
+    """
+    if not isinstance(observation, dict):
+        return str(observation), []
+    if "text" not in observation:
+        raise ValueError(f"an observation dict needs a 'text' entry (and 'images'), got the keys {sorted(observation)}")
+    text, entries = str(observation["text"]), list(observation.get("images") or [])
+    if entries and IMAGE_PLACEHOLDER not in text:
+        text = IMAGE_PLACEHOLDER * len(entries) + text
+    if text.count(IMAGE_PLACEHOLDER) != len(entries):
+        raise ValueError(f"an observation's text has {text.count(IMAGE_PLACEHOLDER)} {IMAGE_PLACEHOLDER} "
+                         f"placeholder(s) for {len(entries)} image(s); put one where each image goes")
+    return text, [load_image(entry) for entry in entries]
+
+
 def _rows(prompts: DataProto) -> list[dict[str, Any]]:
     """Each row's non-tensor fields as a dict."""
     return [{key: value[i] for key, value in prompts.non_tensor_batch.items()} for i in range(len(prompts))]
@@ -126,12 +157,14 @@ class EnvAgentLoop:
     Args:
         rollout_config: the ``actor_rollout_ref.rollout`` section (``multi_turn`` settings, lengths).
         tokenizer: the policy's tokenizer.
+        processor: the model's multimodal processor (observations with images), None for a text model.
 
     Raises:
         ValueError: ``multi_turn.env_name`` is not set; KeyError: it is not registered.
     """
 
-    def __init__(self, rollout_config: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, rollout_config: Any, tokenizer: PreTrainedTokenizerBase,
+                 processor: ProcessorMixin | None = None) -> None:
         settings = rollout_config.multi_turn
         if not settings.env_name:
             raise ValueError("the env_agent loop needs actor_rollout_ref.rollout.multi_turn.env_name "
@@ -142,7 +175,7 @@ class EnvAgentLoop:
         eos_ids, self.pad_id = tokenizer_ids(tokenizer)
         limits = TurnLimits(int(rollout_config.response_length), int(rollout_config.prompt_length),
                             int(settings.max_assistant_turns))
-        self.driver = TurnDriver(tokenizer, limits, eos_ids, self.pad_id)
+        self.driver = TurnDriver(tokenizer, limits, eos_ids, self.pad_id, processor)
 
     def _call_all(self, functions: list[Callable[[], Any]], rows: list[int], what: str) -> list[Any]:
         """Run environment calls concurrently within the time limit; a failure raises naming the sample."""
@@ -172,10 +205,11 @@ class EnvAgentLoop:
                 for key, value in info.items():
                     if isinstance(value, (int, float)):
                         item.count(f"env/{key}", float(value))
-                content, truncated = truncate_text(self.tokenizer, str(observation),
-                                                   int(self.settings.max_tool_response_tokens))
+                content, images = observation_parts(observation)
+                content, truncated = truncate_text(self.tokenizer, content, int(self.settings.max_tool_response_tokens))
                 item.count("env_responses_truncated", float(truncated))
-                replies.append(Reply([{"role": "user", "content": content}], float(reward), bool(done)))
+                images = images[:content.count(IMAGE_PLACEHOLDER)]  # those cut off with the text are dropped
+                replies.append(Reply([{"role": "user", "content": content}], float(reward), bool(done), images))
             return replies
 
         batch, engine_meta = self.driver.run(engine, prompts, respond, [])

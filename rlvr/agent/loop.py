@@ -3,8 +3,9 @@
 An agent loop takes the rollout engine and a batch of prompts and returns what an engine returns
 (:mod:`rlvr.workers.rollout.base`), so rewards, advantages and losses see the same batch as for
 single-turn work. Loops register under a name (``@register_agent_loop("name")``, a factory
-``(rollout_config, tokenizer) -> loop``); each row runs the loop named by its ``agent_name`` field
-(as in verl), or ``actor_rollout_ref.rollout.agent.default_agent_loop``:
+``(rollout_config, tokenizer) -> loop``, given ``processor=`` too with a vision-language model); each
+row runs the loop named by its ``agent_name`` field (as in verl), or
+``actor_rollout_ref.rollout.agent.default_agent_loop``:
 
 - ``single_turn``: the engine's ``generate_sequences`` on the prompts, untouched (the same results
   as calling the engine directly);
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from rlvr.protocol import DataProto
 from rlvr.utils.registry import Registry
@@ -44,9 +45,10 @@ class AgentLoop(Protocol):
         ...
 
 
-AgentLoopFactory = Callable[[Any, PreTrainedTokenizerBase], AgentLoop]
+AgentLoopFactory = Callable[..., AgentLoop]
 """``factory(rollout_config, tokenizer) -> AgentLoop``: ``rollout_config`` is the
-``actor_rollout_ref.rollout`` section (lengths, ``agent``, ``multi_turn``)."""
+``actor_rollout_ref.rollout`` section (lengths, ``agent``, ``multi_turn``). With a vision-language
+model the factory also gets ``processor=`` (its multimodal processor, for loops that insert images)."""
 
 AGENT_LOOPS: Registry[AgentLoopFactory] = Registry("agent loop")
 
@@ -65,7 +67,8 @@ def get_agent_loop(name: str) -> AgentLoopFactory:
 class SingleTurnAgentLoop:
     """One model turn per prompt: the engine's own ``generate_sequences``."""
 
-    def __init__(self, rollout_config: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, rollout_config: Any, tokenizer: PreTrainedTokenizerBase,
+                 processor: ProcessorMixin | None = None) -> None:
         return None
 
     def generate_sequences(self, engine: RolloutEngine, prompts: DataProto) -> DataProto:
@@ -87,21 +90,25 @@ class AgentLoopManager:
     Args:
         rollout_config: the ``actor_rollout_ref.rollout`` section.
         tokenizer: the policy's tokenizer.
+        processor: the model's multimodal processor (None for a text model): passed to the loops as
+            ``processor=`` when there is one.
 
     The default loop is built here, so its configuration errors (a missing tools file) show at start-up;
     other loops are built the first time a row asks for them.
     """
 
-    def __init__(self, rollout_config: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, rollout_config: Any, tokenizer: PreTrainedTokenizerBase,
+                 processor: ProcessorMixin | None = None) -> None:
         self.rollout_config = rollout_config
         self.tokenizer = tokenizer
+        self.extra = {} if processor is None else {"processor": processor}
         self.default_name = str(rollout_config.agent.default_agent_loop)
         self._loops: dict[str, AgentLoop] = {}
         self._loop(self.default_name)
 
     def _loop(self, name: str) -> AgentLoop:
         if name not in self._loops:
-            self._loops[name] = get_agent_loop(name)(self.rollout_config, self.tokenizer)
+            self._loops[name] = get_agent_loop(name)(self.rollout_config, self.tokenizer, **self.extra)
         return self._loops[name]
 
     def _names(self, prompts: DataProto) -> list[str]:

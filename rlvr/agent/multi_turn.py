@@ -5,9 +5,10 @@ response so far, left-padded) with ``meta_info["response_length"]`` = the most t
 may still add and ``meta_info["stop"]`` = the loop's stop strings. The sampled ids and their
 log-probs are appended as they are. A row whose turn ended (EOS, a stop string) is handed to the
 loop's *responder* (tools, an environment), whose reply decides: the trajectory is done, or the
-reply's messages are inserted (ids from :class:`~rlvr.agent.chat.ChatTurns`, mask 0) and the row
-runs again in the next round. A row cut short only because the round's window was full continues
-its turn in the next round without an insertion.
+reply's messages are inserted (ids from :class:`~rlvr.agent.chat.ChatTurns`, mask 0; a reply's
+images join the trajectory's image inputs) and the row runs again in the next round. A row cut
+short only because the round's window was full continues its turn in the next round without an
+insertion.
 
 Limits: ``multi_turn.max_assistant_turns`` model turns, ``rollout.response_length`` response tokens
 over all turns (sampled and inserted), and, applied by the loops, ``multi_turn.max_tool_response_tokens``
@@ -19,8 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from rlvr.agent.chat import ChatTurns
 from rlvr.agent.trajectory import Trajectory, TrajectoryBatch
@@ -41,11 +43,14 @@ class Reply:
         messages: chat messages to insert before the next model turn (ignored when ``done``).
         reward: reward for this turn, put on its last sampled token.
         done: the trajectory ends here (the model answered, the environment is finished).
+        images: images (``PIL.Image``) of the messages, one per ``<image>`` in their contents, in
+            order (a vision-language model only).
     """
 
     messages: list[dict[str, str]] = field(default_factory=list)
     reward: float = 0.0
     done: bool = False
+    images: list[Any] = field(default_factory=list)
 
 
 Responder = Callable[[list[int], list[Trajectory], list[str], list[bool]], list[Reply]]
@@ -74,12 +79,12 @@ class TurnDriver:
     """
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, limits: TurnLimits, eos_ids: Sequence[int],
-                 pad_id: int) -> None:
+                 pad_id: int, processor: ProcessorMixin | None = None) -> None:
         self.tokenizer = tokenizer
         self.limits = limits
         self.eos_ids = {int(i) for i in eos_ids}
         self.pad_id = int(pad_id)
-        self.chat = ChatTurns(tokenizer, sorted(self.eos_ids))
+        self.chat = ChatTurns(tokenizer, sorted(self.eos_ids), processor)
 
     def run(self, engine: RolloutEngine, prompts: DataProto, respond: Responder, stop: list[str]
             ) -> tuple[TrajectoryBatch, dict]:
@@ -148,9 +153,16 @@ class TurnDriver:
             elif not more:
                 item.stop_reason = "turn_limit"
             else:
-                inserted = self.chat.after_turn(reply.messages, last_token=item.response_ids[-1])
+                inserted, image_inputs = self._inserted(reply, item.response_ids[-1])
                 if len(item.response_ids) + len(inserted) >= self.limits.response_length:
                     item.stop_reason = "response_budget"  # no room left for the model to answer
                 else:
                     item.add_inserted(inserted)
+                    item.add_images(image_inputs, reply.images)
                     item.count("observation_tokens", len(inserted))
+
+    def _inserted(self, reply: Reply, last_token: int) -> tuple[list[int], dict]:
+        """Ids of a reply's messages after the turn ending in ``last_token``, and their images' inputs."""
+        if not reply.images:
+            return self.chat.after_turn(reply.messages, last_token=last_token), {}
+        return self.chat.after_turn_with_images(reply.messages, reply.images, last_token=last_token)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
 from rlvr.agent.loop import expand_samples, register_agent_loop
 from rlvr.agent.metrics import trajectory_metrics
@@ -180,12 +180,15 @@ class ToolAgentLoop:
     Args:
         rollout_config: the ``actor_rollout_ref.rollout`` section (``multi_turn`` settings, lengths).
         tokenizer: the policy's tokenizer (chat template, decoding turns for the parser).
+        processor: the model's multimodal processor or None; tool results are text (a prompt's own
+            images reach the model through the batch either way).
 
     Raises:
         ValueError: no ``multi_turn.tool_config_path``, or a bad tools file.
     """
 
-    def __init__(self, rollout_config: Any, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, rollout_config: Any, tokenizer: PreTrainedTokenizerBase,
+                 processor: ProcessorMixin | None = None) -> None:
         settings = rollout_config.multi_turn
         if not settings.tool_config_path:
             raise ValueError("the tool_agent loop needs actor_rollout_ref.rollout.multi_turn.tool_config_path "
@@ -198,7 +201,7 @@ class ToolAgentLoop:
         eos_ids, pad_id = tokenizer_ids(tokenizer)
         limits = TurnLimits(int(rollout_config.response_length), int(rollout_config.prompt_length),
                             int(settings.max_assistant_turns))
-        self.driver = TurnDriver(tokenizer, limits, eos_ids, pad_id)
+        self.driver = TurnDriver(tokenizer, limits, eos_ids, pad_id, processor)
 
     def generate_sequences(self, engine: RolloutEngine, prompts: DataProto) -> DataProto:
         prompts = expand_samples(prompts)

@@ -17,17 +17,22 @@ weights version that sampled each token (turns may come from different versions 
 change between rounds, or inside a turn with a partial rollout). ``turn_scores [B, R]`` holds the
 rewards given during the rollout (tool step rewards, environment rewards), each on the last
 sampled token of the turn it rewards; the trainer adds them to the reward manager's scores.
+With images (a vision-language model), ``multi_modal_inputs`` / ``multi_modal_data`` hold every
+image of the conversation - the prompt's, then those inserted with observations - in the order of
+their image tokens.
 """
 
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from rlvr.protocol import DataProto
+from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS, MultiModalRows
 from rlvr.utils.torch_functional import compute_position_ids, left_pad
 from rlvr.workers.rollout.base import SESSION_KEY
 
@@ -52,6 +57,8 @@ class Trajectory:
     assistant_turns: int = 0
     stop_reason: str | None = None
     counts: dict[str, float] = field(default_factory=dict)
+    image_inputs: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    images: list[Any] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -72,6 +79,16 @@ class Trajectory:
         self.log_probs += [0.0] * len(ids)
         self.versions += [-1] * len(ids)
         self.turn_start = len(self.response_ids)
+
+    def add_images(self, image_inputs: dict[str, torch.Tensor], images: list[Any]) -> None:
+        """Images inserted with the last ids (their processor tensors and the images themselves)."""
+        if image_inputs:
+            self.image_inputs.append(image_inputs)
+            self.images += list(images)
+
+    def multi_modal_inputs(self) -> dict[str, torch.Tensor]:
+        """The image inputs of the whole conversation, in the order of its image tokens."""
+        return MultiModalRows(self.image_inputs).merged()
 
     def turn_ids(self) -> list[int]:
         """The ids sampled in the current turn (since the last insertion)."""
@@ -98,6 +115,11 @@ class TrajectoryBatch:
         self.prompt_width = ids.shape[1]
         self.pad_id = pad_id
         self.session_prefix = uuid.uuid4().hex
+        self.had_images = MULTI_MODAL_INPUTS in prompts.non_tensor_batch
+        if self.had_images:  # the prompts' images come first
+            for item, inputs, data in zip(self.items, prompts.non_tensor_batch[MULTI_MODAL_INPUTS],
+                                          prompts.non_tensor_batch[MULTI_MODAL_DATA]):
+                item.add_images(inputs or {}, (data or {}).get("image", []))
 
     def __len__(self) -> int:
         return len(self.items)
@@ -111,8 +133,14 @@ class TrajectoryBatch:
         contexts = [self.items[i].prompt_ids + self.items[i].response_ids for i in rows]
         ids, mask = left_pad(contexts, max(len(c) for c in contexts), self.pad_id)
         tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
-        sessions = np.array([f"{self.session_prefix}-{i}" for i in rows], dtype=object)
-        return DataProto.from_dict(tensors=tensors, non_tensors={SESSION_KEY: sessions}, meta_info=dict(meta_info))
+        non_tensors = {SESSION_KEY: np.array([f"{self.session_prefix}-{i}" for i in rows], dtype=object)}
+        if self.has_images:  # each row's images so far, for the engine's prefill
+            non_tensors[MULTI_MODAL_INPUTS] = [self.items[i].multi_modal_inputs() for i in rows]
+        return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors, meta_info=dict(meta_info))
+
+    @property
+    def has_images(self) -> bool:
+        return self.had_images or any(item.image_inputs for item in self.items)
 
     def context_width(self, rows: list[int]) -> int:
         return max(len(self.items[i].prompt_ids) + len(self.items[i].response_ids) for i in rows)
@@ -149,6 +177,9 @@ class TrajectoryBatch:
             "turn_scores": turn_scores,
         }
         non_tensors = dict(prompts.non_tensor_batch)
+        if self.has_images:  # the prompts' images and those inserted, per conversation
+            non_tensors[MULTI_MODAL_INPUTS] = [t.multi_modal_inputs() for t in self.items]
+            non_tensors[MULTI_MODAL_DATA] = [{"image": list(t.images)} if t.images else {} for t in self.items]
         non_tensors["num_turns"] = np.array([t.assistant_turns for t in self.items], dtype=np.int64)
         non_tensors["num_tool_calls"] = np.array([int(t.counts.get("tool_calls", 0)) for t in self.items],
                                                  dtype=np.int64)

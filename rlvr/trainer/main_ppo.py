@@ -92,11 +92,12 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
     from rlvr.trainer.ppo.reward import load_reward_manager
     from rlvr.utils.seed import set_seed
-    from rlvr.utils.tokenizer import hf_tokenizer
+    from rlvr.utils.tokenizer import hf_processor, hf_tokenizer
 
     set_seed(cfg.trainer.seed)
     model = cfg.actor_rollout_ref.model
     tokenizer = hf_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code)
+    processor = hf_processor(model.path, trust_remote_code=model.trust_remote_code)  # None: a text-only model
     use_gpu = _uses_gpu(cfg)
     default_mapping, pool_of_role = build_role_worker_mapping(cfg)
     spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}
@@ -110,7 +111,7 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
         reward_fn = reward_fn or load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
         val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0) if cfg.data.val_files else None
     trainer = RayPPOTrainer(cfg, tokenizer, role_worker_mapping or default_mapping, pools,
-                            ray_worker_group_cls=get_worker_group_cls(cfg.trainer.backend),
+                            ray_worker_group_cls=get_worker_group_cls(cfg.trainer.backend), processor=processor,
                             reward_fn=reward_fn, val_reward_fn=val_reward_fn, device_name="cuda" if use_gpu else "cpu")
     started_ray = False
     if cfg.trainer.backend == "ray":

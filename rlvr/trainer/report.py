@@ -1,4 +1,5 @@
-"""The end-of-run report: ``<run dir>/report.md`` with PNG curves and a table of sample generations.
+"""The end-of-run report: ``<run dir>/report.md`` with PNG curves and a table of sample generations
+(with their images, for a vision-language model: PNGs in ``<run dir>/samples``).
 
 Plots are drawn with matplotlib's ``Agg`` backend (no display needed) from the rows of
 ``metrics.jsonl``; a curve whose metrics never appeared is left out.
@@ -74,14 +75,34 @@ def _cell(text: Any, limit: int = 300) -> str:
     return html.escape(text).replace("|", "&#124;").replace("\n", "<br>")
 
 
-def generations_table(generations: Sequence[dict[str, Any]]) -> str:
+def generations_table(generations: Sequence[dict[str, Any]], image_files: Sequence[Sequence[str]] = ()) -> str:
     """A markdown table of sample generations (keys ``step``, ``prompt``, ``response``,
-    ``ground_truth``, ``score``)."""
-    lines = ["| step | prompt | response | ground truth | score |", "|---|---|---|---|---|"]
-    for g in generations:
-        lines.append(f"| {g['step']} | {_cell(g['prompt'])} | {_cell(g['response'])} | "
-                     f"{_cell(g['ground_truth'])} | {float(g['score']):.3f} |")
+    ``ground_truth``, ``score``), with a column of the samples' images when ``image_files`` (paths
+    relative to the report, one list per generation) holds any."""
+    with_images = any(image_files)
+    head = "| step | images | prompt | response | ground truth | score |" if with_images else \
+        "| step | prompt | response | ground truth | score |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for i, g in enumerate(generations):
+        pictures = " ".join(f'<img src="{path}" width="64">' for path in image_files[i]) if with_images else None
+        lines.append(f"| {g['step']} | " + (f"{pictures} | " if with_images else "") + f"{_cell(g['prompt'])} | "
+                     f"{_cell(g['response'])} | {_cell(g['ground_truth'])} | {float(g['score']):.3f} |")
     return "\n".join(lines)
+
+
+def save_sample_images(generations: Sequence[dict[str, Any]], run_dir: Path) -> list[list[str]]:
+    """Write the images of the generations (``images``: PIL images, if any) as PNGs to
+    ``<run_dir>/samples``; returns their paths relative to ``run_dir``, one list per generation."""
+    paths = []
+    for i, g in enumerate(generations):
+        names = []
+        for k, image in enumerate(g.get("images") or []):
+            name = f"samples/step{g['step']}_{i}_{k}.png"
+            (run_dir / "samples").mkdir(parents=True, exist_ok=True)
+            image.save(run_dir / name)
+            names.append(name)
+        paths.append(names)
+    return paths
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
@@ -147,7 +168,8 @@ def write_report(run_dir: str | os.PathLike, rows: Sequence[dict[str, Any]],
     parts += [f"![{p.stem}](plots/{p.name})" for p in plots] or ["(no metrics were logged)"]
     if restarts:
         parts += ["", "## Worker restarts", "", restarts_table(restarts)]
-    parts += ["", "## Sample generations", "", generations_table(generations) if generations else "(none)", ""]
+    table = generations_table(generations, save_sample_images(generations, run_dir)) if generations else "(none)"
+    parts += ["", "## Sample generations", "", table, ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(parts), encoding="utf-8")
     return path

@@ -75,7 +75,7 @@ def deep_equal(a: Any, b: Any, _seen: frozenset[int] = frozenset()) -> bool:
 
     Values of different types are unequal (``1`` vs ``1.0``, ``str`` vs ``np.str_``); NaN equals
     NaN; numpy arrays need the same dtype and shape and, for object arrays, equal elements
-    (compared recursively); tensors compare with ``torch.equal``. A value met again inside itself
+    (compared recursively, as are dicts and lists); tensors compare with ``torch.equal``. A value met again inside itself
     (a self-referencing object array) counts as equal on that path.
     """
     if type(a) is not type(b):
@@ -86,6 +86,10 @@ def deep_equal(a: Any, b: Any, _seen: frozenset[int] = frozenset()) -> bool:
         return a == b or (math.isnan(a) and math.isnan(b))
     if isinstance(a, torch.Tensor):
         return a.shape == b.shape and bool(torch.equal(a, b))
+    if isinstance(a, dict):  # e.g. a row's image tensors (multi_modal_inputs)
+        return a.keys() == b.keys() and all(deep_equal(a[key], b[key], _seen | {id(a)}) for key in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(deep_equal(x, y, _seen | {id(a)}) for x, y in zip(a, b, strict=True))
     if not isinstance(a, np.ndarray):
         return bool(values_equal(a, b))
     if a.dtype != b.dtype or a.shape != b.shape:

@@ -27,7 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.models.auto.modeling_auto import (
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -37,6 +48,8 @@ __all__ = [
     "model_cache_root",
     "load_causal_lm",
     "load_tokenizer",
+    "is_vision_language_model",
+    "auto_model_class",
 ]
 
 logger = logging.getLogger(__name__)
@@ -186,7 +199,8 @@ def load_causal_lm(
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
 ) -> PreTrainedModel:
-    """Load a causal language model (hub id, local folder or GGUF, see :func:`resolve_model_path`).
+    """Load a causal language model (hub id, local folder or GGUF, see :func:`resolve_model_path`);
+    a vision-language model loads with its vision encoder (``AutoModelForImageTextToText``).
 
     Args:
         dtype: parameter dtype (e.g. ``torch.bfloat16`` for training with mixed precision).
@@ -194,12 +208,28 @@ def load_causal_lm(
             transformers choose.
         trust_remote_code: allow model code from the hub.
     """
-    return AutoModelForCausalLM.from_pretrained(
-        local_model_dir(name_or_path),
+    source = local_model_dir(name_or_path)
+    return _auto_model_class(source, trust_remote_code).from_pretrained(
+        source,
         dtype=dtype,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
     )
+
+
+def is_vision_language_model(model_type: str) -> bool:
+    """Whether ``config.model_type`` names a vision-language model with no causal-LM class of its own
+    (Qwen2-VL, LLaVA, Idefics3: a text decoder with a vision encoder)."""
+    return model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+
+def auto_model_class(model_type: str) -> type:
+    """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model."""
+    return AutoModelForImageTextToText if is_vision_language_model(model_type) else AutoModelForCausalLM
+
+
+def _auto_model_class(source: str, trust_remote_code: bool) -> type:
+    return auto_model_class(AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).model_type)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerBase:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 
 from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerBase, ProcessorMixin
 
-from rlvr.utils.model import local_model_dir
+from rlvr.utils.model import local_model_dir, resolve_model_path
+from rlvr.utils.processor import load_processor
 
 __all__ = ["hf_tokenizer", "hf_processor", "set_pad_token_id"]
 
@@ -74,13 +76,24 @@ def hf_tokenizer(
 def hf_processor(name_or_path: str | os.PathLike, **kwargs) -> ProcessorMixin | None:
     """Load the multimodal processor of a model, or None for a text-only model.
 
+    Processors that need torchvision for videos (the Qwen2-VL family) are built from their parts
+    without it; see :mod:`rlvr.utils.processor`.
+
     Args:
-        **kwargs: passed to ``AutoProcessor.from_pretrained``.
+        **kwargs: passed to the ``from_pretrained`` calls (e.g. ``trust_remote_code``).
     """
-    source = local_model_dir(name_or_path)
+    resolved = resolve_model_path(name_or_path)
+    if resolved.is_gguf or not Path(resolved.path_or_id).is_dir():
+        # a GGUF file carries a tokenizer only; a hub id is resolved by AutoProcessor itself
+        processor = None if resolved.is_gguf else _auto_processor(resolved.path_or_id, **kwargs)
+    else:
+        processor = load_processor(resolved.path_or_id, **kwargs)
+    return processor if isinstance(processor, ProcessorMixin) else None
+
+
+def _auto_processor(name: str, **kwargs) -> ProcessorMixin | None:
     try:
-        processor = AutoProcessor.from_pretrained(source, **kwargs)
+        return AutoProcessor.from_pretrained(name, **kwargs)
     except (OSError, ValueError, KeyError):
         # text-only models ship no processor config; AutoProcessor then has nothing to build
         return None
-    return processor if isinstance(processor, ProcessorMixin) else None

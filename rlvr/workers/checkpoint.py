@@ -18,8 +18,10 @@ import torch
 import torch.distributed as dist
 from peft import PeftModel
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase, ProcessorMixin
 
+from rlvr.utils.model import auto_model_class
+from rlvr.utils.processor import save_processor
 from rlvr.workers.fsdp import (
     full_optimizer_state_dict,
     full_state_dict,
@@ -118,11 +120,12 @@ def merge_lora(state: dict[str, torch.Tensor], module: PeftModel) -> dict[str, t
 
 
 def export_hf_model(path: str | os.PathLike, module: nn.Module, tokenizer: PreTrainedTokenizerBase | None,
-                    rank: int, world_size: int) -> None:
+                    rank: int, world_size: int, processor: ProcessorMixin | None = None) -> None:
     """Write the policy as a Hugging Face folder (``from_pretrained`` loads it); LoRA merged.
 
-    Rank 0 builds the plain model from the gathered weights, saves it with its tokenizer into a
-    temporary folder and renames it to ``path`` (an existing folder there is replaced).
+    Rank 0 builds the plain model from the gathered weights, saves it with its tokenizer (a
+    vision-language model: its processor, tokenizer included) into a temporary folder and renames it
+    to ``path`` (an existing folder there is replaced).
     """
     state = full_state_dict(module, world_size)
     if rank == 0:
@@ -133,11 +136,13 @@ def export_hf_model(path: str | os.PathLike, module: nn.Module, tokenizer: PreTr
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
         try:
-            plain = AutoModelForCausalLM.from_config(hf_model.config, dtype=hf_model.dtype)
+            plain = auto_model_class(hf_model.config.model_type).from_config(hf_model.config, dtype=hf_model.dtype)
             plain.load_state_dict(state, strict=True)
             plain.generation_config = hf_model.generation_config
             plain.save_pretrained(tmp)
-            if tokenizer is not None:
+            if processor is not None:
+                save_processor(processor, tmp)
+            elif tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
             if target.exists():
                 shutil.rmtree(target)

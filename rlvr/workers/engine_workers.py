@@ -55,6 +55,7 @@ from rlvr.single_controller.base.decorator import Dispatch, register
 from rlvr.single_controller.base.worker import Worker
 from rlvr.utils.model import load_tokenizer
 from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
+from rlvr.utils.tokenizer import hf_processor
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_lora, save_training_state
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
@@ -164,6 +165,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         self._setup()
         cfg = self.config.actor_rollout_ref
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
+        self.processor = hf_processor(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)  # None: text
         if self._is_actor:
             self._init_actor(cfg)
         if self._is_rollout:
@@ -210,7 +212,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         if not factory.runs_torch_module:  # the engine starts without the policy's weights
             self.rollout.update_weights(full_parameters(module) if self._is_actor else module.named_parameters(),
                                         self._weights_version)
-        self.agent_loops = AgentLoopManager(cfg.rollout, self.tokenizer)
+        self.agent_loops = AgentLoopManager(cfg.rollout, self.tokenizer, self.processor)
 
     def _init_ref(self, cfg) -> None:
         if self._is_actor and cfg.model.lora_rank > 0:
@@ -395,10 +397,10 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
-        """Write the actor (LoRA merged) and tokenizer as a Hugging Face folder at ``path``."""
+        """Write the actor (LoRA merged) and tokenizer (or processor) as a Hugging Face folder at ``path``."""
         self._require(self._is_actor, "export_hf", "actor")
         self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
-        export_hf_model(path, self.actor_module, self.tokenizer, self.rank, self.world_size)
+        export_hf_model(path, self.actor_module, self.tokenizer, self.rank, self.world_size, self.processor)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def get_actor_weights(self) -> dict[str, torch.Tensor]:

@@ -115,9 +115,13 @@ class CriticModel(nn.Module):
         """Values of every position.
 
         Args:
-            input_ids, attention_mask, position_ids: ``[batch, seq_len]`` (``attention_mask`` None
-                for a packed row, whose boundaries come in ``model_kwargs``).
-            model_kwargs: further arguments of the backbone's forward.
+            input_ids: ``[batch, seq_len]``.
+            attention_mask: ``[batch, seq_len]``, or None for a packed row, whose boundaries come in
+                ``model_kwargs``.
+            position_ids: ``[batch, seq_len]`` (``[3, batch, seq_len]`` for an M-RoPE model with images).
+            model_kwargs: further arguments of the backbone's forward: the packed rows' boundaries, or
+                the images of a vision-language backbone (``pixel_values``, ...;
+                :func:`rlvr.utils.multimodal.model_inputs`).
 
         Returns:
             ``[batch, seq_len]`` float32 values.
@@ -142,7 +146,7 @@ def build_critic(model_config, path: str) -> CriticModel:
         if model_config.enable_gradient_checkpointing:
             backbone.enable_input_require_grads()
         backbone = get_peft_model(backbone, _lora_config(model_config, "FEATURE_EXTRACTION"))
-    return CriticModel(backbone, lm.config.hidden_size)
+    return CriticModel(backbone, lm.config.get_text_config().hidden_size)
 
 
 def critic_tokenizer(config) -> PreTrainedTokenizerBase:

@@ -105,7 +105,8 @@ def compute_score(solution_str: str, ground_truth: Any, timeout_s: float = DEFAU
 
 
 @register_scorer(
-    ["math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math_verify"]
+    ["math", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500", "math_verify",
+     "hiyouga/geometry3k"]
 )
 def compute_score_registered(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
     """Registry entry for math data sources (default time limit)."""

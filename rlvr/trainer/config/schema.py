@@ -43,6 +43,7 @@ class DataConfig:
     filter_overlong_prompts: bool = _f(True, "drop prompts longer than max_prompt_length (count is logged)")
     truncation: str = _f("error", "if a prompt is still too long: error | left | right")
     apply_chat_template: bool = _f(True, "render the prompt messages with the tokenizer's chat template")
+    image_key: str = _f("images", "column of each row's images, one per <image> placeholder in its prompt")
 
 
 # ---------------------------------------------------------------------------------- model / optim

@@ -7,7 +7,11 @@ A row (parquet or JSONL) holds::
      "ability": "math",
      "reward_model": {"style": "rule", "ground_truth": "72"},
      "extra_info": {"split": "train", "index": 0, ...},
-     "agent_name": "tool_agent"}                          # optional: the row's agent loop
+     "agent_name": "tool_agent",                          # optional: the row's agent loop
+     "images": ["img/0001.png"]}                          # optional: one per <image> in the prompt
+
+With a multimodal processor, rows with images are rendered and tokenised by the processor
+(:mod:`rlvr.trainer.data.vision`; the image forms accepted are in :mod:`rlvr.utils.images`).
 
 Every prompt is rendered with the tokenizer's chat template and left-padded to one fixed length
 (the longest kept prompt of the file, at most ``data.max_prompt_length``), so that batches drawn at
@@ -26,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from rlvr.trainer.data.vision import ImagePrompts
 from rlvr.utils.errors import DataError
 from rlvr.utils.torch_functional import compute_position_ids
 
@@ -127,45 +132,60 @@ class RLHFDataset(Dataset):
         tokenizer: a Hugging Face tokenizer with a pad token.
         config: the ``data`` config section (``prompt_key``, ``max_prompt_length``,
             ``filter_overlong_prompts``, ``truncation``, ``apply_chat_template``, ``val_max_samples``).
-        processor: multimodal processor (unused for text-only data; kept for verl's signature).
+        processor: the model's multimodal processor, or None (text only). With one, rows with
+            images (``data.image_key``) go through it, image tokens counted in the prompt length.
         max_samples: keep only the first N rows (None = all).
 
     Each item is a dict with ``input_ids``, ``attention_mask``, ``position_ids`` (``[prompt_len]``,
     left-padded) and the non-tensor fields ``raw_prompt``, ``data_source``, ``tag`` (the row's
     ``tag`` column, else its data source), ``ability``, ``reward_model``, ``extra_info``, ``index``,
-    ``agent_name`` (None when the row has none).
+    ``agent_name`` (None when the row has none); with a processor also ``multi_modal_inputs`` and
+    ``multi_modal_data`` (``{}`` for a row without images; see :mod:`rlvr.utils.multimodal`).
 
     Raises:
-        DataError: an unreadable file, a malformed row or a missing field (naming the file, the row
-            and the field), an over-long prompt when neither filtering nor truncation is configured,
-            or no prompt left after filtering.
+        DataError: an unreadable file, a malformed row, a missing field or an unreadable image
+            (naming the file, the row and the field), an over-long prompt when neither filtering
+            nor truncation is configured (or truncation would cut into an image), or no prompt
+            left after filtering.
     """
 
     def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any, processor: Any = None,
                  max_samples: int | None = None) -> None:
         files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
-        located = [(f"{path}, {where}", row) for path in files for where, row in read_located_rows(path)]
+        located = [(Path(path).parent, f"{path}, {where}", row) for path in files
+                   for where, row in read_located_rows(path)]
         if max_samples is not None:
             located = located[:max_samples]
         self.tokenizer = tokenizer
         self.config = config
         self.processor = processor
         self.prompt_key = config.prompt_key
+        self.images = None if processor is None else ImagePrompts(processor, config.image_key,
+                                                                  config.apply_chat_template)
         self.rows: list[dict[str, Any]] = []
         self.prompt_ids: list[list[int]] = []
+        self.sources: list[tuple[Path, str]] = []  # (folder of the data file, "file, line N") per row
         overlong = []
-        for where, row in located:
+        for base_dir, where, row in located:
             problem = row_problem(row, self.prompt_key, config.apply_chat_template)
             if problem is not None:
                 raise DataError(f"{where} {problem}")
-            ids = self._tokenize(row[self.prompt_key])
+            with_images = self.images is not None and self.images.has_images(row)
+            if with_images:
+                ids = self.images.encode(row, self.prompt_key, base_dir, where)[0]
+            else:
+                ids = self._tokenize(row[self.prompt_key])
             if len(ids) > config.max_prompt_length:
                 if config.filter_overlong_prompts:
                     overlong.append(len(ids))
                     continue
-                ids = self._truncate(ids, where)
+                kept = self._truncate(ids, where)
+                if with_images:
+                    self.images.check_truncation(ids, kept, where, config.max_prompt_length)
+                ids = kept
             self.rows.append(row)
             self.prompt_ids.append(ids)
+            self.sources.append((base_dir, where))
         self.num_filtered = len(overlong)
         if overlong:
             logger.warning("dropped %d of %d prompts longer than data.max_prompt_length=%d tokens "
@@ -215,7 +235,19 @@ class RLHFDataset(Dataset):
             "extra_info": dict(row.get("extra_info") or {}),
             "index": index,
             "agent_name": row.get("agent_name"),  # the row's agent loop (None: rollout.agent.default_agent_loop)
+            **self._image_fields(row, index),
         }
+
+    def _image_fields(self, row: dict[str, Any], index: int) -> dict[str, Any]:
+        """``multi_modal_inputs`` / ``multi_modal_data`` of a row (with a processor only): the images
+        are read and processed again here rather than held for the whole dataset."""
+        if self.images is None:
+            return {}
+        if not self.images.has_images(row):
+            return self.images.item_fields({}, [])
+        base_dir, where = self.sources[index]
+        _, inputs, images = self.images.encode(row, self.prompt_key, base_dir, where)
+        return self.images.item_fields(inputs, images)
 
 
 def collate_fn(items: Sequence[dict[str, Any]]) -> dict[str, Any]:

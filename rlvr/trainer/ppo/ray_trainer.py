@@ -88,6 +88,7 @@ from rlvr.trainer.progress import TrainingProgress
 from rlvr.trainer.recovery import RECOVERABLE_ERRORS, Recovery, RestartableGroup
 from rlvr.trainer.tracking import Tracking
 from rlvr.utils.errors import ConfigError
+from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
 from rlvr.utils.torch_functional import masked_mean
 from rlvr.workers.rollout.base import check_weights_version
 
@@ -123,7 +124,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             rollout apart from the actor (``actor_rollout_ref.hybrid_engine=false``).
         resource_pool_manager: pools and role -> pool mapping.
         ray_worker_group_cls: ``RayWorkerGroup`` or ``LocalWorkerGroup``.
-        processor: multimodal processor (passed to the datasets).
+        processor: the model's multimodal processor (``rlvr.utils.tokenizer.hf_processor``; None for a
+            text-only model): the datasets render and tokenise rows with images through it.
         reward_fn: training reward manager (``compute_reward(data, reward_fn)``); None when
             ``reward.routes`` is set (the trainer then routes rewards, see :mod:`rlvr.reward.routing`).
         val_reward_fn: validation reward manager; None disables validation (with routes: validation
@@ -425,9 +427,11 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _generate(self, batch: DataProto, validate: bool, do_sample: bool | None = None) -> DataProto:
         """``batch`` (prompts; its prompt tensors are moved to the rollout input) united with the
         rollout's output. The rows' non-tensor fields go along: agent loops read ``agent_name``, tool
-        kwargs and, for environments, the ground truth."""
-        gen_input = batch.pop(batch_keys=PROMPT_KEYS)
-        gen_input.non_tensor_batch = dict(batch.non_tensor_batch)
+        kwargs and, for environments, the ground truth. The images move into the rollout and come back
+        with it: an agent loop may add the images of a conversation (an environment's observations)."""
+        images = [key for key in (MULTI_MODAL_INPUTS, MULTI_MODAL_DATA) if key in batch.non_tensor_batch]
+        gen_input = batch.pop(batch_keys=PROMPT_KEYS, non_tensor_batch_keys=images)
+        gen_input.non_tensor_batch = {**batch.non_tensor_batch, **gen_input.non_tensor_batch}
         gen_input.meta_info = {"eos_token_id": self.tokenizer.eos_token_id, "pad_token_id": self.tokenizer.pad_token_id,
                                "validate": validate, "global_steps": self.global_steps}
         if do_sample is not None:

@@ -5,7 +5,7 @@ Validation generates on the whole validation set with ``rollout.val_kwargs`` (gr
 scores it with the validation reward function and reports ``val/<source>/acc``, ``val/<source>/score``,
 ``val/acc`` and, for multi-turn rollouts, ``val/agent/tool_use_rate`` and ``correct_with_tool``. The
 first ``trainer.log_val_generations`` samples of each validation are kept (whole transcripts, the
-inserted spans marked) for the report's sample table.
+inserted spans marked, and their images) for the report's sample table.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.metrics import per_source_metrics
 from rlvr.trainer.report import first_and_last_generations, metric_summary, write_report
 from rlvr.trainer.tracking import read_metrics
+from rlvr.utils.multimodal import MULTI_MODAL_DATA
 
 __all__ = ["ValidationMixin"]
 
@@ -53,6 +54,7 @@ class ValidationMixin:
         limit = self.config.trainer.log_val_generations
         taken = sum(1 for g in self.val_generations if g["step"] == self.global_steps)
         response_len = batch.batch["responses"].shape[1]
+        images = batch.non_tensor_batch.get(MULTI_MODAL_DATA)  # shown in the report's sample table
         for i in range(min(limit - taken, len(batch))):
             self.val_generations.append({
                 "step": self.global_steps,
@@ -60,7 +62,8 @@ class ValidationMixin:
                 "response": transcript(self.tokenizer, batch.batch["responses"][i], batch.batch["response_mask"][i],
                                        batch.batch["attention_mask"][i, -response_len:]),
                 "ground_truth": batch.non_tensor_batch["reward_model"][i].get("ground_truth"),
-                "score": seq_scores[i]})
+                "score": seq_scores[i],
+                "images": list((images[i] or {}).get("image", [])) if images is not None else []})
 
     def _write_report(self, train_time_s: float) -> None:
         jsonl = self.run_dir / "metrics.jsonl"

@@ -7,7 +7,8 @@ optimizer step) is :mod:`rlvr.workers.ppo_update`. The module may be sharded wit
 worker group; every rank then runs the same number of forward passes (see :mod:`rlvr.workers.batching`).
 
 Batch keys read (``[batch, ...]``): ``input_ids``, ``attention_mask``, ``position_ids`` (``[B, P+R]``),
-``responses`` (``[B, R]``); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
+``responses`` (``[B, R]``), the non-tensor ``multi_modal_inputs`` when the rows have images (see
+:mod:`rlvr.utils.multimodal`); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
 ``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_is_weights`` (optional: importance weights of
 an off-policy correction, which the loss multiplies into its per-token losses). ``meta_info["temperature"]`` divides the logits, as in sampling.
 
@@ -16,14 +17,15 @@ states through :func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: th
 log-softmax run a chunk of tokens at a time, so no ``[batch, response_len, vocab]`` logits are
 ever held (forward or backward). An entropy bonus with a gradient (``entropy_coeff != 0``) and
 sharded modules use the full logits of a micro-batch instead. On that same one-rank path, each
-distinct prompt of a micro-batch runs through the model once (``actor.share_prompt_forward``, see
-:mod:`~rlvr.workers.actor.shared_prompt`), and count-sized micro-batches are cut from the rows
-grouped by prompt.
+distinct prompt of a micro-batch (its ids and images) runs through the model once
+(``actor.share_prompt_forward``, see :mod:`~rlvr.workers.actor.shared_prompt`), and count-sized
+micro-batches are cut from the rows grouped by prompt.
 
 With ``model.use_remove_padding`` every forward runs on the micro-batch packed into one row
 (:mod:`~rlvr.workers.actor.packed_log_probs`; no compute on padding, token budgets count real
 tokens), and with ``ulysses_sequence_parallel_size > 1`` the ranks of a sequence-parallel group share
-their rows and split each packed row between them (:mod:`rlvr.workers.ulysses`).
+their rows and split each packed row between them (:mod:`rlvr.workers.ulysses`). Rows with images
+run unpacked.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from transformers import PreTrainedModel
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.trainer.ppo.rollout_correction import BYPASS_RS_KEY, compute_bypass_rejection
+from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.packed_log_probs import packed_log_probs
@@ -77,13 +80,8 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
         (tokens after ``r`` are padding in every row).
     """
     start, stop, num_response = _response_window(batch)
-    logits = module(
-        input_ids=batch["input_ids"][:, start:stop],
-        attention_mask=batch["attention_mask"][:, start:stop],
-        position_ids=batch["position_ids"][:, start:stop],
-        use_cache=False,
-        logits_to_keep=num_response + 1,
-    ).logits[:, :-1]
+    inputs = _window_inputs(unwrap_hf_model(module), batch, start, stop)
+    logits = module(**inputs, use_cache=False, logits_to_keep=num_response + 1).logits[:, :-1]
     if temperature != 1.0:
         logits = logits / temperature
     return logits
@@ -104,14 +102,22 @@ def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor], share_pro
     start, stop, num_response = _response_window(batch)
     model = unwrap_hf_model(module)
     weight = model.get_output_embeddings().weight
-    window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
     if share_prompts:
+        window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
         prompt_len = stop - start - num_response
-        hidden = shared_prompt_hidden(module, **window, prompt_len=prompt_len, num_response=num_response)
+        hidden = shared_prompt_hidden(module, **window, prompt_len=prompt_len, num_response=num_response,
+                                      multi_modal=batch.get(MULTI_MODAL_INPUTS))
         if hidden is not None:
             return hidden, weight
-    hidden = model.get_decoder()(**window, use_cache=False).last_hidden_state
+    # the base model: the decoder of a text model; the decoder with the vision encoder of a VLM
+    hidden = model.base_model(**_window_inputs(model, batch, start, stop), use_cache=False).last_hidden_state
     return hidden[:, -(num_response + 1) : -1], weight
+
+
+def _window_inputs(model: PreTrainedModel, batch: dict, start: int, stop: int) -> dict[str, torch.Tensor]:
+    """Model inputs of columns ``start:stop`` of the batch, with its images (:func:`model_inputs`)."""
+    window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
+    return model_inputs(model, **window, multi_modal=batch.get(MULTI_MODAL_INPUTS))
 
 
 def _has_plain_lm_head(module: nn.Module) -> bool:
@@ -220,7 +226,9 @@ class DataParallelPPOActor:
             ``(log_probs [B, R], entropys [B, R] or None)``, float32 on CPU.
         """
         temperature = float(data.meta_info["temperature"])
-        batch = gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp)
+        batch = multi_modal_batch(gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp),
+                                  data.non_tensor_batch, unwrap_hf_model(self.module), self.world_size,
+                                  "compute_log_prob", packed=self.use_remove_padding)
         rows, response_len = batch["responses"].shape
         log_probs = torch.zeros(rows, response_len)
         entropys = torch.zeros(rows, response_len) if calculate_entropy else None
@@ -255,7 +263,10 @@ class DataParallelPPOActor:
         bypass_rs = data.meta_info.get(BYPASS_RS_KEY)
         if bypass_rs is not None:
             keys.append("rollout_log_probs")
-        batch = gather_rows(select_batch_keys(data.batch, keys, "update_actor"), self.sp, block=self.mini_batch_size)
+        batch = multi_modal_batch(
+            gather_rows(select_batch_keys(data.batch, keys, "update_actor"), self.sp, block=self.mini_batch_size),
+            data.non_tensor_batch, unwrap_hf_model(self.module), self.world_size, "update_actor",
+            packed=self.use_remove_padding)
         self.module.train()
         return run_ppo_epochs(
             batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs), epochs=self.config.ppo_epochs,

@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlvr.utils.multimodal import MultiModalRows, image_row_keys, model_inputs, position_offsets
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.kv_cache import select_cache_rows
 from rlvr.workers.models import unwrap_hf_model
@@ -41,8 +42,19 @@ def _uses_gradient_checkpointing(module: nn.Module) -> bool:
     return module.training and bool(getattr(model, name, False))
 
 
+def _distinct(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int,
+              multi_modal: MultiModalRows | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`distinct_prompts` of the prompt columns; rows with the same ids but other images differ."""
+    ids, mask = input_ids[:, :prompt_len], attention_mask[:, :prompt_len]
+    if multi_modal is not None:
+        ids = torch.cat([ids, image_row_keys(multi_modal).to(ids.device)[:, None]], dim=1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+    return distinct_prompts(ids, mask)
+
+
 def shared_prompt_hidden(module: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                         position_ids: torch.Tensor, prompt_len: int, num_response: int) -> torch.Tensor | None:
+                         position_ids: torch.Tensor, prompt_len: int, num_response: int,
+                         multi_modal: MultiModalRows | None = None) -> torch.Tensor | None:
     """Final hidden states that predict response tokens ``0..num_response-1``, running each distinct
     prompt once (see the module docstring).
 
@@ -52,25 +64,34 @@ def shared_prompt_hidden(module: nn.Module, input_ids: torch.Tensor, attention_m
             prompts (the last prompt column is a real token in every row) then the responses.
         prompt_len: prompt columns.
         num_response: response columns whose tokens are predicted (``>= 1``).
+        multi_modal: the rows' images (:mod:`rlvr.utils.multimodal`); a prompt is its ids and its
+            images, and the responses go on from the prompt's (M-RoPE) positions.
 
     Returns:
-        ``[b, num_response, H]``, the same as the decoder's ``last_hidden_state[:, prompt_len - 1 :
-        prompt_len + num_response - 1]`` on the whole sequences; None when no prompt occurs twice or
-        the model recomputes activations (gradient checkpointing): then nothing is saved, or the
-        cache is unavailable, and the caller runs the plain forward.
+        ``[b, num_response, H]``, the same as the base model's ``last_hidden_state[:, prompt_len - 1 :
+        prompt_len + num_response - 1]`` on the whole sequences; None when no prompt occurs twice,
+        the model recomputes activations (gradient checkpointing) or images sit in the responses (an
+        environment's observations): then nothing is saved, or the cache is unavailable, and the
+        caller runs the plain forward.
     """
-    first, inverse = distinct_prompts(input_ids[:, :prompt_len], attention_mask[:, :prompt_len])
+    model = unwrap_hf_model(module)
+    first, inverse = _distinct(input_ids, attention_mask, prompt_len, multi_modal)
     if first.numel() == input_ids.shape[0] or _uses_gradient_checkpointing(module):
         return None
-    decoder = unwrap_hf_model(module).get_decoder()
-    prompt_out = decoder(input_ids=input_ids[first, :prompt_len], attention_mask=attention_mask[first, :prompt_len],
-                         position_ids=position_ids[first, :prompt_len], use_cache=True)
+    if multi_modal is not None and bool((input_ids[:, prompt_len:] == model.config.image_token_id).any()):
+        return None
+    decoder = model.base_model  # a text model's decoder; a VLM's decoder with its vision encoder
+    prompt_inputs = model_inputs(model, input_ids[first, :prompt_len], attention_mask[first, :prompt_len],
+                                 position_ids[first, :prompt_len], None if multi_modal is None else multi_modal[first])
+    prompt_out = decoder(**prompt_inputs, use_cache=True)
     last_prompt = prompt_out.last_hidden_state[:, -1:].index_select(0, inverse)
     if num_response == 1:
         return last_prompt
     cache = prompt_out.past_key_values
     select_cache_rows(cache, inverse)
     stop = prompt_len + num_response - 1
+    offsets = position_offsets(prompt_inputs).index_select(0, inverse)  # 0 without M-RoPE
     response_out = decoder(input_ids=input_ids[:, prompt_len:stop], attention_mask=attention_mask[:, :stop],
-                           position_ids=position_ids[:, prompt_len:stop], past_key_values=cache, use_cache=True)
+                           position_ids=position_ids[:, prompt_len:stop] + offsets[:, None], past_key_values=cache,
+                           use_cache=True)
     return torch.cat([last_prompt, response_out.last_hidden_state], dim=1)

@@ -6,7 +6,8 @@ clipping follows PPO (Schulman et al. 2017, arXiv:1707.06347) through
 ``core_algos.compute_value_loss``; the update loop around it is :mod:`rlvr.workers.ppo_update`.
 Packing (``critic.model.use_remove_padding``), token budgets (``critic.use_dynamic_bsz``) and Ulysses
 sequence parallelism (``critic.ulysses_sequence_parallel_size``) work as in the actor
-(:mod:`rlvr.workers.actor.dp_actor`).
+(:mod:`rlvr.workers.actor.dp_actor`). Rows with images (``multi_modal_inputs``) reach a
+vision-language backbone with their images (unpacked).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import compute_value_loss
 from rlvr.workers.batching import micro_batch_indices, select_batch_keys
+from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
 from rlvr.workers.critic.packed_values import packed_values
-from rlvr.workers.models import CriticModel
+from rlvr.workers.models import CriticModel, unwrap_hf_model
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group
 
@@ -59,7 +61,9 @@ class DataParallelPPOCritic:
         if self.use_remove_padding:
             return packed_values(self.module, batch, self.sp)
         response_len = batch["responses"].shape[1]
-        values = self.module(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
+        inputs = model_inputs(unwrap_hf_model(self.module.backbone), batch["input_ids"], batch["attention_mask"],
+                              batch["position_ids"], batch.get(MULTI_MODAL_INPUTS))
+        values = self.module(**inputs)
         return values[:, -response_len - 1 : -1]
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], max_token_len: int) -> list[list[int]]:
@@ -71,7 +75,9 @@ class DataParallelPPOCritic:
     @torch.no_grad()
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values ``[B, R]`` (float32, CPU), zero outside ``response_mask`` when it is present."""
-        batch = gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp)
+        batch = multi_modal_batch(gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp),
+                                  data.non_tensor_batch, unwrap_hf_model(self.module.backbone), self.world_size,
+                                  "compute_values", packed=self.use_remove_padding)
         rows, response_len = batch["responses"].shape
         values = torch.zeros(rows, response_len)
         self.module.eval()
@@ -88,7 +94,10 @@ class DataParallelPPOCritic:
         ``response_mask``); returns ``critic/vf_loss``, ``critic/vf_clipfrac``,
         ``critic/grad_norm``, ``critic/skipped_steps``, one value per mini-batch."""
         keys = [*_FORWARD_KEYS, "response_mask", "values", "returns"]
-        batch = gather_rows(select_batch_keys(data.batch, keys, "update_critic"), self.sp, block=self.mini_batch_size)
+        batch = multi_modal_batch(
+            gather_rows(select_batch_keys(data.batch, keys, "update_critic"), self.sp, block=self.mini_batch_size),
+            data.non_tensor_batch, unwrap_hf_model(self.module.backbone), self.world_size, "update_critic",
+            packed=self.use_remove_padding)
         self.module.train()
         return run_ppo_epochs(
             batch, self._train_mini_batch, epochs=self.config.ppo_epochs,

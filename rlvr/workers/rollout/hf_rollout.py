@@ -6,7 +6,9 @@ preallocated static cache with ``rollout.static_cache``, its step compiled with 
 the GPU fast path), samples the next token with :func:`~rlvr.workers.rollout.sampling.sample_tokens`
 from a seeded ``torch.Generator`` and records its exact log-prob. With the growing cache, a prompt
 that occurs several times in a batch (``n`` times, as the trainer sends it) is prefilled once and its
-cache rows indexed out to every occurrence. A row stops at an EOS id (unless ``ignore_eos``) or when
+cache rows indexed out to every occurrence (the same token ids with other images are another
+prompt). Rows with images (``multi_modal_inputs``, see :mod:`rlvr.utils.multimodal`) pass them to the
+prefill; for an M-RoPE model the tokens after the prompt go on from its 3-D positions. A row stops at an EOS id (unless ``ignore_eos``) or when
 its text ends a stop string; the loop ends when all rows have stopped or after ``response_length``
 tokens.
 Finished rows keep running through the model (static batch) but their tokens become padding.
@@ -23,7 +25,11 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
+from rlvr.utils.multimodal import (
+    MULTI_MODAL_INPUTS, image_row_keys, model_inputs, position_offsets, with_multi_modal_rows,
+)
 from rlvr.workers.batching import distinct_prompts
+from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.rollout.base import (
     CallSettings, Weights, as_named_tensors, call_settings, register_rollout_engine, response_tensors,
 )
@@ -124,8 +130,10 @@ class HFRollout:
         self.module.eval()
         outputs, interrupted = [], []
         size = int(self.config.micro_batch_size)
+        prompt_batch = with_multi_modal_rows({key: prompts.batch[key] for key in _PROMPT_KEYS},
+                                             prompts.non_tensor_batch)
         for start in range(0, len(prompts), size):
-            chunk = {key: prompts.batch[key][start : start + size] for key in _PROMPT_KEYS}
+            chunk = {key: value[start : start + size] for key, value in prompt_batch.items()}
             if interrupt is not None and interrupt.is_set():  # not started: cut with no token
                 out, cut = self._empty(chunk, settings), list(range(len(chunk["input_ids"])))
             else:
@@ -164,11 +172,36 @@ class HFRollout:
             hit[row] = any(s in text for s in stop)
         return hit
 
-    def _generate(self, prompt: dict[str, torch.Tensor], settings: CallSettings, interrupt
-                  ) -> tuple[dict[str, torch.Tensor], list[int]]:
-        """Decode one micro-batch of prompts ``[b, P]`` for up to ``settings.response_length`` tokens;
-        returns the output tensors (CPU) and the rows cut short because ``interrupt`` (a
-        ``threading.Event`` or None) was set."""
+    def _prefill(self, prompt: dict, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the prompts from column ``start`` through the decoder, each distinct prompt (token ids
+        and images) once with the growing cache; returns ``(next-token logits [b, vocab], position
+        offsets [b] of the tokens to come)`` (:func:`~rlvr.utils.multimodal.position_offsets`)."""
+        input_ids, attention_mask, position_ids = (prompt[k] for k in _PROMPT_KEYS)
+        images = prompt.get(MULTI_MODAL_INPUTS)
+        prefill_rows, row_of_prompt = slice(None), None
+        if isinstance(self.decoder, DynamicCacheDecoder):  # a static cache has fixed rows
+            key_ids, key_mask = input_ids, attention_mask
+            if images is not None:  # same ids, other images: another prompt
+                key_ids = torch.cat([input_ids, image_row_keys(images)[:, None]], dim=1)
+                key_mask = torch.cat([attention_mask, torch.ones_like(attention_mask[:, :1])], dim=1)
+            first, inverse = distinct_prompts(key_ids, key_mask)
+            if first.numel() < input_ids.shape[0]:
+                prefill_rows, row_of_prompt = first, inverse.to(self.device)
+        inputs = model_inputs(
+            unwrap_hf_model(self.module), input_ids[prefill_rows, start:].to(self.device),
+            attention_mask[prefill_rows, start:].to(self.device), position_ids[prefill_rows, start:].to(self.device),
+            images[prefill_rows].to(self.device) if images is not None else None)
+        logits = self.decoder.prefill(**inputs)
+        offsets = position_offsets(inputs)
+        if row_of_prompt is not None:
+            self.decoder.select_rows(row_of_prompt)
+            logits, offsets = logits[row_of_prompt], offsets[row_of_prompt]
+        return logits, offsets
+
+    def _generate(self, prompt: dict, settings: CallSettings, interrupt) -> tuple[dict[str, torch.Tensor], list[int]]:
+        """Decode one micro-batch of prompts ``[b, P]`` (and their images) for up to
+        ``settings.response_length`` tokens; returns the output tensors (CPU) and the rows cut short
+        because ``interrupt`` (a ``threading.Event`` or None) was set."""
         input_ids, attention_mask, position_ids = (prompt[k] for k in _PROMPT_KEYS)
         params, pad_id, stop = settings.sampling, settings.pad_id, settings.stop
         rows, response_len = input_ids.shape[0], settings.response_length
@@ -179,19 +212,8 @@ class HFRollout:
                 f"a prompt batch {input_ids.shape[1] - start} tokens wide plus {response_len} new tokens does not "
                 f"fit the static KV cache of {self.decoder.max_cache_len} columns (rollout.prompt_length + "
                 "rollout.response_length); ask for fewer tokens with meta_info['response_length']")
-        next_pos = position_ids[:, -1].to(self.device) + 1
-        # with the growing cache each distinct prompt is prefilled once (a static cache has fixed rows)
-        prefill_rows, row_of_prompt = slice(None), None
-        if isinstance(self.decoder, DynamicCacheDecoder):
-            first, inverse = distinct_prompts(input_ids, attention_mask)
-            if first.numel() < rows:
-                prefill_rows, row_of_prompt = first, inverse.to(self.device)
-        logits = self.decoder.prefill(input_ids[prefill_rows, start:].to(self.device),
-                                      attention_mask[prefill_rows, start:].to(self.device),
-                                      position_ids[prefill_rows, start:].to(self.device))
-        if row_of_prompt is not None:
-            self.decoder.select_rows(row_of_prompt)
-            logits = logits[row_of_prompt]
+        logits, offsets = self._prefill(prompt, start)
+        next_pos = position_ids[:, -1].to(self.device) + 1 + offsets  # M-RoPE: text after images goes on from them
         responses = torch.full((rows, response_len), pad_id, dtype=input_ids.dtype, device=self.device)
         log_probs = torch.zeros(rows, response_len, device=self.device)
         response_mask = torch.zeros(rows, response_len, dtype=attention_mask.dtype, device=self.device)

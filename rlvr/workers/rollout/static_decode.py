@@ -14,7 +14,7 @@ The prompt (prefill) always runs eagerly: its width changes from batch to batch.
 a model on transformers' ``"sdpa"`` attention uses :mod:`~rlvr.workers.rollout.gqa_attention`
 instead (same attention, grouped-query heads without copying the KV cache every step).
 
-Both decoders offer ``prefill(input_ids, attention_mask, position_ids) -> logits [b, vocab]`` and
+Both decoders offer ``prefill(input_ids, attention_mask, position_ids, **image_inputs) -> logits [b, vocab]`` and
 ``step(tokens [b], position_ids [b]) -> logits [b, vocab]`` for the sampling loop of
 :class:`~rlvr.workers.rollout.hf_rollout.HFRollout`; ``finish()`` ends a generation call.
 """
@@ -45,11 +45,12 @@ class DynamicCacheDecoder:
         self._cache = None
         self._mask: torch.Tensor | None = None
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-                ) -> torch.Tensor:
-        """Run the prompt ``[b, P]`` (no all-padding columns); returns next-token logits ``[b, vocab]``."""
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                **image_inputs: torch.Tensor) -> torch.Tensor:
+        """Run the prompt ``[b, P]`` (no all-padding columns; ``image_inputs`` of a vision-language
+        model); returns next-token logits ``[b, vocab]``."""
         out = self.module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=True, logits_to_keep=1)
+                          use_cache=True, logits_to_keep=1, **image_inputs)
         self._cache, self._mask = out.past_key_values, attention_mask
         return out.logits[:, -1]
 
@@ -123,9 +124,10 @@ class StaticCacheDecoder:
             cache.reset()
         return cache
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-                ) -> torch.Tensor:
-        """Run the prompt ``[b, P]`` into cache columns ``0..P-1``; returns logits ``[b, vocab]``.
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                **image_inputs: torch.Tensor) -> torch.Tensor:
+        """Run the prompt ``[b, P]`` (and the ``image_inputs`` of a vision-language model) into cache
+        columns ``0..P-1``; returns logits ``[b, vocab]``.
 
         Raises:
             ValueError: the prompt leaves fewer than one free column in the cache.
@@ -142,7 +144,7 @@ class StaticCacheDecoder:
         free = attention_mask.new_ones(rows, self.max_cache_len - width)
         self._mask = torch.cat([attention_mask, free], dim=1)
         out = self.module(input_ids=input_ids, attention_mask=self._mask, position_ids=position_ids,
-                          past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+                          past_key_values=self._cache, use_cache=True, logits_to_keep=1, **image_inputs)
         return out.logits[:, -1]
 
     def step(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
