@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlvr.trainer.config.validate import use_reference, world_size
+from rlvr.workers.megatron.layout import data_parallel_size, megatron_sizes, strategy_of
 
 
 def _algorithm(cfg: DictConfig) -> str:
@@ -37,9 +38,10 @@ def _per_step(cfg: DictConfig) -> str:
             f"{sequences * length // world_size(cfg):,} per worker")
 
 
-def _updates(cfg: DictConfig, section: Any, dynamic_bsz: bool, token_budget: int) -> str:
+def _updates(cfg: DictConfig, role: str, section: Any, dynamic_bsz: bool, token_budget: int) -> str:
     """Mini-batches and optimizer steps per rollout, and the micro-batches of one worker."""
-    prompts, n, workers = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, world_size(cfg)
+    prompts, n = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
+    workers = data_parallel_size(cfg, role)
     mini = section.ppo_mini_batch_size
     mini_batches = prompts // mini
     per_worker = mini * n // workers
@@ -67,6 +69,12 @@ def _placement(cfg: DictConfig) -> str:
     else:
         where = (f"{' + '.join(roles)} colocated in {world_size(cfg)} Ray worker process(es) "
                  f"({t.nnodes} node(s) x {t.n_gpus_per_node}; {device})")
+    model_roles = {"actor": "actor", "reference": "ref", "critic": "critic"}
+    megatron = ["{} {}x{}".format(name, *megatron_sizes(cfg, model_roles[name])) for name in roles
+                if name in model_roles and strategy_of(cfg, model_roles[name]) == "megatron"]
+    if megatron:
+        where += (f"; megatron tensor x pipeline parallel: {', '.join(megatron)}"
+                  + (" (the driver starts the extra ranks as processes)" if t.backend == "local" else ""))
     reward = cfg.reward_model
     scoring = (f"{reward.num_workers} processes of the parallel reward manager" if reward.reward_manager == "parallel"
                else f"the {reward.reward_manager} reward manager in the driver")
@@ -105,10 +113,11 @@ def _recovery(cfg: DictConfig) -> str:
 def describe_run(cfg: DictConfig) -> str:
     """A few lines with the settings derived from ``cfg`` (a checked, finalised config)."""
     rows = [("algorithm", _algorithm(cfg)), ("per step", _per_step(cfg)),
-            ("actor updates", _updates(cfg, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.actor.use_dynamic_bsz,
+            ("actor updates", _updates(cfg, "actor", cfg.actor_rollout_ref.actor,
+                                       cfg.actor_rollout_ref.actor.use_dynamic_bsz,
                                        cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu))]
     if cfg.critic.enable:
-        rows.append(("critic updates", _updates(cfg, cfg.critic, dynamic_bsz=False, token_budget=0)))
+        rows.append(("critic updates", _updates(cfg, "critic", cfg.critic, dynamic_bsz=False, token_budget=0)))
     rows += [("workers", _placement(cfg)), ("schedule", _schedule(cfg)), ("checkpoints", _checkpoints(cfg)),
              ("recovery", _recovery(cfg))]
     return "\n".join(["rlvr: derived settings"] + [f"  {label:<15}{text}" for label, text in rows])

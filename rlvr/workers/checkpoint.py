@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from peft import PeftModel
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase
 
 from rlvr.workers.fsdp import (
     full_optimizer_state_dict,
@@ -28,7 +28,8 @@ from rlvr.workers.fsdp import (
 )
 from rlvr.workers.models import unwrap_hf_model
 
-__all__ = ["atomic_save", "save_training_state", "load_training_state", "export_hf_model", "merge_lora"]
+__all__ = ["atomic_save", "save_training_state", "load_training_state", "export_hf_model", "merge_lora",
+           "save_hf_folder"]
 
 
 def _barrier(world_size: int) -> None:
@@ -129,19 +130,27 @@ def export_hf_model(path: str | os.PathLike, module: nn.Module, tokenizer: PreTr
         hf_model = unwrap_hf_model(module)
         if isinstance(module, PeftModel):
             state = merge_lora(state, module)
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-        try:
-            plain = AutoModelForCausalLM.from_config(hf_model.config, dtype=hf_model.dtype)
-            plain.load_state_dict(state, strict=True)
-            plain.generation_config = hf_model.generation_config
-            plain.save_pretrained(tmp)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        save_hf_folder(path, hf_model.config, hf_model.generation_config, state, tokenizer)
     _barrier(world_size)
+
+
+def save_hf_folder(path: str | os.PathLike, config: PretrainedConfig, generation_config: GenerationConfig,
+                   state: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase | None) -> None:
+    """Write the causal LM of ``config`` with the full weights ``state`` (HF names, every key of the
+    model's state dict) and the tokenizer as a Hugging Face folder: into a temporary folder, renamed
+    to ``path`` (an existing folder there is replaced)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
+        plain = AutoModelForCausalLM.from_config(config, dtype=next(iter(state.values())).dtype)
+        plain.load_state_dict(state, strict=True)
+        plain.generation_config = generation_config
+        plain.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -34,16 +34,17 @@ from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logit
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
+from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 
-__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden"]
+__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "response_window"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
 
 
-def _response_window(batch: dict[str, torch.Tensor]) -> tuple[int, int, int]:
+def response_window(batch: dict[str, torch.Tensor]) -> tuple[int, int, int]:
     """``(start, stop, num_response)``: the columns that are not padding in every row (left padding
     of the prompts, right padding after the longest response) and the response columns among them."""
     attention_mask = batch["attention_mask"]
@@ -68,7 +69,7 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
         ``[b, r, vocab]`` in the model dtype, ``r <= R``: the logits of response tokens ``0..r-1``
         (tokens after ``r`` are padding in every row).
     """
-    start, stop, num_response = _response_window(batch)
+    start, stop, num_response = response_window(batch)
     logits = module(
         input_ids=batch["input_ids"][:, start:stop],
         attention_mask=batch["attention_mask"][:, start:stop],
@@ -93,7 +94,7 @@ def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor], share_pro
     Returns:
         ``(hidden [b, r, H], weight [vocab, H])``.
     """
-    start, stop, num_response = _response_window(batch)
+    start, stop, num_response = response_window(batch)
     model = unwrap_hf_model(module)
     weight = model.get_output_embeddings().weight
     window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
@@ -131,6 +132,11 @@ class DataParallelPPOActor:
         world_size: data-parallel ranks (collectives keep them in step).
         device: where the module's (unsharded) compute runs.
     """
+
+    clip_grad_norm_fn = staticmethod(clip_grad_norm)
+    """``(module, max_norm) -> norm``: finishes and clips the gradients (a training backend's own)."""
+    dp_group = None
+    """The data-parallel process group (None: the default group, every rank holds its own data)."""
 
     def __init__(self, config, module: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
@@ -260,7 +266,8 @@ class DataParallelPPOActor:
             self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
             lambda micro: self._micro_loss(micro, temperature), len(_METRICS),
             loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
-            world_size=self.world_size, device=self.device,
+            world_size=self.world_size, device=self.device, clip_grad_norm_fn=self.clip_grad_norm_fn,
+            group=self.dp_group,
         )
         out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, update.metric_sums)}
         out["actor/grad_norm"] = update.grad_norm

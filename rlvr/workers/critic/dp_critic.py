@@ -13,6 +13,7 @@ import torch
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import compute_value_loss
 from rlvr.workers.batching import micro_batch_indices, select_batch_keys
+from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import CriticModel
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 
@@ -32,6 +33,11 @@ class DataParallelPPOCritic:
         world_size: data-parallel ranks.
         device: where the compute runs.
     """
+
+    clip_grad_norm_fn = staticmethod(clip_grad_norm)
+    """``(module, max_norm) -> norm``: finishes and clips the gradients (a training backend's own)."""
+    dp_group = None
+    """The data-parallel process group (None: the default group, every rank holds its own data)."""
 
     def __init__(self, config, module: CriticModel, optimizer: torch.optim.Optimizer, *, mini_batch_size: int,
                  world_size: int, device: str | torch.device) -> None:
@@ -88,7 +94,8 @@ class DataParallelPPOCritic:
         update = update_mini_batch(
             self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_micro_batch_size_per_gpu),
             self._micro_loss, 2, loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
-            world_size=self.world_size, device=self.device,
+            world_size=self.world_size, device=self.device, clip_grad_norm_fn=self.clip_grad_norm_fn,
+            group=self.dp_group,
         )
         return {
             "critic/vf_loss": float(update.metric_sums[0]),
