@@ -174,15 +174,27 @@ class LocalRanks:
         return (WorkerTimeoutError if timeout else WorkerError)(_GROUP, method, rank, detail)
 
     def _collect(self, method: str, timeout_s: float) -> None:
-        """Every rank's reply to the last message; raises the first error."""
+        """Every rank's reply to the last message; on failures raises the root cause (a dead
+        process before an error, an error before a timeout) naming its rank."""
+        failures: list[tuple[int, int, str]] = []  # (priority, rank, detail)
+        deadline = time.monotonic() + timeout_s
         for rank, conn in enumerate(self.conns, start=1):
-            if not conn.poll(timeout_s):
-                alive = self.procs[rank - 1].poll() is None
-                raise self._fail(method, rank, f"no reply within {timeout_s:.0f} s" if alive else "the process died",
-                                 timeout=alive)
-            status, detail = _get(conn)
-            if status == "error":
-                raise self._fail(method, rank, detail)
+            proc = self.procs[rank - 1]
+            while not conn.poll(0.5):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    break
+            if conn.poll(0):
+                status, detail = _get(conn)
+                if status == "error":
+                    failures.append((1, rank, detail))
+            elif proc.poll() is not None:
+                failures.append((0, rank, f"the process died with exit code {proc.returncode} (a negative code is "
+                                          "the signal that ended it: -9 is SIGKILL, e.g. from the out-of-memory killer)"))
+            else:
+                failures.append((2, rank, f"no reply within {timeout_s:.0f} s"))
+        if failures:
+            priority, rank, detail = min(failures)
+            raise self._fail(method, rank, detail, timeout=priority == 2)
 
     def _send(self, kind: str, key: str, payload: Any) -> None:
         if self.broken:

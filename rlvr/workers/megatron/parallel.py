@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
+from megatron.core import parallel_state, tensor_parallel
 
 from rlvr.workers.megatron.cpu_shims import apply_cpu_shims
 
-__all__ = ["MegatronParallel", "init_megatron_parallel"]
+__all__ = ["MegatronParallel", "init_megatron_parallel", "broadcast_rng_state"]
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,9 @@ def init_megatron_parallel(tp: int, pp: int, device: str, seed: int, timeout_s: 
             tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
             distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)), create_gloo_process_groups=False,
         )
-        if not device.startswith("cuda"):
+        if device.startswith("cuda"):  # megatron's CUDA RNG states, which attention's dropout forks
+            tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        else:
             apply_cpu_shims(seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
     tp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(rank, tp, pp, world)
     ps = parallel_state
