@@ -35,9 +35,6 @@ VERL_SIGNATURE_ONLY = {
 VALIDATED_VERL_KEYS = {
     "actor_rollout_ref.hybrid_engine": "verl's choice between one worker group for actor, rollout and reference "
                                        "and separate ones; rlvr has only the first, validation rejects false",
-    "actor_rollout_ref.actor.strategy": "verl's training backend; fsdp and fsdp2 both run FSDP2 here, validation "
-                                        "rejects the others (megatron)",
-    "critic.strategy": "the same for the critic",
 }
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""

@@ -9,6 +9,8 @@ attention is the same arithmetic, so differences are float32 rounding of other s
 from __future__ import annotations
 
 import gc
+import sys
+from types import ModuleType
 
 import pytest
 import torch
@@ -167,3 +169,39 @@ def test_a_failing_rank_is_named_and_stops_the_ranks(model_dir):
         mega.load_checkpoint("/no/such/folder")  # every rank raises; rank 1's traceback comes with rank 0's
     with pytest.raises(WorkerError, match="the local model-parallel ranks were stopped"):
         mega.compute_log_prob(prompt_batch())
+
+
+class _RecordingLLM:
+    """Stands in for ``vllm.LLM`` in the vLLM engine: keeps the weights of every in-place reload."""
+
+    def __init__(self, **kwargs) -> None:
+        self.loads: list[dict[str, torch.Tensor]] = []
+
+    def collective_rpc(self, method: str, kwargs: dict) -> None:
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"]
+        self.loads.append({name: tensor.clone() for name, tensor in kwargs["weights_iterator"]})
+
+    def reset_prefix_cache(self) -> None:
+        return None
+
+
+def test_the_vllm_engine_gets_the_gathered_hf_weights(model_dir, monkeypatch):
+    """With ``rollout.name=vllm`` (vLLM's ``LLM`` faked) the engine starts from the HF weights and
+    every sync loads the gathered shards under HF names, tied head included."""
+    fake = ModuleType("vllm")
+    fake.LLM, fake.SamplingParams = _RecordingLLM, object
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    mega = local_group(MegatronActorRolloutRefWorker, megatron_config(model_dir, 2, 1, "actor_rollout_ref.rollout.name=vllm"),
+                       "actor_rollout")
+    llm = mega._workers[0].rollout.llm
+    initial = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert llm.loads[0].keys() == initial.keys() and all(torch.equal(llm.loads[0][k], initial[k]) for k in initial)
+    out = local_group(ActorRolloutRefWorker, make_config(model_dir, *COMMON), "rollout").generate_sequences(prompt_batch())
+    out.meta_info["temperature"] = 1.0
+    old = mega.compute_log_prob(out).batch["old_log_probs"]
+    mega.update_actor(training_batch(out, old, old))
+    mega.update_weights()
+    after = mega.get_actor_weights()[0]
+    assert llm.loads[-1].keys() == after.keys() and all(torch.equal(llm.loads[-1][k], after[k]) for k in after)
+    assert not torch.equal(after["model.norm.weight"], initial["model.norm.weight"])
