@@ -101,8 +101,15 @@ def test_megatron_actor_matches_fsdp(model_dir, tp, pp, tmp_path):
 
     # one PPO update (policy loss + entropy bonus + KL loss) on the same batch
     batch = training_batch(out, one["old_log_probs"], ref)
-    assert_same_update(fsdp.update_actor(batch).meta_info["metrics"], mega.update_actor(batch).meta_info["metrics"])
+    fsdp_metrics, mega_metrics = fsdp.update_actor(batch).meta_info["metrics"], mega.update_actor(batch).meta_info["metrics"]
     after = mega.get_actor_weights()[0]
+    print(f"\ntp={tp} pp={pp} against FSDP2: log-probs {max_diff(one['old_log_probs'], two['old_log_probs'], mask):.1e}, "
+          f"entropy {max_diff(one['entropys'], two['entropys'], mask):.1e}, reference "
+          f"{max_diff(ref, fsdp.compute_ref_log_prob(out).batch['ref_log_prob'], mask):.1e}, loss rel. "
+          f"{abs(mega_metrics['actor/pg_loss'][0] / fsdp_metrics['actor/pg_loss'][0] - 1):.1e}, grad norm rel. "
+          f"{abs(mega_metrics['actor/grad_norm'][0] / fsdp_metrics['actor/grad_norm'][0] - 1):.1e}, weights "
+          f"{weights_diff(fsdp.get_actor_weights()[0], after):.1e}")
+    assert_same_update(fsdp_metrics, mega_metrics)
     assert weights_diff(fsdp.get_actor_weights()[0], after) < 1e-5
 
     # the rollout's replica follows the gathered shards: same greedy text, sampling log-probs agree
