@@ -11,7 +11,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm train train-tools train-vision test test-slow test-all test-vllm bench bench-faults bench-long bench-async clean
+.PHONY: setup setup-vllm setup-megatron train train-tools train-vision test test-slow test-all test-vllm test-megatron bench bench-faults bench-long bench-async clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,17 @@ $(VLLM_STAMP): pyproject.toml
 
 setup-vllm: $(VLLM_STAMP)
 
+# The Megatron-LM training backend (strategy=megatron) in the main venv: `rlvr[megatron]` adds megatron-core
+# alone (it takes the CPU torch already installed; no transformer-engine or apex), so the rest of the install
+# is unchanged. Its tests are marked `megatron` and run by `make test-megatron`, not by `make test`.
+MEGATRON_STAMP := $(VENV)/.rlvr-megatron-setup-done
+
+$(MEGATRON_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e ".[megatron]"
+	touch $(MEGATRON_STAMP)
+
+setup-megatron: $(MEGATRON_STAMP)
+
 # two-number addition prompts from reasoning-gym: a training set and a fixed held-out set
 # (made again whenever the recipe changes)
 data/arith/test.jsonl: rlvr/data_prep/reasoning_gym.py | $(STAMP)
@@ -78,10 +89,16 @@ train-vision: setup data/vision/test.jsonl
 	$(PY) -m rlvr.data_prep.vision_summary $(VISION_RUN)
 
 test: setup
-	$(PY) -m pytest -m "not slow and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu and not megatron" $(PYTEST_ARGS)
 
 test-slow: setup
-	$(PY) -m pytest -m "slow and not gpu" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not gpu and not megatron" $(PYTEST_ARGS)
+
+# the Megatron backend's tests (numerics against FSDP2 on CPU with gloo, the local and the Ray backend); they
+# skip themselves where megatron-core is not importable, so it is imported first: a broken install fails here
+test-megatron: setup-megatron
+	$(PY) -c "import megatron.core; print('megatron-core', megatron.core.__version__)"
+	$(PY) -m pytest -m "megatron and not gpu" $(PYTEST_ARGS)
 
 # the vLLM engine's tests, in the vLLM venv; they skip themselves where vLLM is not importable, so
 # vLLM is imported first: a broken vLLM venv fails here instead of passing with every test skipped

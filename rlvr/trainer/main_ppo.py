@@ -42,6 +42,7 @@ from rlvr.trainer.graceful_stop import StopNow
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.run_settings import describe_run
 from rlvr.utils.errors import ConfigError, DataError, WorkerError
+from rlvr.workers.megatron.layout import strategy_of
 
 if TYPE_CHECKING:
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer
@@ -49,21 +50,31 @@ if TYPE_CHECKING:
 GLOBAL_POOL = "global_pool"
 
 
-def build_role_worker_mapping(cfg: DictConfig) -> tuple[dict[Role, type], dict[Role, str]]:
-    """Worker classes per role and the pool of each role: every role shares one pool, colocated,
-    except a rollout apart from the actor (``actor_rollout_ref.hybrid_engine=false``), which has a
-    pool of its own."""
-    from rlvr.trainer.async_schedule.placement import ROLLOUT_POOL
+def _worker_classes(strategy: str) -> tuple[type, type]:
+    """``(actor/rollout/reference worker, critic worker)`` classes of a training strategy."""
+    if strategy == "megatron":
+        from rlvr.workers.megatron.workers import MegatronActorRolloutRefWorker, MegatronCriticWorker
+
+        return MegatronActorRolloutRefWorker, MegatronCriticWorker
     from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 
-    role_worker_mapping: dict[Role, type] = {Role.ActorRollout: ActorRolloutRefWorker}
+    return ActorRolloutRefWorker, CriticWorker
+
+
+def build_role_worker_mapping(cfg: DictConfig) -> tuple[dict[Role, type], dict[Role, str]]:
+    """Worker classes per role, by each role's ``strategy`` (FSDP2 or Megatron), and the pool of each
+    role: every role shares one pool, colocated, except a rollout apart from the actor
+    (``actor_rollout_ref.hybrid_engine=false``), which has a pool of its own."""
+    role_worker_mapping: dict[Role, type] = {Role.ActorRollout: _worker_classes(strategy_of(cfg, "actor"))[0]}
     if cfg.critic.enable:
-        role_worker_mapping[Role.Critic] = CriticWorker
+        role_worker_mapping[Role.Critic] = _worker_classes(strategy_of(cfg, "critic"))[1]
     if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0:
-        role_worker_mapping[Role.RefPolicy] = ActorRolloutRefWorker
+        role_worker_mapping[Role.RefPolicy] = _worker_classes(strategy_of(cfg, "ref"))[0]
     pool_of_role = {role: GLOBAL_POOL for role in role_worker_mapping}
-    if rollout_apart(cfg):
-        role_worker_mapping[Role.Rollout] = ActorRolloutRefWorker
+    if rollout_apart(cfg):  # a rollout-only worker: no training backend
+        from rlvr.trainer.async_schedule.placement import ROLLOUT_POOL
+
+        role_worker_mapping[Role.Rollout] = _worker_classes("fsdp")[0]
         pool_of_role[Role.Rollout] = ROLLOUT_POOL
     return role_worker_mapping, pool_of_role
 

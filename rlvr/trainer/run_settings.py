@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from rlvr.trainer.config.async_checks import rollout_apart, rollout_world_size
 from rlvr.trainer.config.validate import use_reference, world_size
+from rlvr.workers.megatron.layout import data_parallel_size, megatron_sizes, strategy_of
 
 
 def _algorithm(cfg: DictConfig) -> str:
@@ -38,9 +39,10 @@ def _per_step(cfg: DictConfig) -> str:
             f"{sequences * length // world_size(cfg):,} per worker")
 
 
-def _updates(cfg: DictConfig, section: Any, dynamic_bsz: bool, token_budget: int) -> str:
+def _updates(cfg: DictConfig, role: str, section: Any, dynamic_bsz: bool, token_budget: int) -> str:
     """Mini-batches and optimizer steps per rollout, and the micro-batches of one worker."""
-    prompts, n, workers = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, world_size(cfg)
+    prompts, n = cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n
+    workers = data_parallel_size(cfg, role)
     mini = section.ppo_mini_batch_size
     mini_batches = prompts // mini
     per_worker = mini * n // workers
@@ -72,6 +74,12 @@ def _placement(cfg: DictConfig) -> str:
                  f"({t.nnodes} node(s) x {t.n_gpus_per_node}; {device})")
         where += (f"; rollout in {rollout_world_size(cfg)} Ray worker process(es) of its own ({cfg.rollout.nnodes} "
                   f"node(s) x {cfg.rollout.n_gpus_per_node})") if apart else ""
+    model_roles = {"actor": "actor", "reference": "ref", "critic": "critic"}
+    megatron = ["{} {}x{}".format(name, *megatron_sizes(cfg, model_roles[name])) for name in roles
+                if name in model_roles and strategy_of(cfg, model_roles[name]) == "megatron"]
+    if megatron:
+        where += (f"; megatron tensor x pipeline parallel: {', '.join(megatron)}"
+                  + (" (the driver starts the extra ranks as processes)" if t.backend == "local" else ""))
     reward = cfg.reward_model
     scoring = (f"{reward.num_workers} processes of the parallel reward manager" if reward.reward_manager == "parallel"
                else f"the {reward.reward_manager} reward manager in the driver")
@@ -120,10 +128,11 @@ def _recovery(cfg: DictConfig) -> str:
 def describe_run(cfg: DictConfig) -> str:
     """A few lines with the settings derived from ``cfg`` (a checked, finalised config)."""
     rows = [("algorithm", _algorithm(cfg)), ("per step", _per_step(cfg)),
-            ("actor updates", _updates(cfg, cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.actor.use_dynamic_bsz,
+            ("actor updates", _updates(cfg, "actor", cfg.actor_rollout_ref.actor,
+                                       cfg.actor_rollout_ref.actor.use_dynamic_bsz,
                                        cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu))]
     if cfg.critic.enable:
-        rows.append(("critic updates", _updates(cfg, cfg.critic, cfg.critic.use_dynamic_bsz,
+        rows.append(("critic updates", _updates(cfg, "critic", cfg.critic, cfg.critic.use_dynamic_bsz,
                                                 cfg.critic.ppo_max_token_len_per_gpu)))
     rows += [("workers", _placement(cfg)), ("schedule", _schedule(cfg)), ("checkpoints", _checkpoints(cfg)),
              ("recovery", _recovery(cfg))]

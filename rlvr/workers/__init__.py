@@ -7,6 +7,8 @@
 - ``rlvr.workers.ppo_update``: the update loop both train with (epochs, mini-batches, gradient
   accumulation, the optimizer step).
 - ``rlvr.workers.rollout``: the rollout-engine protocol and registry, ``HFRollout`` (``"hf"``).
+- ``rlvr.workers.megatron``: the Megatron-LM backend (``strategy=megatron``), the same worker
+  methods on megatron-core models (``docs/megatron.md``).
 - ``rlvr.workers.models`` (building models), ``fsdp`` (FSDP2 sharding, full weights, offload),
   ``optimizer`` (AdamW, lr schedule), ``checkpoint``, ``batching`` (micro-batches, rows that share a
   prompt), ``kv_cache`` (KV-cache row selection), ``collectives`` (all-reduce helpers),

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from peft import PeftModel
 from torch import nn
-from transformers import PreTrainedTokenizerBase, ProcessorMixin
+from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase, ProcessorMixin
 
 from rlvr.utils.model import auto_model_class
 from rlvr.utils.processor import save_processor
@@ -30,7 +30,8 @@ from rlvr.workers.fsdp import (
 )
 from rlvr.workers.models import unwrap_hf_model
 
-__all__ = ["atomic_save", "save_training_state", "load_training_state", "export_hf_model", "merge_lora"]
+__all__ = ["atomic_save", "save_training_state", "load_training_state", "export_hf_model", "merge_lora",
+           "save_hf_folder"]
 
 
 def _barrier(world_size: int) -> None:
@@ -132,21 +133,31 @@ def export_hf_model(path: str | os.PathLike, module: nn.Module, tokenizer: PreTr
         hf_model = unwrap_hf_model(module)
         if isinstance(module, PeftModel):
             state = merge_lora(state, module)
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
-        try:
-            plain = auto_model_class(hf_model.config.model_type).from_config(hf_model.config, dtype=hf_model.dtype)
-            plain.load_state_dict(state, strict=True)
-            plain.generation_config = hf_model.generation_config
-            plain.save_pretrained(tmp)
-            if processor is not None:
-                save_processor(processor, tmp)
-            elif tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            tmp.rename(target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+        save_hf_folder(path, hf_model.config, hf_model.generation_config, state, tokenizer, processor)
     _barrier(world_size)
+
+
+def save_hf_folder(path: str | os.PathLike, config: PretrainedConfig, generation_config: GenerationConfig,
+                   state: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase | None,
+                   processor: ProcessorMixin | None = None) -> None:
+    """Write the model of ``config`` (its auto class: a causal LM, or a vision-language model) with
+    the full weights ``state`` (HF names, every key of the model's state dict) and the processor, else
+    the tokenizer, as a Hugging Face folder: into a temporary folder, renamed to ``path`` (an existing
+    folder there is replaced)."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
+        plain = auto_model_class(config.model_type).from_config(config, dtype=next(iter(state.values())).dtype)
+        plain.load_state_dict(state, strict=True)
+        plain.generation_config = generation_config
+        plain.save_pretrained(tmp)
+        if processor is not None:
+            save_processor(processor, tmp)
+        elif tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

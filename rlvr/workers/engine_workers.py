@@ -198,7 +198,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         factory = get_rollout_engine(cfg.rollout.name)
         if self._is_actor:
             shared = factory.runs_torch_module and self._rollout_replica is None
-            module = self._rollout_replica if factory.runs_torch_module and not shared else self.actor_module
+            module = self.actor_module if shared or self._rollout_replica is None else self._rollout_replica
         else:  # parameters that require grad, as the actor's (the decode runs under no_grad: no cost): for
             # frozen weights PyTorch's CPU linear on the prefill's last hidden state (logits_to_keep=1) takes
             # another path, 1e-7 apart, and a rollout apart would not sample what the one-rank hybrid does
@@ -232,12 +232,17 @@ class ActorRolloutRefWorker(TrainingWorker):
         )
         self.ref_placement = Placement(module, None, self.device)
         if not self._ref_shares_actor:
-            self.ref_placement.place(params=not cfg.ref.fsdp_config.param_offload, optimizer=False)
+            self._rest_ref()
 
     def _rest_actor(self) -> None:
         """Actor placement between phases (CPU when offload is configured; GPU only)."""
         fsdp = self.config.actor_rollout_ref.actor.fsdp_config
         self.actor_placement.place(params=not fsdp.param_offload, optimizer=not fsdp.optimizer_offload)
+
+    def _rest_ref(self) -> None:
+        """Placement of a separate reference between phases (CPU with param_offload; GPU only)."""
+        self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.fsdp_config.param_offload,
+                                 optimizer=False)
 
     def _temperature(self, data: DataProto) -> float:
         data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
@@ -371,8 +376,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             else:
                 self.ref_placement.place(params=True, optimizer=False)
                 log_probs, _ = self.ref.compute_log_prob(data)
-                self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.fsdp_config.param_offload,
-                                         optimizer=False)
+                self._rest_ref()
         return self._reply({"ref_log_prob": log_probs}, {}, timer, "ref")
 
     # ------------------------------------------------------------------ checkpoints and export

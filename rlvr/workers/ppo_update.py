@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from rlvr.workers.collectives import all_reduce_sum
@@ -33,6 +34,7 @@ from rlvr.workers.fsdp import clip_grad_norm
 __all__ = ["MiniBatchUpdate", "loss_share", "optimizer_step", "run_ppo_epochs", "update_mini_batch"]
 
 MicroLoss = Callable[[dict[str, torch.Tensor]], tuple[torch.Tensor, torch.Tensor]]
+ClipGradNorm = Callable[[nn.Module, float], float]
 
 
 @dataclass
@@ -88,6 +90,8 @@ def update_mini_batch(
     world_size: int,
     device: torch.device,
     sp_size: int = 1,
+    clip_grad_norm_fn: ClipGradNorm = clip_grad_norm,
+    group: dist.ProcessGroup | None = None,
 ) -> MiniBatchUpdate:
     """One optimizer step over a mini-batch: gradient accumulation over its micro-batches, then
     :func:`optimizer_step`.
@@ -97,13 +101,16 @@ def update_mini_batch(
         micro_batches: row indices of ``mini`` per micro-batch.
         micro_loss: ``micro -> (loss, metrics [num_metrics])``; ``micro`` is on ``device``.
         num_metrics: length of the metric vector ``micro_loss`` returns.
-        world_size: ranks over which FSDP2 averages the gradients.
+        world_size: data-parallel ranks (over which FSDP2 averages the gradients).
         sp_size: ranks that hold the same rows (a Ulysses sequence-parallel group, whose ranks'
             gradients add up to the gradient of their rows): their rows and metrics count once.
+        clip_grad_norm_fn: ``(module, max_norm) -> norm`` that finishes the gradients (averaged over
+            the data-parallel ranks) and clips their global norm (FSDP2's by default).
+        group: the data-parallel process group (None: the default group).
     """
     mask = mini["response_mask"]
     counts = torch.tensor([float(mask.sum()), float((mask.sum(-1) > 0).sum())], dtype=torch.float64)
-    global_tokens, global_seqs = (all_reduce_sum(counts.to(device), world_size) / sp_size).tolist()
+    global_tokens, global_seqs = (all_reduce_sum(counts.to(device), world_size, group) / sp_size).tolist()
     sums = torch.zeros(num_metrics, dtype=torch.float64)
     optimizer.zero_grad(set_to_none=True)
     for idx in micro_batches:
@@ -113,14 +120,15 @@ def update_mini_batch(
         loss, values = micro_loss(micro)
         (loss * share).backward()
         sums += values.double() * (share / world_size)
-    grad_norm, stepped = optimizer_step(module, optimizer, grad_clip)
-    return MiniBatchUpdate((all_reduce_sum(sums.to(device), world_size) / sp_size).cpu(), grad_norm, stepped)
+    grad_norm, stepped = optimizer_step(module, optimizer, grad_clip, clip_grad_norm_fn)
+    return MiniBatchUpdate((all_reduce_sum(sums.to(device), world_size, group) / sp_size).cpu(), grad_norm, stepped)
 
 
-def optimizer_step(module: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> tuple[float, bool]:
+def optimizer_step(module: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float,
+                   clip_grad_norm_fn: ClipGradNorm = clip_grad_norm) -> tuple[float, bool]:
     """Clip the global gradient norm to ``grad_clip`` and step, or skip the step when the norm is
     not finite; the gradients are cleared either way. Returns ``(norm before clipping, stepped)``."""
-    grad_norm = clip_grad_norm(module, grad_clip)
+    grad_norm = clip_grad_norm_fn(module, grad_clip)
     finite = bool(torch.isfinite(torch.tensor(grad_norm)))
     if finite:
         optimizer.step()

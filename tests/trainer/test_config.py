@@ -154,8 +154,9 @@ CASES = [
       "actor_rollout_ref.rollout.name": "test_uninterruptible"}, "async_training.partial_rollout",
      "cannot be interrupted in the middle of a generation"),
     # keys a verl config sets: validated
-    ({"actor_rollout_ref.actor.strategy": "megatron"}, "actor_rollout_ref.actor.strategy",
-     "'megatron' is not supported; rlvr trains with PyTorch FSDP2: use fsdp or fsdp2"),
+    ({"actor_rollout_ref.actor.strategy": "deepspeed"}, "actor_rollout_ref.actor.strategy",
+     "'deepspeed' is not a training backend; use one of fsdp, fsdp2, megatron"),
+    ({"actor_rollout_ref.ref.strategy": "fsdp3"}, "actor_rollout_ref.ref.strategy", "'fsdp3' is not a training backend"),
     ({"actor_rollout_ref.actor.global_batch_info.dp_size": 2}, "actor_rollout_ref.actor.global_batch_info",
      "filled in by the actor worker"),
 ]
@@ -250,7 +251,7 @@ def test_verl_strategies_are_accepted_and_critic_strategy_checked(overrides):
     ppo = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
            "critic.ppo_micro_batch_size_per_gpu": 4}
     validate_config(load_config("ppo", overrides(**ppo, **{"critic.strategy": "fsdp"})))
-    with pytest.raises(ConfigError, match="'deepspeed' is not supported") as info:
+    with pytest.raises(ConfigError, match="'deepspeed' is not a training backend") as info:
         validate_config(load_config("ppo", overrides(**ppo, **{"critic.strategy": "deepspeed"})))
     assert info.value.key == "critic.strategy"
 

@@ -32,11 +32,7 @@ VERL_SIGNATURE_ONLY = {
     "f_norm": "verl's GPG argument that its trainer never passes (the paper's optional std scaling)",
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
 }
-VALIDATED_VERL_KEYS = {
-    "actor_rollout_ref.actor.strategy": "verl's training backend; fsdp and fsdp2 both run FSDP2 here, validation "
-                                        "rejects the others (megatron)",
-    "critic.strategy": "the same for the critic",
-}
+VALIDATED_VERL_KEYS: dict[str, str] = {}
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""
 

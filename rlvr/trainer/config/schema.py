@@ -91,6 +91,23 @@ class FSDPConfig(RefFSDPConfig):
     optimizer_offload: bool = _f(False, "keep optimizer state on CPU between phases (GPU only)")
 
 
+@dataclass
+class RefMegatronConfig:
+    """A frozen model's Megatron-LM settings (``strategy=megatron``; verl's keys). Roles that share a
+    process (actor, reference, critic) share one layout: unset sizes follow the actor's."""
+
+    tensor_model_parallel_size: Optional[int] = _f(None, "ranks that split every weight matrix (must divide the key/value heads); None = 1 for the actor, the actor's for reference and critic")
+    pipeline_model_parallel_size: Optional[int] = _f(None, "ranks that split the layers into stages (must divide the layers); None = 1 for the actor, the actor's for reference and critic")
+    param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
+
+
+@dataclass
+class MegatronConfig(RefMegatronConfig):
+    """A trained model's Megatron-LM settings: the frozen model's and its optimizer's offload."""
+
+    optimizer_offload: bool = _f(False, "keep optimizer state on CPU between phases (GPU only)")
+
+
 # ------------------------------------------------------------------------------------------ actor
 @dataclass
 class PolicyLossConfig:
@@ -105,8 +122,9 @@ class PolicyLossConfig:
     ppo_kl_coef: float = _f(0.1, "kl_cov: coefficient of the per-token |log-ratio| penalty")
 
 
-STRATEGIES = ("fsdp", "fsdp2")
-"""Training backends a verl config may name; both run PyTorch FSDP2 over the worker group."""
+STRATEGIES = ("fsdp", "fsdp2", "megatron")
+"""Training backends: ``fsdp``/``fsdp2`` run PyTorch FSDP2 over the worker group, ``megatron`` runs
+megatron-core with tensor/pipeline parallelism (``rlvr[megatron]``, see docs/megatron.md)."""
 
 AGG_LOSS_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 """The loss aggregation modes of ``agg_loss`` (``actor.loss_agg_mode``, ``critic.loss_agg_mode``)."""
@@ -120,7 +138,7 @@ GPG_ALPHA_COUNTS = ("nonzero_score", "informative")
 
 @dataclass
 class ActorConfig:
-    strategy: str = _f("fsdp2", "training backend: fsdp | fsdp2 (both shard with PyTorch FSDP2 over the worker group)")
+    strategy: str = _f("fsdp2", "training backend: fsdp | fsdp2 (PyTorch FSDP2 over the worker group) | megatron (megatron-core tensor/pipeline parallel)")
     ppo_mini_batch_size: int = _f(8, "prompts per optimizer step (times rollout.n sequences)")
     ppo_micro_batch_size_per_gpu: int = _f(8, "sequences per forward/backward on one worker (gradient accumulation)")
     use_dynamic_bsz: bool = _f(False, "size micro-batches by token budget instead of sequence count")
@@ -142,17 +160,20 @@ class ActorConfig:
     global_batch_info: dict = _f({}, "set by the worker, not by users: agg_loss's dp_size/batch_num_tokens/global_batch_size ({} = per micro-batch)")
     optim: OptimConfig = _sub(OptimConfig, "optimizer and schedule")
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
+    megatron: MegatronConfig = _sub(MegatronConfig, "strategy=megatron: tensor/pipeline parallel sizes and offload")
     share_prompt_forward: bool = _f(True, "on one rank, run each distinct prompt of a micro-batch once and its responses on its KV cache (exact; about n times less prompt compute)")
     use_rollout_log_probs: bool = _f(True, "reuse the rollout's exact sampling log-probs as old_log_probs when they match the actor (skips a forward pass)")
 
 
 @dataclass
 class RefConfig:
+    strategy: Optional[str] = _f(None, "training backend of a separate reference: fsdp | fsdp2 | megatron (None = the actor's)")
     log_prob_micro_batch_size_per_gpu: int = _f(16, "sequences per forward when computing reference log-probs")
     log_prob_use_dynamic_bsz: bool = _f("${actor_rollout_ref.actor.use_dynamic_bsz}", "size the reference log-prob micro-batches by token budget (default: the actor's use_dynamic_bsz)")
     log_prob_max_token_len_per_gpu: int = _f("${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}", "token budget of a reference log-prob micro-batch (default: the actor's ppo_max_token_len_per_gpu)")
     ulysses_sequence_parallel_size: int = _f("${actor_rollout_ref.actor.ulysses_sequence_parallel_size}", "Ulysses sequence-parallel ranks of the reference (default: the actor's)")
     fsdp_config: RefFSDPConfig = _sub(RefFSDPConfig, "FSDP2 and offload settings")
+    megatron: RefMegatronConfig = _sub(RefMegatronConfig, "strategy=megatron: parallel sizes and offload")
 
 
 @dataclass
@@ -272,7 +293,7 @@ class CriticModelConfig(ModelConfig):
 @dataclass
 class CriticConfig:
     enable: Optional[bool] = _f(None, "use a critic (None = when the estimator's registry entry needs one, e.g. gae)")
-    strategy: str = _f("fsdp2", "training backend: fsdp | fsdp2 (both shard with PyTorch FSDP2 over the worker group)")
+    strategy: str = _f("fsdp2", "training backend: fsdp | fsdp2 (PyTorch FSDP2 over the worker group) | megatron (megatron-core tensor/pipeline parallel)")
     model: CriticModelConfig = _sub(CriticModelConfig, "critic model; unset fields follow the actor's model")
     optim: OptimConfig = _sub(OptimConfig, "critic optimizer")
     ppo_mini_batch_size: int = _f(8, "prompts per critic optimizer step")
@@ -286,6 +307,7 @@ class CriticConfig:
     grad_clip: float = _f(1.0, "max gradient norm of the critic")
     loss_agg_mode: str = _f("token-mean", "aggregation of the value loss (see actor.loss_agg_mode)")
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
+    megatron: MegatronConfig = _sub(MegatronConfig, "strategy=megatron: tensor/pipeline parallel sizes and offload")
 
 
 # ----------------------------------------------------------------------------------------- reward

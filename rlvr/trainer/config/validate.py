@@ -32,6 +32,7 @@ from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rol
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 from rlvr.utils.registry import Registry, RegistryKeyError
 from rlvr.utils.user_code import is_object_path
+from rlvr.workers.megatron.layout import check_megatron_config, data_parallel_size
 
 PYTHON_TOOL = "rlvr.agent.tools.python_interpreter.PythonInterpreterTool"
 
@@ -133,8 +134,9 @@ def _check_data(cfg: DictConfig, require_data_files: bool) -> None:
 
 
 def _check_batch_sizes(section: DictConfig, prefix: str, cfg: DictConfig, dynamic_bsz: bool) -> None:
-    """``train_batch_size`` splits into mini-batches, each of which splits over workers and micro-batches."""
-    n, workers = cfg.actor_rollout_ref.rollout.n, world_size(cfg)
+    """``train_batch_size`` splits into mini-batches, each of which splits over the data-parallel
+    workers and micro-batches."""
+    n, workers = cfg.actor_rollout_ref.rollout.n, data_parallel_size(cfg, "critic" if prefix == "critic" else "actor")
     mini, train = section.ppo_mini_batch_size, cfg.data.train_batch_size
     _require(mini >= 1, f"{prefix}.ppo_mini_batch_size", "must be >= 1 prompt")
     _require(train % mini == 0, f"{prefix}.ppo_mini_batch_size",
@@ -186,13 +188,15 @@ def check_sequence_parallel_heads(cfg: DictConfig) -> None:
 
 
 def _check_strategy(value: str, key: str) -> None:
-    _require(value in STRATEGIES, key, f"{value!r} is not supported; rlvr trains with PyTorch FSDP2: use "
-             f"{' or '.join(STRATEGIES)} (both mean FSDP2; megatron is not available)")
+    _require(value in STRATEGIES, key, f"{value!r} is not a training backend; use one of {', '.join(STRATEGIES)} "
+             "(fsdp and fsdp2 both mean PyTorch FSDP2)")
 
 
 def _check_actor(cfg: DictConfig) -> None:
     actor = cfg.actor_rollout_ref.actor
     _check_strategy(actor.strategy, "actor_rollout_ref.actor.strategy")
+    if cfg.actor_rollout_ref.ref.strategy is not None:
+        _check_strategy(cfg.actor_rollout_ref.ref.strategy, "actor_rollout_ref.ref.strategy")
     _require(not actor.global_batch_info, "actor_rollout_ref.actor.global_batch_info",
              "is filled in by the actor worker; remove it from the config")
     _check_batch_sizes(actor, "actor_rollout_ref.actor", cfg, actor.use_dynamic_bsz)
@@ -487,6 +491,9 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     check_async_training(cfg, needs is not None and needs.needs_greedy_baseline)
     _check_actor(cfg)
     _check_critic(cfg)
+    roles = ["actor", *(["ref"] if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0 else []),
+             *(["critic"] if cfg.critic.enable else [])]
+    check_megatron_config(cfg, roles)
     _check_reward(cfg)
 
 

@@ -44,17 +44,18 @@ from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.packed_log_probs import packed_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
+from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group, shared_generator
 
-__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden"]
+__all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "response_window"]
 
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
 
 
-def _response_window(batch: dict[str, torch.Tensor]) -> tuple[int, int, int]:
+def response_window(batch: dict[str, torch.Tensor]) -> tuple[int, int, int]:
     """``(start, stop, num_response)``: the columns that are not padding in every row (left padding
     of the prompts, right padding after the longest response) and the response columns among them."""
     attention_mask = batch["attention_mask"]
@@ -79,7 +80,7 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
         ``[b, r, vocab]`` in the model dtype, ``r <= R``: the logits of response tokens ``0..r-1``
         (tokens after ``r`` are padding in every row).
     """
-    start, stop, num_response = _response_window(batch)
+    start, stop, num_response = response_window(batch)
     inputs = _window_inputs(unwrap_hf_model(module), batch, start, stop)
     logits = module(**inputs, use_cache=False, logits_to_keep=num_response + 1).logits[:, :-1]
     if temperature != 1.0:
@@ -99,7 +100,7 @@ def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor], share_pro
     Returns:
         ``(hidden [b, r, H], weight [vocab, H])``.
     """
-    start, stop, num_response = _response_window(batch)
+    start, stop, num_response = response_window(batch)
     model = unwrap_hf_model(module)
     weight = model.get_output_embeddings().weight
     if share_prompts:
@@ -150,6 +151,11 @@ class DataParallelPPOActor:
             packed attention, :func:`~rlvr.workers.packed_attention.use_packed_attention`).
         sp_size: Ulysses sequence-parallel ranks per group (needs ``use_remove_padding``).
     """
+
+    clip_grad_norm_fn = staticmethod(clip_grad_norm)
+    """``(module, max_norm) -> norm``: finishes and clips the gradients (a training backend's own)."""
+    dp_group = None
+    """The data-parallel process group (None: the default group, every rank holds its own data)."""
 
     def __init__(self, config, module: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
@@ -310,6 +316,7 @@ class DataParallelPPOActor:
             lambda micro: self._micro_loss(micro, temperature, bypass_rs),
             len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
+            clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
         )
         out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, update.metric_sums)}
         out["actor/grad_norm"] = update.grad_norm

@@ -19,6 +19,7 @@ from rlvr.trainer.ppo.core_algos import compute_value_loss
 from rlvr.workers.batching import micro_batch_indices, select_batch_keys
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
 from rlvr.workers.critic.packed_values import packed_values
+from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import CriticModel, unwrap_hf_model
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group
@@ -41,6 +42,11 @@ class DataParallelPPOCritic:
         use_remove_padding: run every forward on packed micro-batches.
         sp_size: Ulysses sequence-parallel ranks per group (needs ``use_remove_padding``).
     """
+
+    clip_grad_norm_fn = staticmethod(clip_grad_norm)
+    """``(module, max_norm) -> norm``: finishes and clips the gradients (a training backend's own)."""
+    dp_group = None
+    """The data-parallel process group (None: the default group, every rank holds its own data)."""
 
     def __init__(self, config, module: CriticModel, optimizer: torch.optim.Optimizer, *, mini_batch_size: int,
                  world_size: int, device: str | torch.device, use_remove_padding: bool = False,
@@ -117,6 +123,7 @@ class DataParallelPPOCritic:
             self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_max_token_len_per_gpu),
             self._micro_loss, 2, loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
+            clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
         )
         return {
             "critic/vf_loss": float(update.metric_sums[0]),

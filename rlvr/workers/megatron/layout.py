@@ -1,0 +1,110 @@
+"""Which training backend each model role uses and, for Megatron, its tensor x pipeline x data layout.
+
+Plain Python on the run config (no torch, no megatron-core): the config check and the workers
+both read it. Roles that share a process (the actor, a separate reference, the critic: colocated
+on every rank) share megatron-core's process-global layout, so an unset size of the reference or
+the critic follows the actor's when the actor uses Megatron.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import TYPE_CHECKING
+
+from rlvr.utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RefMegatronConfig
+
+__all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "data_parallel_size",
+           "check_megatron_config"]
+
+MEGATRON_INSTALL = "pip install 'rlvr[megatron]' (or `make setup-megatron` in a clone)"
+"""How to install the Megatron backend, for error messages."""
+
+def megatron_installed() -> bool:
+    """Whether megatron-core is importable (without importing it)."""
+    return importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("megatron.core") is not None
+
+
+def strategy_of(cfg, role: str) -> str:
+    """The strategy of ``role`` (``actor``, ``ref`` or ``critic``); the reference's None is the actor's."""
+    if role == "critic":
+        return cfg.critic.strategy
+    if role == "ref" and cfg.actor_rollout_ref.ref.strategy is not None:
+        return cfg.actor_rollout_ref.ref.strategy
+    return cfg.actor_rollout_ref.actor.strategy
+
+
+def _megatron_config(cfg, role: str) -> RefMegatronConfig:
+    if role == "critic":
+        return cfg.critic.megatron
+    return cfg.actor_rollout_ref.ref.megatron if role == "ref" else cfg.actor_rollout_ref.actor.megatron
+
+
+def megatron_sizes(cfg, role: str) -> tuple[int, int]:
+    """``(tensor_model_parallel_size, pipeline_model_parallel_size)`` of ``role``; unset sizes are 1
+    for the actor and the actor's for the others (1 when the actor does not use Megatron)."""
+    defaults = (1, 1)
+    if role != "actor" and strategy_of(cfg, "actor") == "megatron":
+        defaults = megatron_sizes(cfg, "actor")
+    own = _megatron_config(cfg, role)
+    return (own.tensor_model_parallel_size or defaults[0], own.pipeline_model_parallel_size or defaults[1])
+
+
+def data_parallel_size(cfg, role: str) -> int:
+    """Ranks that hold different data for ``role``: the workers on Ray divided by the model-parallel
+    size with Megatron; 1 on the local backend (where a Megatron worker starts its model-parallel
+    ranks itself)."""
+    if cfg.trainer.backend == "local":
+        return 1
+    workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    if strategy_of(cfg, role) != "megatron":
+        return workers
+    tp, pp = megatron_sizes(cfg, role)
+    return max(1, workers // (tp * pp))
+
+
+_KEYS = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref", "critic": "critic"}
+
+
+def _check_role(cfg, role: str) -> None:
+    key = _KEYS[role]
+    if not megatron_installed():
+        raise ConfigError(f"{key}.strategy", f"megatron needs megatron-core, which is not installed: {MEGATRON_INSTALL}")
+    tp, pp = megatron_sizes(cfg, role)
+    if tp < 1 or pp < 1:
+        raise ConfigError(f"{key}.megatron.tensor_model_parallel_size",
+                          f"the tensor and pipeline parallel sizes must be >= 1, got {tp} and {pp}")
+    model, model_key = ((cfg.critic.model, "critic.model") if role == "critic"
+                        else (cfg.actor_rollout_ref.model, "actor_rollout_ref.model"))
+    if model.lora_rank > 0:
+        raise ConfigError(f"{model_key}.lora_rank", "LoRA is not available with strategy=megatron; train all "
+                          "weights (lora_rank=0) or use strategy=fsdp2")
+    if model.enable_gradient_checkpointing:
+        raise ConfigError(f"{model_key}.enable_gradient_checkpointing", "rlvr's Megatron backend does not recompute "
+                          "activations; set it to false, split the model over more ranks, or use strategy=fsdp2")
+    t = cfg.trainer
+    workers = t.nnodes * t.n_gpus_per_node
+    if t.backend == "ray" and workers % (tp * pp):
+        raise ConfigError(f"{key}.megatron.tensor_model_parallel_size",
+                          f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node) do not split into blocks of "
+                          f"tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp} ranks; use sizes whose "
+                          "product divides the number of workers")
+
+
+def check_megatron_config(cfg, roles: list[str]) -> None:
+    """Raise :class:`ConfigError` when a role of ``roles`` (the model roles the run starts) uses
+    Megatron without megatron-core, with LoRA or activation recomputation, with sizes that do not
+    fit the workers, or with sizes other than another Megatron role of the same processes."""
+    megatron_roles = [role for role in roles if strategy_of(cfg, role) == "megatron"]
+    for role in megatron_roles:
+        _check_role(cfg, role)
+    for role in megatron_roles[1:]:
+        first = megatron_roles[0]
+        if megatron_sizes(cfg, role) != megatron_sizes(cfg, first):
+            raise ConfigError(
+                f"{_KEYS[role]}.megatron.tensor_model_parallel_size",
+                f"(tensor, pipeline) parallel sizes {megatron_sizes(cfg, role)} differ from the {first}'s "
+                f"{megatron_sizes(cfg, first)}; the model roles share each worker process and megatron-core's layout "
+                "is global to a process: give them the same sizes (or leave them unset: they follow the actor's)")

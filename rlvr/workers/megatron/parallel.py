@@ -1,0 +1,133 @@
+"""The parallel layout of a Megatron worker: tensor x pipeline x data parallel ranks and their groups.
+
+Every rank of ``torch.distributed``'s default group (``tp * pp * dp`` ranks) is placed by
+megatron-core's ``parallel_state`` in its default order ``tp-cp-ep-dp-pp``: the tensor-parallel rank
+varies fastest, the pipeline stage slowest, so ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``.
+``parallel_state`` is global to the process: every Megatron role living in one process (actor,
+reference, critic colocated) shares one layout, which the config check enforces.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+
+from rlvr.workers.megatron.cpu_shims import apply_cpu_shims
+
+__all__ = ["MegatronParallel", "init_megatron_parallel", "broadcast_rng_state"]
+
+
+@dataclass(frozen=True)
+class MegatronParallel:
+    """This rank's place in the layout and the process groups (None where a group has one rank).
+
+    Attributes:
+        tp, pp, dp: tensor-parallel, pipeline and data-parallel sizes.
+        tp_rank, pp_rank, dp_rank: this rank's coordinates.
+        tp_group, pp_group, dp_group, mp_group: groups of this rank's tensor-parallel peers, its
+            pipeline, its data-parallel peers and its model-parallel (tensor x pipeline) peers.
+        prev_rank, next_rank, last_stage_rank, mp_src_rank: global ranks of the previous and next
+            pipeline stage, of the last stage of this pipeline, and of model-parallel rank 0.
+        embedding_group: the first and last stage of this pipeline (tied embeddings with ``pp > 1``).
+    """
+
+    tp: int
+    pp: int
+    dp: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    tp_group: object
+    pp_group: object
+    dp_group: object
+    mp_group: object
+    embedding_group: object
+    prev_rank: int
+    next_rank: int
+    last_stage_rank: int
+    mp_src_rank: int
+
+    @property
+    def first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def mp_rank(self) -> int:
+        """This rank's index among its model-parallel peers (0 on the first stage's first TP rank)."""
+        return self.tp_rank + self.tp * self.pp_rank
+
+    @staticmethod
+    def coordinates(rank: int, tp: int, pp: int, world: int) -> tuple[int, int, int]:
+        """``(tp_rank, dp_rank, pp_rank)`` of global ``rank`` (megatron's default order)."""
+        dp = world // (tp * pp)
+        return rank % tp, (rank // tp) % dp, rank // (tp * dp)
+
+
+def _group(size: int, group):
+    return group if size > 1 else None
+
+
+def init_megatron_parallel(tp: int, pp: int, device: str, seed: int, timeout_s: float) -> MegatronParallel:
+    """Build megatron-core's process groups over the default group (once per process) and apply the
+    CPU shims on CPU; returns this rank's :class:`MegatronParallel`.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialised, the world does not split into
+            ``tp x pp`` blocks, or another role of this process set up another layout.
+    """
+    if not dist.is_initialized():
+        raise RuntimeError("the Megatron worker needs torch.distributed; the worker initialises it in _setup()")
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world % (tp * pp):
+        raise RuntimeError(f"{world} ranks do not split into tensor_model_parallel_size={tp} x "
+                           f"pipeline_model_parallel_size={pp} blocks")
+    if parallel_state.model_parallel_is_initialized():
+        have = (parallel_state.get_tensor_model_parallel_world_size(),
+                parallel_state.get_pipeline_model_parallel_world_size())
+        if have != (tp, pp):
+            raise RuntimeError(f"this process already runs a Megatron role with (tensor, pipeline) parallel sizes "
+                               f"{have}; every Megatron role of a process must use the same sizes, got {(tp, pp)}")
+    else:
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+            distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)), create_gloo_process_groups=False,
+        )
+        if device.startswith("cuda"):  # megatron's CUDA RNG states, which attention's dropout forks
+            tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        else:
+            apply_cpu_shims(seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
+    tp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(rank, tp, pp, world)
+    ps = parallel_state
+    if (tp_rank, dp_rank, pp_rank) != (ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank(),
+                                       ps.get_pipeline_model_parallel_rank()):
+        raise RuntimeError("megatron-core placed the ranks in another order than rlvr expects (tp-cp-ep-dp-pp)")
+    dp = world // (tp * pp)
+    return MegatronParallel(
+        tp=tp, pp=pp, dp=dp, tp_rank=tp_rank, pp_rank=pp_rank, dp_rank=dp_rank,
+        tp_group=_group(tp, ps.get_tensor_model_parallel_group()),
+        pp_group=_group(pp, ps.get_pipeline_model_parallel_group()),
+        dp_group=_group(dp, ps.get_data_parallel_group()),
+        mp_group=_group(tp * pp, ps.get_model_parallel_group()),
+        embedding_group=_group(pp, ps.get_embedding_group()),
+        prev_rank=ps.get_pipeline_model_parallel_prev_rank(), next_rank=ps.get_pipeline_model_parallel_next_rank(),
+        last_stage_rank=ps.get_pipeline_model_parallel_last_rank(),
+        mp_src_rank=rank - tp_rank - tp * dp * pp_rank,
+    )
+
+
+def broadcast_rng_state(parallel: MegatronParallel) -> None:
+    """Give every model-parallel peer the CPU RNG state of model-parallel rank 0, so that random
+    choices made on the data (the mini-batch shuffle) agree across the ranks that share it."""
+    if parallel.mp_group is None:
+        return
+    state = [torch.get_rng_state()]
+    dist.broadcast_object_list(state, src=parallel.mp_src_rank, group=parallel.mp_group)
+    torch.set_rng_state(state[0])

@@ -1,0 +1,282 @@
+"""The Megatron workers: the FSDP2 workers' classes with megatron-core models behind the same methods.
+
+:class:`MegatronActorRolloutRefWorker` and :class:`MegatronCriticWorker` subclass
+:class:`~rlvr.workers.engine_workers.ActorRolloutRefWorker` and
+:class:`~rlvr.workers.engine_workers.CriticWorker`: the trainer calls the same methods with the same
+batches and gets the same outputs; ``main_ppo`` picks the classes from ``strategy``. What differs:
+
+- Layout: ``tp x pp`` ranks hold one copy of the model (tensor and pipeline parallel,
+  :mod:`~rlvr.workers.megatron.parallel`), the rest of the worker group is data parallel. The
+  batch methods dispatch with ``DP_MP_COMPUTE`` (each data-parallel group gets one part of the
+  batch; model-parallel rank 0 returns it). On the local backend the driver's worker starts the
+  other ``tp x pp - 1`` ranks itself (:mod:`~rlvr.workers.megatron.local_ranks`).
+- Models: an HF Llama/Qwen2 checkpoint is loaded, cut into this rank's shard
+  (:mod:`~rlvr.workers.megatron.weights`) and trained with rlvr's update loop
+  (:mod:`~rlvr.workers.megatron.actor`).
+- Rollout: generation stays data parallel over every rank (``DP_COMPUTE_PROTO``), on an HF replica
+  of the policy (the model the weights were loaded from) that each weight sync refreshes from the
+  gathered shards; on the local backend only rank 0 holds it. The engine's sampling log-probs are
+  never reused as ``old_log_probs``: the HF replica and the Megatron model agree to about 1e-5,
+  not exactly.
+- Checkpoints: one shard per model-parallel rank (:mod:`~rlvr.workers.megatron.checkpoint`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+import torch.distributed as dist
+from transformers import PreTrainedModel
+
+from rlvr.protocol import DataProto
+from rlvr.single_controller.base.decorator import Dispatch, register
+from rlvr.single_controller.base.worker import RankInfo
+from rlvr.utils.seed import set_seed
+from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
+from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
+from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
+from rlvr.workers.megatron.layout import megatron_sizes
+from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, on_every_rank
+from rlvr.workers.megatron.parallel import MegatronParallel, init_megatron_parallel
+from rlvr.workers.megatron.weights import gather_hf_weights, policy_from_hf, value_model_from_hf
+from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
+from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
+from rlvr.workers.worker_utils import Placement, per_rank_batch_size, set_cpu_threads
+
+__all__ = ["MegatronActorRolloutRefWorker", "MegatronCriticWorker"]
+
+
+def _prepare(worker, role: str, init_args: tuple) -> None:
+    """In ``__init__``: the layout of ``role``, the rank info of ``DP_MP_COMPUTE``, CPU threads and,
+    on the local backend, the started model-parallel ranks."""
+    tp, pp = megatron_sizes(worker.config, role)
+    worker.megatron_role, worker.parallel = role, None
+    if worker.world_size > 1:
+        tp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(worker.rank, tp, pp, worker.world_size)
+        worker.rank_info = RankInfo(rank=worker.rank, world_size=worker.world_size, dp_rank=dp_rank,
+                                    dp_size=worker.world_size // (tp * pp), tp_rank=tp_rank + tp * pp_rank,
+                                    tp_size=tp * pp)
+    elif worker.device == "cpu":  # the local backend: this process and the ranks it starts share the cores
+        set_cpu_threads(worker.config.trainer.num_threads, tp * pp)
+    timeout_s = float(worker.config.trainer.call_timeout_s)
+    worker._local_ranks, worker._local_key = attach_local_ranks(worker, tp * pp, init_args, timeout_s)
+
+
+def _join(worker) -> MegatronParallel:
+    """``_setup``: the process group (Ray) and megatron-core's groups, then the seed."""
+    if worker.world_size > 1:
+        worker.init_process_group(timeout_s=float(worker.config.trainer.call_timeout_s))
+    tp, pp = megatron_sizes(worker.config, worker.megatron_role)
+    seed = int(worker.config.trainer.seed)
+    parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s))
+    set_seed(seed)
+    return parallel
+
+
+class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
+    """Actor, rollout and/or reference on megatron-core (``actor_rollout_ref.actor.strategy=megatron``).
+
+    Args:
+        config: the whole run config.
+        role: as for :class:`~rlvr.workers.engine_workers.ActorRolloutRefWorker`.
+    """
+
+    def __init__(self, config, role: str) -> None:
+        super().__init__(config, role)
+        self._hf_source: PreTrainedModel | None = None
+        _prepare(self, "ref" if role == "ref" else "actor", (config, role))
+
+    def _setup(self) -> None:
+        self.parallel = _join(self)
+
+    def _hf_model(self, cfg) -> PreTrainedModel:
+        """The HF policy the shards are cut from (loaded once per ``init_model``; frozen, CPU)."""
+        if self._hf_source is None:
+            self._hf_source = build_causal_lm(cfg.model, trainable=False)
+        return self._hf_source
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @on_every_rank
+    def init_model(self) -> None:
+        """Load the HF checkpoint into this rank's shards (and the rollout's replica); build the
+        optimizer, the schedule and the engine."""
+        super().init_model()
+        self._hf_source = None
+
+    def _init_actor(self, cfg) -> None:
+        hf = self._hf_model(cfg)
+        module = policy_from_hf(hf, self.parallel).to(self.device)
+        if self._is_rollout and helper_rank() is None:
+            self._rollout_replica = hf.to(self.device)
+        optimizer = build_optimizer(module, cfg.actor.optim)
+        self.lr_scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
+        mini = per_rank_batch_size(cfg.actor.ppo_mini_batch_size, cfg.rollout.n, self.parallel.dp,
+                                   "actor_rollout_ref.actor.ppo_mini_batch_size")
+        self.actor_module = module
+        self.actor = MegatronPPOActor(cfg.actor, module, optimizer, mini_batch_size=mini,
+                                      log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu)
+        self.actor_placement = Placement(module, optimizer, self.device)
+        self._rest_actor()
+
+    def _init_rollout(self, cfg) -> None:
+        if helper_rank() is None:  # a started rank of the local backend holds no engine
+            super()._init_rollout(cfg)
+
+    def _init_ref(self, cfg) -> None:
+        module = policy_from_hf(self._hf_model(cfg), self.parallel).to(self.device).requires_grad_(False)
+        self.ref = MegatronPPOActor(cfg.actor, module, None, mini_batch_size=1,
+                                    log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu)
+        self.ref_placement = Placement(module, None, self.device)
+        self._rest_ref()
+
+    def _rest_actor(self) -> None:
+        megatron = self.config.actor_rollout_ref.actor.megatron
+        self.actor_placement.place(params=not megatron.param_offload, optimizer=not megatron.optimizer_offload)
+
+    def _rest_ref(self) -> None:
+        self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.megatron.param_offload, optimizer=False)
+
+    # ------------------------------------------------------------------ rollout weights
+    def _sync_rollout_weights(self, force: bool = False) -> None:
+        if force or self.rollout.weights_version != self._weights_version:
+            self._load_rollout_weights(self._weights_version)
+
+    @on_every_rank
+    def _load_rollout_weights(self, version: int) -> None:
+        """Gather the actor's shards into HF tensors (every rank takes part) and load them into the
+        rollout engine as weights ``version``."""
+        self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
+        weights = gather_hf_weights(self.actor_module)
+        if self.rollout is None:
+            deque(weights, maxlen=0)
+            return
+        self.rollout.wake_up()
+        self.rollout.update_weights(weights, version)
+
+    def _reuse_rollout_log_probs(self, data: DataProto, temperature: float, calculate_entropy: bool) -> bool:
+        return False
+
+    # ------------------------------------------------------------------ batch methods on every model rank
+    @register(dispatch_mode=Dispatch.DP_MP_COMPUTE)
+    @on_every_rank
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """``old_log_probs [B, R]`` (and ``entropys``), from the Megatron actor."""
+        return super().compute_log_prob(data)
+
+    @register(dispatch_mode=Dispatch.DP_MP_COMPUTE)
+    @on_every_rank
+    def update_actor(self, data: DataProto) -> DataProto:
+        """PPO update on the batch; one LR-schedule step."""
+        return super().update_actor(data)
+
+    @register(dispatch_mode=Dispatch.DP_MP_COMPUTE)
+    @on_every_rank
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        """``ref_log_prob [B, R]`` under the reference policy."""
+        return super().compute_ref_log_prob(data)
+
+    # ------------------------------------------------------------------ checkpoints and export
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @on_every_rank
+    def save_checkpoint(self, path: str) -> None:
+        """Write every model-parallel rank's shard of the actor, its optimizer and LR schedule."""
+        self._require(self._is_actor, "save_checkpoint", "actor")
+        self.actor_placement.place(params=True, optimizer=True)
+        save_megatron_state(path, self.actor_module, self.actor.optimizer, self.lr_scheduler, self.parallel)
+        self._rest_actor()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @on_every_rank
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (same tensor x pipeline sizes)."""
+        self._require(self._is_actor, "load_checkpoint", "actor")
+        self.actor_placement.place(params=True, optimizer=True)
+        load_megatron_state(path, self.actor_module, self.actor.optimizer, self.lr_scheduler, self.parallel)
+        self._weights_version += 1
+        self._rest_actor()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @on_every_rank
+    def export_hf(self, path: str) -> None:
+        """Write the actor's gathered weights and the tokenizer as a Hugging Face folder at ``path``."""
+        self._require(self._is_actor, "export_hf", "actor")
+        self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
+        export_megatron_hf(path, self.actor_module, self.tokenizer, dist.get_rank())
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @on_every_rank
+    def get_actor_weights(self) -> dict[str, torch.Tensor]:
+        """The actor's full weights (HF names, a tied head under both names) on rank 0, ``{}`` elsewhere."""
+        self._require(self._is_actor, "get_actor_weights", "actor")
+        self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
+        state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in gather_hf_weights(self.actor_module)}
+        if self.actor_module.shape.tied:
+            state["lm_head.weight"] = state["model.embed_tokens.weight"]
+        return state if dist.get_rank() == 0 else {}
+
+
+class MegatronCriticWorker(CriticWorker):
+    """The value model on megatron-core (``critic.strategy=megatron``).
+
+    Args:
+        config: the whole run config.
+    """
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        _prepare(self, "critic", (config,))
+
+    def _setup(self) -> None:
+        self.parallel = _join(self)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @on_every_rank
+    def init_model(self) -> None:
+        """Load the HF critic (backbone and value head) into this rank's shards; build the optimizer
+        and the schedule."""
+        self._setup()
+        cfg = self.config.critic
+        self.tokenizer = critic_tokenizer(self.config)
+        path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
+        module = value_model_from_hf(build_critic(cfg.model, path), self.parallel).to(self.device)
+        optimizer = build_optimizer(module, cfg.optim)
+        self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
+        mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n, self.parallel.dp,
+                                   "critic.ppo_mini_batch_size")
+        self.critic_module = module
+        self.critic = MegatronPPOCritic(cfg, module, optimizer, mini_batch_size=mini)
+        self.placement = Placement(module, optimizer, self.device)
+        self._rest()
+
+    def _rest(self) -> None:
+        megatron = self.config.critic.megatron
+        self.placement.place(params=not megatron.param_offload, optimizer=not megatron.optimizer_offload)
+
+    @register(dispatch_mode=Dispatch.DP_MP_COMPUTE)
+    @on_every_rank
+    def compute_values(self, data: DataProto) -> DataProto:
+        """``values [B, R]`` of the response positions."""
+        return super().compute_values(data)
+
+    @register(dispatch_mode=Dispatch.DP_MP_COMPUTE)
+    @on_every_rank
+    def update_critic(self, data: DataProto) -> DataProto:
+        """Clipped value-loss update on the batch; one LR-schedule step."""
+        return super().update_critic(data)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @on_every_rank
+    def save_checkpoint(self, path: str) -> None:
+        """Write every model-parallel rank's shard of the critic, its optimizer and LR schedule."""
+        self.placement.place(params=True, optimizer=True)
+        save_megatron_state(path, self.critic_module, self.critic.optimizer, self.lr_scheduler, self.parallel)
+        self._rest()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @on_every_rank
+    def load_checkpoint(self, path: str) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (same tensor x pipeline sizes)."""
+        self.placement.place(params=True, optimizer=True)
+        load_megatron_state(path, self.critic_module, self.critic.optimizer, self.lr_scheduler, self.parallel)
+        self._rest()

@@ -1,0 +1,108 @@
+"""The CPU shims of rlvr.workers.megatron.cpu_shims: the installed megatron-core is one they were
+checked on, every site they patch or avoid still looks the way the shims assume (an upgrade that
+changes one fails here, loudly, instead of silently running CUDA code paths), and the shims work."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+from packaging.specifiers import SpecifierSet
+
+pytestmark = pytest.mark.megatron
+pytest.importorskip("megatron.core")
+
+import megatron.core  # noqa: E402
+from megatron.core import parallel_state  # noqa: E402
+from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax  # noqa: E402
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding  # noqa: E402
+from megatron.core.models.common.language_module.language_module import LanguageModule  # noqa: E402
+from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: E402
+from megatron.core.tensor_parallel import random as megatron_random  # noqa: E402
+from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
+from megatron.core.transformer.transformer_block import TransformerBlock  # noqa: E402
+from megatron.core.utils import GlobalMemoryBuffer  # noqa: E402
+
+from rlvr.workers.megatron.cpu_shims import (  # noqa: E402
+    MODEL_PARALLEL_RNG,
+    SUPPORTED_VERSIONS,
+    CpuMemoryBuffer,
+    CpuRNGStatesTracker,
+    apply_cpu_shims,
+)
+
+UPGRADE = "megatron-core changed a site that rlvr's CPU shims rely on: re-check rlvr/workers/megatron/cpu_shims.py"
+
+
+def _source(obj) -> str:
+    return inspect.getsource(obj)
+
+
+def test_the_installed_version_is_one_the_shims_were_checked_on():
+    assert megatron.core.__version__ in SpecifierSet(SUPPORTED_VERSIONS), UPGRADE
+    pyproject = Path(__file__).parents[2] / "pyproject.toml"
+    assert f'"megatron-core{SUPPORTED_VERSIONS}"' in pyproject.read_text()  # the rlvr[megatron] pin is this range
+
+
+def test_the_patched_sites_still_assume_cuda():
+    """Shim 1: the tracker's add/fork use CUDA generator states; shim 2: the buffer allocates on
+    CUDA; both objects are module globals that attention reaches on every forward."""
+    tracker = megatron_random.CudaRNGStatesTracker
+    assert "torch.cuda.manual_seed" in _source(tracker.add), UPGRADE
+    assert "_get_cuda_rng_state" in _source(tracker.fork) and "_set_cuda_rng_state" in _source(tracker.fork), UPGRADE
+    assert "torch.cuda.current_device()" in _source(GlobalMemoryBuffer.get_tensor), UPGRADE
+    assert {"_CUDA_RNG_STATE_TRACKER", "_CUDA_RNG_STATE_TRACKER_INITIALIZED"} <= set(vars(megatron_random)), UPGRADE
+    assert "_GLOBAL_MEMORY_BUFFER" in vars(parallel_state), UPGRADE
+    attention = _source(DotProductAttention.forward)
+    assert "get_cuda_rng_tracker().fork()" in attention and "get_global_memory_buffer()" in attention, UPGRADE
+    assert "if _CUDA_RNG_STATE_TRACKER_INITIALIZED:\n        return" in _source(megatron_random.initialize_rng_tracker)
+
+
+def test_the_avoided_sites_are_still_avoided():
+    """Shim 3: RoPE's CUDA ``inv_freq`` is only built for position_embedding_type rope/yarn/mrope;
+    shim 4: the default causal mask only without a mask; shim 5: the ``.cuda()`` copy of a tied
+    embedding only for tied embeddings over several stages; a later stage reads its input from
+    ``set_input_tensor``."""
+    assert "torch.cuda.current_device()" in _source(RotaryEmbedding.__init__), UPGRADE
+    model_init = _source(GPTModel.__init__)
+    assert "if self.position_embedding_type == 'rope'" in model_init, UPGRADE
+    assert "self.position_embedding_type == 'none'" not in model_init, UPGRADE
+    softmax = _source(FusedScaleMaskSoftmax.forward_torch_softmax)
+    assert "mask is None and sq > 1" in softmax and "get_default_causal_mask" in softmax, UPGRADE
+    tied = _source(LanguageModule.setup_embeddings_and_output_layer)
+    assert "weight.data.cuda()" in tied and "pipeline_model_parallel_size == 1" in tied, UPGRADE
+    assert "hidden_states = self.input_tensor" in _source(TransformerBlock.forward), UPGRADE
+
+
+def test_the_cpu_rng_tracker_forks_the_cpu_generator():
+    tracker = CpuRNGStatesTracker()
+    tracker.add(MODEL_PARALLEL_RNG, 1234)
+    torch.manual_seed(0)
+    outer = torch.get_rng_state()
+    with tracker.fork():
+        first = torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), outer)  # the caller's stream is untouched
+    with tracker.fork():
+        second = torch.rand(3)
+    expected = torch.rand(6, generator=torch.Generator().manual_seed(1234))
+    assert torch.equal(torch.cat([first, second]), expected)  # the forked stream continues
+    with pytest.raises(ValueError, match="already tracked"):
+        tracker.add("other", 1234)
+
+
+def test_apply_cpu_shims_installs_cpu_objects():
+    saved = (megatron_random._CUDA_RNG_STATE_TRACKER, megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED,
+             parallel_state._GLOBAL_MEMORY_BUFFER)
+    try:
+        apply_cpu_shims(99)
+        assert isinstance(megatron_random.get_cuda_rng_tracker(), CpuRNGStatesTracker)
+        buffer = parallel_state.get_global_memory_buffer()
+        assert isinstance(buffer, CpuMemoryBuffer)
+        view = buffer.get_tensor((2, 3), torch.float32, "mpu")
+        assert view.device.type == "cpu" and view.shape == (2, 3)
+        assert buffer.get_tensor((1, 2), torch.float32, "mpu").data_ptr() == view.data_ptr()  # reused
+    finally:
+        (megatron_random._CUDA_RNG_STATE_TRACKER, megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED,
+         parallel_state._GLOBAL_MEMORY_BUFFER) = saved

@@ -1,0 +1,57 @@
+"""Which backend and layout each role gets, and the config errors of strategy=megatron (no
+megatron-core needed: the check must work where it is not installed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.trainer.config import check_config, load_config
+from rlvr.utils.errors import ConfigError
+from rlvr.workers.megatron import layout
+from rlvr.workers.megatron.layout import check_megatron_config, data_parallel_size, megatron_sizes, strategy_of
+
+
+def _config(*overrides: str):
+    return load_config("grpo", ["trainer.backend=ray", "trainer.n_gpus_per_node=4", *overrides])
+
+
+MEGATRON_ACTOR = ("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2")
+
+
+def test_unset_sizes_follow_the_actor_and_data_parallelism_takes_the_rest():
+    cfg = _config(*MEGATRON_ACTOR, "critic.strategy=megatron")
+    assert strategy_of(cfg, "ref") == "megatron" and megatron_sizes(cfg, "ref") == (2, 1)
+    assert megatron_sizes(cfg, "critic") == (2, 1)
+    assert data_parallel_size(cfg, "actor") == 2 and data_parallel_size(cfg, "critic") == 2
+    fsdp_actor = _config("critic.strategy=megatron")
+    assert megatron_sizes(fsdp_actor, "critic") == (1, 1) and data_parallel_size(fsdp_actor, "actor") == 4
+    assert data_parallel_size(_config(*MEGATRON_ACTOR, "trainer.backend=local", "trainer.n_gpus_per_node=1"),
+                              "actor") == 1  # the local backend's worker starts its model-parallel ranks itself
+    assert strategy_of(_config("actor_rollout_ref.ref.strategy=megatron"), "ref") == "megatron"
+
+
+def test_the_config_check_names_the_key(monkeypatch):
+    monkeypatch.setattr(layout, "megatron_installed", lambda: True)
+    check_megatron_config(_config(*MEGATRON_ACTOR), ["actor", "ref"])
+    cases = {
+        ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",):
+            ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "4 workers"),
+        ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4",):
+            ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size", r"\(4, 1\) differ from the actor's \(2, 1\)"),
+        ("actor_rollout_ref.model.lora_rank=8",): ("actor_rollout_ref.model.lora_rank", "LoRA is not available"),
+        ("actor_rollout_ref.model.enable_gradient_checkpointing=true",):
+            ("actor_rollout_ref.model.enable_gradient_checkpointing", "does not recompute"),
+    }
+    for overrides, (key, message) in cases.items():
+        with pytest.raises(ConfigError, match=message) as err:
+            check_megatron_config(_config(*MEGATRON_ACTOR, *overrides), ["actor", "ref"])
+        assert err.value.key == key
+
+
+def test_megatron_without_megatron_core_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(layout, "megatron_installed", lambda: False)
+    with pytest.raises(ConfigError, match=r"megatron-core, which is not installed: pip install 'rlvr\[megatron\]'") as err:
+        check_config(load_config("grpo", ["critic.enable=true", "critic.strategy=megatron", "algorithm.adv_estimator=gae"]),
+                     require_data_files=False)
+    assert err.value.key == "critic.strategy"
+    check_config(load_config("grpo", ["critic.strategy=megatron"]), require_data_files=False)  # no critic: nothing to install
