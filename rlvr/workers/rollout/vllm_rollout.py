@@ -119,6 +119,8 @@ class VLLMRollout:
             "max_model_len": int(cfg.prompt_length) + int(cfg.response_length),
             "logprobs_mode": "processed_logprobs",
         }
+        if cfg.quantization is not None:  # vLLM quantises the weights it loads (its own key and values)
+            options["quantization"] = cfg.quantization
         if cfg.max_num_batched_tokens is not None:
             options["max_num_batched_tokens"] = int(cfg.max_num_batched_tokens)
         if cfg.kv_cache_memory_bytes is not None or not self.on_gpu:
