@@ -102,7 +102,7 @@ def _main_job(ctx: Context, result: Path, steps: int, *extra: str) -> list[str]:
     ]
     if not ctx.gpu:  # the tiny rehearsal: fewer held-out prompts and prompts per step
         overrides += ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-                      "actor_rollout_ref.rollout.n=4", "data.val_max_samples=4"]
+                      "data.val_max_samples=4"]
     return ["rlvr.trainer.main_ppo", "--preset", "main_job", *overrides, *extra]
 
 
@@ -149,9 +149,15 @@ def _megatron(ctx: Context, result: Path) -> list[str] | str:
             "-o", "addopts=", "-m", "gpu"]
 
 
+def _make_model(ctx: Context, result: Path) -> list[str]:
+    return ["benchmarks.gpu_steps", "make-model", "--size", ctx.size, "--tokenizer", str(ctx.bench / "tokenizer"),
+            "--out", str(ctx.model_dir)]
+
+
 STEPS = (
     Step("gpu_tests", "1 correctness", (150, 300), _gpu_tests),
     Step("logprobs", "1 correctness", (90, 300), _logprobs),
+    Step("make_model", "1 correctness", (60, 120), _make_model),
     Step("main_job", "1 correctness", (150, 300), lambda ctx, result: _main_job(ctx, result, 1)),
     Step("trl", "2 against TRL", (240, 400), _trl),
     Step("hybrid_memory", "3 hybrid memory", (150, 300), _hybrid),
@@ -310,7 +316,6 @@ def run_all(ctx: Context, budget_s: float, only: set[str] | None) -> list[dict]:
     _append_jsonl(ctx.out / "results.jsonl", env)
     print(json.dumps(env), flush=True)
     started, records = time.perf_counter(), []
-    needs_model = {"main_job", "fp8_train"}
     for step in STEPS:
         if only is not None and step.name not in only:
             continue
@@ -320,8 +325,6 @@ def run_all(ctx: Context, budget_s: float, only: set[str] | None) -> list[dict]:
             record = {"step": step.name, "group": step.group, "status": "skipped",
                       "reason": f"budget: {left:.0f} s of {budget_s:.0f} s left"}
         else:
-            if step.name in needs_model and not (ctx.model_dir / "config.json").is_file():
-                _make_model(ctx)
             record = run_step(step, ctx, timeout)
         records.append(record)
         _append_jsonl(ctx.out / "results.jsonl", record)
@@ -329,13 +332,6 @@ def run_all(ctx: Context, budget_s: float, only: set[str] | None) -> list[dict]:
         print(_summary_line(record), flush=True)
     print(f"total {time.perf_counter() - started:.0f} s", flush=True)
     return records
-
-
-def _make_model(ctx: Context) -> None:
-    argv = [sys.executable, "-m", "benchmarks.gpu_checks", "--exec", "benchmarks.gpu_steps", "make-model", "--size",
-            ctx.size, "--tokenizer", str(ctx.bench / "tokenizer"), "--out", str(ctx.model_dir)]
-    env = {**os.environ, "RLVR_GPU_SIM": "1" if ctx.simulate else "0"}
-    subprocess.run(argv, cwd=REPO, env=env, check=True, timeout=120, capture_output=True)
 
 
 def exec_module(argv: list[str]) -> None:
@@ -356,7 +352,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder of results.jsonl, steps.log, summary.md")
     parser.add_argument("--work", help="scratch folder (model, run dirs; default: a temporary folder)")
     parser.add_argument("--bench", default=str(REPO / ".bench"), help="the carried bundle: tokenizer/, arith/, COMMIT")
-    parser.add_argument("--budget-s", type=float, help="wall-clock budget of all steps (default 510 on cuda, 1500 on cpu)")
+    parser.add_argument("--budget-s", type=float, help="wall-clock budget of all steps (default 500 on cuda, 1500 on cpu)")
     parser.add_argument("--steps", help="comma list: run only these steps")
     parser.add_argument("--simulate-gpu-imports", choices=("auto", "on", "off"), default="auto",
                         help="block the imports the GPU machine lacks (auto: on with --device cpu)")
@@ -375,10 +371,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = (names or set()) - {step.name for step in STEPS}
     if unknown:
         raise SystemExit(f"unknown steps {sorted(unknown)}; the steps are {', '.join(s.name for s in STEPS)}")
+    bench = Path(args.bench)
+    missing = [str(p) for p in (bench / "tokenizer", bench / "arith" / "train.jsonl") if not p.exists()]
+    if missing:
+        raise SystemExit(f"the bundle is incomplete ({', '.join(missing)} missing): run "
+                         "benchmarks/prepare_gpu_bundle.sh here and carry .whl and .bench")
     with tempfile.TemporaryDirectory(prefix="rlvr_gpu_checks_") as scratch:
         ctx = Context(device=args.device, size=args.size or ("smollm2-135m" if gpu else "tiny"), out=Path(args.out),
-                      work=Path(args.work or scratch), bench=Path(args.bench), simulate=simulate)
-        records = run_all(ctx, args.budget_s or (510.0 if gpu else 1500.0), names)
+                      work=Path(args.work or scratch), bench=bench, simulate=simulate)
+        records = run_all(ctx, args.budget_s or (500.0 if gpu else 1500.0), names)
     return 0 if all(r["status"] in ("ok", "skipped") for r in records) else 1
 
 

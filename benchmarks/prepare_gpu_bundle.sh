@@ -3,7 +3,7 @@
 # the device call; both folders are git-ignored and named in the call's `carry`):
 #   .whl/    wheels of the packages the machine does not have (Python 3.12, torch 2.11, transformers
 #            5.17, accelerate, peft are there; TRL, datasets, tensordict, omegaconf are not; Ray is not
-#            needed: the GPU runs use the local backend). About 3 MB.
+#            needed: the GPU runs use the local backend). About 4.5 MB.
 #   .bench/  tokenizer/ (the SmolLM2 tokenizer as a folder), arith/ (the main job's data),
 #            COMMIT (the commit the bundle was made from). About 6 MB.
 # The SmolLM2 weights do not travel (the GGUF file is 98 MB, the carried tree at most 64 MiB): the
@@ -16,7 +16,10 @@ rm -rf .whl && mkdir -p .whl .bench
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d .whl trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 omegaconf==2.4.0 \
-    antlr4-python3-runtime==4.13.2 tensordict==0.15.3 pyvers==0.2.3
+    antlr4-python3-runtime==4.13.2 tensordict==0.15.3 pyvers==0.2.3 pycocotools==2.0.11
+# rlvr imports every reward worker with the trainer (detection: pycocotools; IFEval: langdetect, which
+# PyPI has as source only: a wheel is built here, pure Python)
+$PY -m pip wheel -q --no-deps -w .whl langdetect==1.0.9
 $PY -c "from rlvr.utils.model import load_tokenizer; load_tokenizer('smollm2-135m-instruct').save_pretrained('.bench/tokenizer')"
 test -f data/arith/test.jsonl || $PY -m rlvr.data_prep.reasoning_gym --out data/arith
 rm -rf .bench/arith && cp -r data/arith .bench/arith

@@ -75,7 +75,7 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
         reward_fn: the training reward function (default: the reward manager the config names).
     """
     # Imported here: the command checks the config before paying for torch, Ray and transformers.
-    from rlvr.single_controller import get_worker_group_cls, init_ray
+    from rlvr.single_controller import get_worker_group_cls
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
     from rlvr.trainer.ppo.reward import load_reward_manager
     from rlvr.utils.seed import set_seed
@@ -97,8 +97,10 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
                             ray_worker_group_cls=get_worker_group_cls(cfg.trainer.backend),
                             reward_fn=reward_fn, val_reward_fn=val_reward_fn, device_name="cuda" if use_gpu else "cpu")
     started_ray = False
-    if cfg.trainer.backend == "ray":
+    if cfg.trainer.backend == "ray":  # the local backend runs without Ray installed
         import ray
+
+        from rlvr.single_controller import init_ray
 
         if not ray.is_initialized():
             workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node

@@ -43,7 +43,7 @@ from omegaconf import OmegaConf
 from rlvr.agent.metrics import tool_use_metrics
 from rlvr.protocol import DataProto
 from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
-from rlvr.single_controller import ClassWithInitArgs, RayWorkerGroup, WorkerGroup
+from rlvr.single_controller import ClassWithInitArgs, WorkerGroup
 from rlvr.trainer.checkpoint import RunCheckpoints
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
@@ -108,7 +108,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             ``Role.ActorRolloutRef``), ``Role.Critic`` with a critic, ``Role.RefPolicy`` when a
             reference is needed and the actor does not provide it (LoRA).
         resource_pool_manager: pools and role -> pool mapping.
-        ray_worker_group_cls: ``RayWorkerGroup`` or ``LocalWorkerGroup``.
+        ray_worker_group_cls: ``RayWorkerGroup`` (None: that, imported here, so that the local
+            backend runs without Ray installed) or ``LocalWorkerGroup``.
         processor: multimodal processor (passed to the datasets).
         reward_fn: training reward manager (``compute_reward(data, reward_fn)``); None when
             ``reward.routes`` is set (the trainer then routes rewards, see :mod:`rlvr.reward.routing`).
@@ -121,7 +122,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     """
 
     def __init__(self, config, tokenizer, role_worker_mapping: dict[Role, type], resource_pool_manager:
-                 ResourcePoolManager, ray_worker_group_cls: type = RayWorkerGroup, processor=None,
+                 ResourcePoolManager, ray_worker_group_cls: type | None = None, processor=None,
                  reward_fn=None, val_reward_fn=None, train_dataset=None, val_dataset=None, collate_fn=None,
                  train_sampler=None, device_name=None) -> None:
         self.config = to_config(config)
@@ -131,6 +132,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         self.processor = processor
         self.role_worker_mapping = role_worker_mapping
         self.resource_pool_manager = resource_pool_manager
+        if ray_worker_group_cls is None:
+            from rlvr.single_controller import RayWorkerGroup as ray_worker_group_cls
         self.ray_worker_group_cls = ray_worker_group_cls
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.device_name = device_name or _resolve_device(self.config.trainer.device)
