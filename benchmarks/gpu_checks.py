@@ -294,6 +294,15 @@ def _summary_line(record: dict) -> str:
     elif record["step"] == "fp8_rollout" and "fp8_speedup" in result:
         note = (f"fp8 speed-up {result['fp8_speedup']:.2f}x, |dlogp| vs actor max "
                 f"{result['log_prob_gap']['fp8_vs_actor_same_dtype']['max']:.3g}")
+    elif record["step"] == "hybrid_memory" and "settings" in result:
+        note = "; ".join(f"{name}: gen {s['stage_peak_gib'].get('gen', float('nan')):.2f} GiB, update "
+                         f"{s['stage_peak_gib'].get('update_actor', float('nan')):.2f} GiB, "
+                         f"{s.get('offload_cost_s_per_step', 0.0):+.2f} s/step" for name, s in result["settings"].items())
+    elif record["step"] in ("main_job", "fp8_train") and result.get("steps"):
+        last = result["steps"][-1]
+        note = ", ".join(f"{k.split('/')[-1]} {last[k]:.3g}" for k in
+                         ("timing/step", "training/rollout_log_probs_diff_max", "rollout_corr/rollout_is_mean")
+                         if k in last)
     elif "tests" in result:
         note = f"{result['tests']} tests, {result['failures'] + result['errors']} failed, {result['skipped']} skipped"
     elif record["step"] == "logprobs" and "float32" in result:
@@ -309,7 +318,9 @@ def write_summary(ctx: Context, records: list[dict], env: dict) -> None:
     tmp.replace(ctx.out / "summary.md")
 
 
-def run_all(ctx: Context, budget_s: float, only: set[str] | None) -> list[dict]:
+def run_all(ctx: Context, budget_s: float, only: set[str] | None, min_step_s: float = MIN_STEP_S) -> list[dict]:
+    """Run the steps in order (``only``: these), each within what is left of ``budget_s``; a step
+    with less than ``min_step_s`` left is skipped. Returns the records (also in results.jsonl)."""
     ctx.out.mkdir(parents=True, exist_ok=True)
     ctx.work.mkdir(parents=True, exist_ok=True)
     env = environment(ctx)
@@ -321,9 +332,9 @@ def run_all(ctx: Context, budget_s: float, only: set[str] | None) -> list[dict]:
             continue
         left = budget_s - (time.perf_counter() - started)
         timeout = min(step.timeout_s[0 if ctx.gpu else 1], left)
-        if timeout < MIN_STEP_S:
+        if timeout < min_step_s:
             record = {"step": step.name, "group": step.group, "status": "skipped",
-                      "reason": f"budget: {left:.0f} s of {budget_s:.0f} s left"}
+                      "reason": f"budget: {max(left, 0.0):.0f} s of {budget_s:.0f} s left"}
         else:
             record = run_step(step, ctx, timeout)
         records.append(record)
@@ -340,7 +351,7 @@ def exec_module(argv: list[str]) -> None:
     if os.environ.get("RLVR_GPU_SIM") == "1":
         from benchmarks.gpu_sim import install
 
-        install(REPO / ".whl")
+        install()
     sys.argv = list(argv)
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 

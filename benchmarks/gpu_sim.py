@@ -1,7 +1,7 @@
 """Rehearse the GPU machine's Python environment on this machine: block the imports it cannot do.
 
 The lent GPU machine has its own fixed set of Python distributions (``gpu_machine_packages.txt``)
-plus the wheels carried in ``.whl/`` (``prepare_gpu_bundle.sh``). :func:`install` puts a finder in
+plus the wheels carried in ``.whl/`` (``gpu_bundle_wheels.txt``, fetched by ``prepare_gpu_bundle.sh``). :func:`install` puts a finder in
 front of ``sys.meta_path`` that refuses a top-level third-party module whose distribution is in
 neither set, with the error the GPU machine would give, so that the CPU rehearsal of
 ``benchmarks/gpu_checks.py`` fails here on an import the GPU machine lacks.
@@ -25,6 +25,7 @@ __all__ = ["gpu_machine_packages", "carried_packages", "install", "normalize"]
 
 HERE = Path(__file__).resolve().parent
 PACKAGES_FILE = HERE / "gpu_machine_packages.txt"
+WHEELS_FILE = HERE / "gpu_bundle_wheels.txt"
 
 
 def normalize(name: str) -> str:
@@ -38,9 +39,10 @@ def gpu_machine_packages() -> set[str]:
     return {normalize(line.strip()) for line in lines if line.strip() and not line.startswith("#")}
 
 
-def carried_packages(wheel_dir: Path) -> set[str]:
-    """The distributions of the wheels in ``wheel_dir`` (``name-version-...whl``)."""
-    return {normalize(path.name.split("-")[0]) for path in wheel_dir.glob("*.whl")}
+def carried_packages() -> set[str]:
+    """The distributions carried as wheels (``gpu_bundle_wheels.txt``, normalised names)."""
+    lines = WHEELS_FILE.read_text().splitlines()
+    return {normalize(line.split("==")[0].strip()) for line in lines if line.strip() and not line.startswith("#")}
 
 
 def _importer_file() -> str:
@@ -93,12 +95,12 @@ class _Blocker(importlib.abc.MetaPathFinder):
             return None
         raise ModuleNotFoundError(
             f"No module named {fullname!r} on the GPU machine (distribution {', '.join(sorted(dists))} is neither "
-            "installed there nor carried in .whl/; add its wheel to benchmarks/prepare_gpu_bundle.sh)", name=fullname)
+            "installed there nor carried in .whl/; add it to benchmarks/gpu_bundle_wheels.txt)", name=fullname)
 
 
-def install(wheel_dir: Path) -> None:
+def install() -> None:
     """Block the imports the GPU machine cannot do (see the module docstring); idempotent."""
     if any(isinstance(finder, _Blocker) for finder in sys.meta_path):
         return
-    carried = carried_packages(wheel_dir)
+    carried = carried_packages()
     sys.meta_path.insert(0, _Blocker(gpu_machine_packages() | carried | {"rlvr"}, carried))

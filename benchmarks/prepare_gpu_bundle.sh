@@ -13,13 +13,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 rm -rf .whl && mkdir -p .whl .bench
+LIST=benchmarks/gpu_bundle_wheels.txt
 $PY -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d .whl trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19 omegaconf==2.4.0 \
-    antlr4-python3-runtime==4.13.2 tensordict==0.15.3 pyvers==0.2.3 pycocotools==2.0.11
-# rlvr imports every reward worker with the trainer (detection: pycocotools; IFEval: langdetect, which
-# PyPI has as source only: a wheel is built here, pure Python)
-$PY -m pip wheel -q --no-deps -w .whl langdetect==1.0.9
+    -d .whl $(grep -v '^#' $LIST | grep -v ' source$')
+# PyPI has only the source of these: a wheel is built here (pure Python)
+$PY -m pip wheel -q --no-deps -w .whl $(grep ' source$' $LIST | cut -d' ' -f1)
 $PY -c "from rlvr.utils.model import load_tokenizer; load_tokenizer('smollm2-135m-instruct').save_pretrained('.bench/tokenizer')"
 test -f data/arith/test.jsonl || $PY -m rlvr.data_prep.reasoning_gym --out data/arith
 rm -rf .bench/arith && cp -r data/arith .bench/arith

@@ -38,7 +38,8 @@ class HFRollout:
 
     Args:
         config: the ``rollout`` section (``response_length``, ``micro_batch_size``, ``stop``,
-            ``ignore_eos``, sampling settings, ``val_kwargs``).
+            ``ignore_eos``, sampling settings, ``val_kwargs``, ``quantization``: ``fp8`` puts the
+            linear layers in e4m3, see :mod:`~rlvr.workers.rollout.fp8`).
         module: the policy model (a ``PreTrainedModel`` or peft model, not FSDP-sharded).
         tokenizer: for the EOS/pad ids and for decoding stop strings.
         device: where generation runs.

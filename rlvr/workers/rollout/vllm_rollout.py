@@ -75,7 +75,7 @@ class VLLMRollout:
             ``ignore_eos``, ``val_kwargs`` and the vLLM keys: ``dtype``, ``gpu_memory_utilization``,
             ``enforce_eager``, ``enable_prefix_caching``, ``enable_sleep_mode``,
             ``max_num_batched_tokens``, ``max_num_seqs``, ``load_format``, ``kv_cache_memory_bytes``,
-            ``block_size``).
+            ``block_size``, ``quantization``: vLLM's own ``quantization`` key).
         module: the policy model (plain, peft or FSDP-sharded: the engine reads its config, parameter
             names and LoRA scale; the weights come through :meth:`update_weights`).
         tokenizer: the policy's tokenizer.
