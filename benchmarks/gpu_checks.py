@@ -8,9 +8,10 @@ and the whole run keeps to ``--budget-s``: a step that would not fit is recorded
 Steps, in the issue's order:
 
 1. ``gpu_tests`` (``pytest tests/gpu``, Megatron's files left to step 5), ``logprobs`` (HF engine
-   against the actor, fp32 and bf16: ``benchmarks/gpu_steps.py``), ``main_job`` (one GRPO step of
-   the main job on the GPU: ``--preset main_job`` on a random-init model of its architecture, its
-   data, the answer check of ``benchmarks/gpu_reward.py``);
+   against the actor, fp32 and bf16: ``benchmarks/gpu_steps.py``), ``make_model`` (a random-init
+   model of the workload's architecture with the real tokenizer), ``main_job`` (one GRPO step of
+   the main job on the GPU: ``--preset main_job`` on that model, its data, the answer check of
+   ``benchmarks/gpu_reward.py``);
 2. ``trl``: rlvr against TRL side by side (``benchmarks/bench_grpo_vs_trl.py``);
 3. ``hybrid_memory``: offload settings (``benchmarks/bench_hybrid_memory.py``);
 4. ``fp8_rollout`` (speed and mismatch, ``benchmarks/bench_fp8_rollout.py``) and ``fp8_train``
@@ -20,7 +21,8 @@ Steps, in the issue's order:
 Written under ``--out`` (at most 8 files come back from the GPU machine): ``results.jsonl`` (one
 line per step: status, seconds, the step's JSON result; the first line describes the machine and
 the versions), ``steps.log`` (each step's output, head and tail), ``summary.md`` (a table,
-rewritten after every step).
+rewritten after every step). The bundle (``--bench``, made by ``prepare_gpu_bundle.sh``) holds
+the tokenizer, the main job's data and the commit it was made from.
 
 ``--device cpu`` rehearses the whole run here on tiny models in a few minutes, with the imports the
 GPU machine cannot do blocked (``benchmarks/gpu_sim.py``), so a broken step shows here first.
