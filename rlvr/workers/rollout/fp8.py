@@ -27,7 +27,8 @@ whose scaled size is at least ``2**-6`` (relative rounding of a 3-bit mantissa),
 
 The fp8 copy: with one rank the engine shares the actor's module, so the quantised layers live in a
 structural copy of it that shares every other parameter (embeddings, norms, the head) with the
-actor, and they stay on the device between phases (one byte per linear weight). When the engine
+actor, and they stay on the device between phases (one byte per linear weight; the emulation keeps
+a float32 widening of each e4m3 weight beside it, made once per sync). When the engine
 owns its module (several ranks), the linear layers are replaced in that module itself.
 """
 
@@ -82,7 +83,8 @@ def scaled_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
 
     Args:
         x_q: ``[rows, in]`` e4m3 activations; ``x_scale`` ``[rows, 1]`` float32.
-        w_q: ``[out, in]`` e4m3 weight; ``w_scale`` ``[out, 1]`` float32.
+        w_q: ``[out, in]`` e4m3 weight (for the emulation also its exact float32 widening);
+            ``w_scale`` ``[out, 1]`` float32.
         out_dtype: dtype of the result ``[rows, out]``.
         use_kernel: ``torch._scaled_mm`` (fp8 tensor cores); False: the float32 emulation.
     """
@@ -113,6 +115,10 @@ class Fp8Linear(nn.Module):
         self.use_kernel = use_kernel
         self.register_buffer("weight", torch.empty(self.out_features, self.in_features, dtype=E4M3, device=device))
         self.register_buffer("weight_scale", torch.empty(self.out_features, 1, dtype=torch.float32, device=device))
+        # the emulation multiplies the e4m3 values widened to float32 (exact); widening at every call
+        # would cost more than the product on CPU, so it is done once per weight sync
+        widened = None if use_kernel else torch.empty(self.out_features, self.in_features, device=device)
+        self.register_buffer("weight_widened", widened, persistent=False)
         self.bias = linear.bias
         self.set_weight(linear.weight.detach())
 
@@ -126,6 +132,8 @@ class Fp8Linear(nn.Module):
         q, scale = quantize_rows(weight.to(self.weight.device))
         self.weight.copy_(q)
         self.weight_scale.copy_(scale)
+        if self.weight_widened is not None:
+            self.weight_widened.copy_(q.float())
 
     def dequantized_weight(self) -> torch.Tensor:
         """The weight the layer computes with, ``q * scale`` ``[out, in]`` float32."""
@@ -135,7 +143,8 @@ class Fp8Linear(nn.Module):
         """``x [..., in] -> [..., out]`` in ``x``'s dtype."""
         rows = x.reshape(-1, self.in_features)
         x_q, x_scale = quantize_rows(rows)
-        out = scaled_matmul(x_q, x_scale, self.weight, self.weight_scale, x.dtype, self.use_kernel)
+        weight = self.weight if self.weight_widened is None else self.weight_widened
+        out = scaled_matmul(x_q, x_scale, weight, self.weight_scale, x.dtype, self.use_kernel)
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
@@ -196,7 +205,7 @@ class Fp8Weights:
                 layer.set_weight(tensor)
 
     def nbytes(self) -> int:
-        """Bytes of the e4m3 weights and their scales."""
+        """Bytes of the e4m3 weights and their scales (without the emulation's float32 copies)."""
         return sum(layer.weight.nbytes + layer.weight_scale.nbytes for layer in self.layers.values())
 
 

@@ -117,6 +117,7 @@ def test_set_weight_requantizes_in_place():
     assert (layer.weight.data_ptr(), layer.weight_scale.data_ptr()) == pointers  # a captured graph stays valid
     q, scale = quantize_rows(new)
     assert torch.equal(layer.weight.view(torch.uint8), q.view(torch.uint8)) and torch.equal(layer.weight_scale, scale)
+    assert torch.equal(layer.weight_widened, q.float())  # the emulation's exact float32 copy follows
     assert not torch.equal(layer.dequantized_weight(), before)
     with pytest.raises(ValueError, match=r"weight of shape \(16, 32\), got \(32, 16\)"):
         layer.set_weight(new.t())
