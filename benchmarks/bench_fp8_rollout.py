@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompts", type=int, help="override the workload's prompts")
     parser.add_argument("--samples", type=int, help="override the workload's samples per prompt")
     parser.add_argument("--response-len", type=int, help="override the workload's response length")
-    parser.add_argument("--compile", action="store_true", help="static KV cache and compiled decode step (GPU fast path)")
+    parser.add_argument("--compile", action="store_true",
+                        help="static KV cache and compiled decode step (GPU fast path)")
     parser.add_argument("--repeats", type=int, default=2, help="timed generations per engine (after one warm-up)")
     parser.add_argument("--log-prob-rows", type=int, default=16, help="rows per forward of the log-prob reference")
     parser.add_argument("--hbm-bytes-per-s", type=float, default=3.0e12, help="memory bandwidth of the read floor")

@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> dict:
     for name, s in results["settings"].items():
         peaks = s["stage_peak_gib"]
         print(f"{name:10s} {peaks.get('gen', float('nan')):8.3f}  {peaks.get('update_actor', float('nan')):11.3f}  "
-              f"{s['held_between_steps_gib']:18.3f}  {s['median_step_s']:6.2f}  {s.get('offload_cost_s_per_step', 0.0):+.2f}")
+              f"{s['held_between_steps_gib']:18.3f}  {s['median_step_s']:6.2f}  "
+              f"{s.get('offload_cost_s_per_step', 0.0):+.2f}")
     folder.cleanup()
     return results
 

@@ -193,7 +193,8 @@ def environment(ctx: Context) -> dict:
             "python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "gpu": _run_quiet(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"])
             if ctx.gpu else None,
-            "commit": commit_file.read_text().strip() if commit_file.is_file() else _run_quiet(["git", "rev-parse", "HEAD"]),
+            "commit": (commit_file.read_text().strip() if commit_file.is_file()
+                       else _run_quiet(["git", "rev-parse", "HEAD"])),
             "versions": _versions(), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
 
 
@@ -299,7 +300,8 @@ def _summary_line(record: dict) -> str:
     elif record["step"] == "hybrid_memory" and "settings" in result:
         note = "; ".join(f"{name}: gen {s['stage_peak_gib'].get('gen', float('nan')):.2f} GiB, update "
                          f"{s['stage_peak_gib'].get('update_actor', float('nan')):.2f} GiB, "
-                         f"{s.get('offload_cost_s_per_step', 0.0):+.2f} s/step" for name, s in result["settings"].items())
+                         f"{s.get('offload_cost_s_per_step', 0.0):+.2f} s/step"
+                         for name, s in result["settings"].items())
     elif record["step"] in ("main_job", "fp8_train") and result.get("steps"):
         last = result["steps"][-1]
         note = ", ".join(f"{k.split('/')[-1]} {last[k]:.3g}" for k in
@@ -365,7 +367,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="folder of results.jsonl, steps.log, summary.md")
     parser.add_argument("--work", help="scratch folder (model, run dirs; default: a temporary folder)")
     parser.add_argument("--bench", default=str(REPO / ".bench"), help="the carried bundle: tokenizer/, arith/, COMMIT")
-    parser.add_argument("--budget-s", type=float, help="wall-clock budget of all steps (default 500 on cuda, 1500 on cpu)")
+    parser.add_argument("--budget-s", type=float,
+                        help="wall-clock budget of all steps (default 500 on cuda, 1500 on cpu)")
     parser.add_argument("--steps", help="comma list: run only these steps")
     parser.add_argument("--simulate-gpu-imports", choices=("auto", "on", "off"), default="auto",
                         help="block the imports the GPU machine lacks (auto: on with --device cpu)")

@@ -1,10 +1,11 @@
 """Rehearse the GPU machine's Python environment on this machine: block the imports it cannot do.
 
 The lent GPU machine has its own fixed set of Python distributions (``gpu_machine_packages.txt``)
-plus the wheels carried in ``.whl/`` (``gpu_bundle_wheels.txt``, fetched by ``prepare_gpu_bundle.sh``). :func:`install` puts a finder in
-front of ``sys.meta_path`` that refuses a top-level third-party module whose distribution is in
-neither set, with the error the GPU machine would give, so that the CPU rehearsal of
-``benchmarks/gpu_checks.py`` fails here on an import the GPU machine lacks.
+plus the wheels carried in ``.whl/`` (``gpu_bundle_wheels.txt``, fetched by
+``prepare_gpu_bundle.sh``). :func:`install` puts a finder in front of ``sys.meta_path`` that
+refuses a top-level third-party module whose distribution is in neither set, with the error the
+GPU machine would give, so that the CPU rehearsal of ``benchmarks/gpu_checks.py`` fails here on an
+import the GPU machine lacks.
 
 Only imports made by the repository's own code (``rlvr``, ``benchmarks``, ``tests``) and by the
 carried packages are checked: a package installed on the GPU machine brings its own dependencies

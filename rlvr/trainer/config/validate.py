@@ -214,7 +214,8 @@ def _check_agent(rollout: DictConfig) -> None:
 def _check_quantization(cfg: DictConfig) -> None:
     """``rollout.quantization``: fp8 or off; the hf engine quantises plain linear layers (no LoRA)."""
     key, rollout = "actor_rollout_ref.rollout.quantization", cfg.actor_rollout_ref.rollout
-    _require(rollout.quantization in (None, "fp8"), key, f"{rollout.quantization!r} is not valid; use fp8 or null (off)")
+    _require(rollout.quantization in (None, "fp8"), key,
+             f"{rollout.quantization!r} is not valid; use fp8 or null (off)")
     _require(not (rollout.quantization and rollout.name == "hf" and cfg.actor_rollout_ref.model.lora_rank > 0), key,
              "the hf engine's fp8 rollout quantises the model's plain linear layers and cannot hold LoRA adapters "
              "(model.lora_rank > 0); train without LoRA or set rollout.quantization=null")
