@@ -81,8 +81,9 @@ class Context:
 
 @dataclass(frozen=True)
 class Step:
-    """One check: its name, group (the issue's numbering), time limit on GPU / CPU, and the module
-    run as ``python -m`` with its arguments (``None``: nothing to run, with the reason)."""
+    """One check: its name, group (the issue's numbering), time limit on GPU / CPU, and what it runs:
+    ``command(ctx, result_json)`` gives a module run as ``python -m`` with its arguments, or a string
+    saying why there is nothing to run (the step is then recorded as skipped)."""
 
     name: str
     group: str
@@ -95,7 +96,8 @@ def _main_job(ctx: Context, result: Path, steps: int, *extra: str) -> list[str]:
     run_dir = ctx.work / result.stem
     overrides = [
         f"actor_rollout_ref.model.path={ctx.model_dir}", f"data.train_files={data / 'train.jsonl'}",
-        f"data.val_files={data / 'test.jsonl'}", f"custom_reward_function.path={REPO / 'benchmarks' / 'gpu_reward.py'}",
+        f"data.val_files={data / 'test.jsonl'}",
+        f"custom_reward_function.path={REPO / 'benchmarks' / 'gpu_reward.py'}",
         "custom_reward_function.name=compute_score", f"trainer.device={ctx.device}",
         f"trainer.total_training_steps={steps}", "actor_rollout_ref.actor.optim.warmup_steps=0",
         "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.report=false", "trainer.export_hf=false",
@@ -133,7 +135,8 @@ def _hybrid(ctx: Context, result: Path) -> list[str]:
 
 
 def _fp8(ctx: Context, result: Path) -> list[str]:
-    small = ["--compile"] if ctx.gpu else ["--prompts", "2", "--samples", "2", "--response-len", "6", "--repeats", "1"]
+    small = ["--compile"] if ctx.gpu else ["--prompts", "2", "--samples", "2", "--response-len", "6",
+                                           "--repeats", "1"]
     return ["benchmarks.bench_fp8_rollout", "--size", ctx.size, "--device", ctx.device, "--tokenizer",
             str(ctx.bench / "tokenizer"), "--json", str(result), *small]
 
