@@ -78,6 +78,13 @@ from rlvr.utils.errors import ConfigError
 from rlvr.utils.torch_functional import masked_mean
 from rlvr.workers.rollout.base import check_weights_version
 
+try:  # verl's default worker group; the local backend runs without Ray installed (a lent GPU machine)
+    from rlvr.single_controller import RayWorkerGroup
+except ModuleNotFoundError as err:
+    if err.name != "ray":
+        raise
+    RayWorkerGroup = None
+
 __all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role"]
 
 logger = logging.getLogger(__name__)
@@ -108,8 +115,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             ``Role.ActorRolloutRef``), ``Role.Critic`` with a critic, ``Role.RefPolicy`` when a
             reference is needed and the actor does not provide it (LoRA).
         resource_pool_manager: pools and role -> pool mapping.
-        ray_worker_group_cls: ``RayWorkerGroup`` (None: that, imported here, so that the local
-            backend runs without Ray installed) or ``LocalWorkerGroup``.
+        ray_worker_group_cls: ``RayWorkerGroup`` or ``LocalWorkerGroup``.
         processor: multimodal processor (passed to the datasets).
         reward_fn: training reward manager (``compute_reward(data, reward_fn)``); None when
             ``reward.routes`` is set (the trainer then routes rewards, see :mod:`rlvr.reward.routing`).
@@ -122,9 +128,12 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     """
 
     def __init__(self, config, tokenizer, role_worker_mapping: dict[Role, type], resource_pool_manager:
-                 ResourcePoolManager, ray_worker_group_cls: type | None = None, processor=None,
+                 ResourcePoolManager, ray_worker_group_cls: type = RayWorkerGroup, processor=None,
                  reward_fn=None, val_reward_fn=None, train_dataset=None, val_dataset=None, collate_fn=None,
                  train_sampler=None, device_name=None) -> None:
+        if ray_worker_group_cls is None:
+            raise ConfigError("trainer.backend", "Ray is not installed here: pass ray_worker_group_cls=LocalWorkerGroup "
+                              "and use trainer.backend=local, or install ray")
         self.config = to_config(config)
         validate_config(self.config, require_data_files=train_dataset is None)
         self.routes_rewards = check_reward_functions(self.config, reward_fn, val_reward_fn)
@@ -132,8 +141,6 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         self.processor = processor
         self.role_worker_mapping = role_worker_mapping
         self.resource_pool_manager = resource_pool_manager
-        if ray_worker_group_cls is None:
-            from rlvr.single_controller import RayWorkerGroup as ray_worker_group_cls
         self.ray_worker_group_cls = ray_worker_group_cls
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.device_name = device_name or _resolve_device(self.config.trainer.device)
