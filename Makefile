@@ -11,7 +11,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-megatron train train-tools train-vision test test-slow test-all test-vllm test-megatron bench bench-faults bench-long bench-async clean
+.PHONY: setup setup-vllm setup-megatron train train-tools train-vision test test-slow test-all test-vllm test-megatron bench bench-faults bench-long bench-async gpu-rehearsal clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -112,6 +112,13 @@ test-all: setup
 bench: setup
 	$(PIP) install -q -e ".[bench]"
 	$(PY) -m benchmarks.bench_grpo_vs_trl --size tiny --steps 4 --warmup 1
+
+# the CPU rehearsal of the one-call GPU checks (docs/PERFORMANCE.md, "GPU checks"): every step on tiny
+# models with the GPU machine's imports; also makes the bundle the device call carries (.whl, .bench)
+gpu-rehearsal: setup
+	$(PIP) install -q -e ".[bench]" $$(grep -E '^(trl|datasets)==' benchmarks/gpu_bundle_wheels.txt)
+	PY=$(PY) bash benchmarks/prepare_gpu_bundle.sh
+	PY=$(PY) bash benchmarks/gpu_checks.sh cpu
 
 # fault injection: killed, segfaulted and hung workers on a 2-worker Ray run (docs/RELIABILITY.md)
 bench-faults: setup

@@ -206,9 +206,15 @@ def summarise(args, work: Workload, device: torch.device, rlvr_steps: list, rlvr
         measured = rlvr_steps[args.warmup:]
         stages = {k: _median([s.stages[k] for s in measured]) for k in measured[0].stages}
         out["rlvr"].update(stages_median_s=stages, resident_after_step_gib=[r / GIB for r in rlvr_resident],
-                           reused_rollout_log_probs=all(s.reused_log_probs for s in measured))
+                           reused_rollout_log_probs=all(s.reused_log_probs for s in measured),
+                           stage_peak_gib={k: max(s.stage_peak_bytes.get(k, 0) for s in measured) / GIB
+                                           for k in measured[0].stage_peak_bytes},
+                           rollout_log_prob_gap_max=max(s.log_prob_gap_max for s in measured),
+                           rollout_log_prob_gap_mean=_median([s.log_prob_gap_mean for s in measured]))
         print("rlvr stages: " + ", ".join(f"{k} {v:.2f} s" for k, v in stages.items()))
         print("rlvr memory after each step (GiB): " + " ".join(f"{r:.2f}" for r in out["rlvr"]["resident_after_step_gib"]))
+        print(f"rlvr rollout/actor log-prob gap: max {out['rlvr']['rollout_log_prob_gap_max']:.3g}, mean "
+              f"{out['rlvr']['rollout_log_prob_gap_mean']:.3g}; stage peaks (GiB) {out['rlvr']['stage_peak_gib']}")
     if "rlvr" in out and "trl" in out:
         pairs = [r.seconds / t.seconds for r, t in zip(rlvr_steps[args.warmup:], trl_steps[args.warmup:])]
         out["ratio_rlvr_over_trl"] = out["rlvr"]["median_s"] / out["trl"]["median_s"]

@@ -32,7 +32,8 @@ STAGES = ("generation", "reward", "log_probs", "update", "weight_sync")
 @dataclass
 class RlvrStep:
     """One timed rlvr step: wall seconds, process CPU seconds, seconds per stage, peak memory and
-    its rise (bytes)."""
+    its rise (bytes), the worker's peak per stage (``gen``, ``old_log_prob``, ``update_actor``; GPU
+    only), and the largest and mean ``|rollout - old|`` log-prob gap on the response tokens."""
 
     seconds: float
     cpu_seconds: float
@@ -40,6 +41,9 @@ class RlvrStep:
     peak_bytes: int
     rise_bytes: int
     reused_log_probs: bool
+    stage_peak_bytes: dict[str, int]
+    log_prob_gap_max: float
+    log_prob_gap_mean: float
 
 
 def prompt_batches(tokenizer: PreTrainedTokenizerBase, work: Workload, steps: int) -> list[DataProto]:
@@ -93,11 +97,15 @@ def run_config(work: Workload, model_dir: str, max_prompt_len: int, seed: int, l
     return OmegaConf.merge(OmegaConf.structured(RlvrConfig), OmegaConf.from_dotlist(dotlist + overrides))
 
 
-def _stage_peak_bytes(reply: DataProto) -> int:
-    """Largest ``perf/<stage>/max_memory_allocated_gb`` a worker reply carries (0 on CPU)."""
-    values = [v for name, v in reply.meta_info.get("metrics", {}).items() if name.endswith("max_memory_allocated_gb")]
-    flat = [float(x) for v in values for x in (v if isinstance(v, list) else [v])]
-    return int(max(flat, default=0.0) * 1024**3)
+def _stage_peak_bytes(reply: DataProto) -> dict[str, int]:
+    """``{stage: bytes}`` of the ``perf/<stage>/max_memory_allocated_gb`` a worker reply carries
+    (the largest over ranks; empty on CPU)."""
+    peaks = {}
+    for name, value in reply.meta_info.get("metrics", {}).items():
+        if name.startswith("perf/") and name.endswith("/max_memory_allocated_gb"):
+            flat = [float(x) for x in (value if isinstance(value, list) else [value])]
+            peaks[name.split("/")[1]] = int(max(flat) * 1024**3)
+    return peaks
 
 
 class RlvrSide:
@@ -171,6 +179,9 @@ class RlvrSide:
             seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
         reused = old.meta_info["metrics"]["actor/reused_rollout_log_probs"]
         # the worker resets the CUDA peak counter after each stage and reports the stage's peak
-        peak = max(mem.peak, *(_stage_peak_bytes(reply) for reply in (out, old, updated)))
+        stage_peaks = {k: v for reply in (out, old, updated) for k, v in _stage_peak_bytes(reply).items()}
+        peak = max([mem.peak, *stage_peaks.values()])
+        mask = out.batch["response_mask"].bool()
+        gap = (out.batch["old_log_probs"] - out.batch["rollout_log_probs"]).abs()[mask]
         return RlvrStep(seconds, cpu_seconds, dict(watch.seconds), peak, peak - mem.start,
-                        bool(np.mean(reused) == 1.0))
+                        bool(np.mean(reused) == 1.0), stage_peaks, gap.max().item(), gap.mean().item())

@@ -98,7 +98,7 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
         reward_fn: the training reward function (default: the reward manager the config names).
     """
     # Imported here: the command checks the config before paying for torch, Ray and transformers.
-    from rlvr.single_controller import get_worker_group_cls, init_ray
+    from rlvr.single_controller import get_worker_group_cls
     from rlvr.trainer.async_schedule.placement import rollout_pool_backends, rollout_pool_spec
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
     from rlvr.trainer.ppo.reward import load_reward_manager
@@ -125,8 +125,10 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
                             ray_worker_group_cls=get_worker_group_cls(cfg.trainer.backend), processor=processor,
                             reward_fn=reward_fn, val_reward_fn=val_reward_fn, device_name="cuda" if use_gpu else "cpu")
     started_ray = False
-    if cfg.trainer.backend == "ray":
+    if cfg.trainer.backend == "ray":  # the local backend runs without Ray installed
         import ray
+
+        from rlvr.single_controller import init_ray
 
         if not ray.is_initialized():
             workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + (rollout_world_size(cfg) if apart else 0)

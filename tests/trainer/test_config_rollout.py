@@ -68,3 +68,12 @@ def test_rollout_correction_settings_are_checked(config):
     with pytest.raises(ConfigError, match="rollout_rs_threshold.*0 < lower < upper"):
         validate_config(config(**{f"{key}.rollout_rs": "token", f"{key}.rollout_rs_threshold": 2.0,
                                   f"{key}.rollout_rs_threshold_lower": 3.0}))
+
+
+def test_rollout_quantization_is_checked(config):
+    key = "actor_rollout_ref.rollout.quantization"
+    validate_config(config(**{key: "fp8"}))
+    with pytest.raises(ConfigError, match=f"{key}.*'int8' is not valid; use fp8 or null"):
+        validate_config(config(**{key: "int8"}))
+    with pytest.raises(ConfigError, match=f"{key}.*cannot hold LoRA adapters"):
+        validate_config(config(**{key: "fp8", "actor_rollout_ref.model.lora_rank": 4}))

@@ -257,6 +257,7 @@ class RolloutConfig:
     static_cache: bool = _f(False, "use a static KV cache (GPU fast path)")
     compile: bool = _f(False, "torch.compile the decode step (GPU fast path, with static_cache)")
     free_cache_engine: bool = _f(True, "free the rollout's KV cache after generation (vllm: sleep between phases, GPU only)")
+    quantization: Optional[str] = _f(None, "rollout weights: fp8 (hf: e4m3 linear layers, per-channel scales, re-quantised at every weight sync; vllm: its quantization='fp8') | null = off")
     val_kwargs: SamplingConfig = _sub(SamplingConfig, "sampling settings for validation")
     dtype: Optional[str] = _f(None, "vllm: dtype of the engine's weights: float32 | bfloat16 (None = model.dtype)")
     gpu_memory_utilization: float = _f(0.5, "vllm: share of GPU memory for weights and KV cache (the actor lives beside it)")

@@ -234,6 +234,7 @@ def _check_rollout(cfg: DictConfig) -> None:
     _check_agent(rollout)
     check_openai_endpoint(rollout.agent, rollout.agent.default_agent_loop)
     check_rollout_server(rollout)
+    _check_quantization(cfg)
     if rollout.name == "vllm":
         _check_vllm(rollout, world_size(cfg))
 
@@ -256,6 +257,16 @@ def _check_agent(rollout: DictConfig) -> None:
         _require(mt.env_name is not None, f"{key}.env_name",
                  "the env_agent loop needs an environment: set it to a registered one (built in: retry; "
                  "add one with rlvr.agent.register_environment)")
+
+
+def _check_quantization(cfg: DictConfig) -> None:
+    """``rollout.quantization``: fp8 or off; the hf engine quantises plain linear layers (no LoRA)."""
+    key, rollout = "actor_rollout_ref.rollout.quantization", cfg.actor_rollout_ref.rollout
+    _require(rollout.quantization in (None, "fp8"), key,
+             f"{rollout.quantization!r} is not valid; use fp8 or null (off)")
+    _require(not (rollout.quantization and rollout.name == "hf" and cfg.actor_rollout_ref.model.lora_rank > 0), key,
+             "the hf engine's fp8 rollout quantises the model's plain linear layers and cannot hold LoRA adapters "
+             "(model.lora_rank > 0); train without LoRA or set rollout.quantization=null")
 
 
 def _check_vllm(rollout: DictConfig, workers: int) -> None:

@@ -49,7 +49,7 @@ from omegaconf import OmegaConf
 from rlvr.agent.metrics import tool_use_metrics
 from rlvr.protocol import DataProto
 from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
-from rlvr.single_controller import ClassWithInitArgs, RayWorkerGroup, WorkerGroup
+from rlvr.single_controller import ClassWithInitArgs
 from rlvr.trainer.async_schedule import AsyncRollout, rollout_correction_config
 from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
 from rlvr.trainer.checkpoint import RunCheckpoints
@@ -91,6 +91,13 @@ from rlvr.utils.errors import ConfigError
 from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
 from rlvr.utils.torch_functional import masked_mean
 from rlvr.workers.rollout.base import check_weights_version
+
+try:  # verl's default worker group; the local backend runs without Ray installed (a lent GPU machine)
+    from rlvr.single_controller import RayWorkerGroup
+except ModuleNotFoundError as err:
+    if err.name != "ray":
+        raise
+    RayWorkerGroup = None
 
 __all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role"]
 
@@ -140,6 +147,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
                  ResourcePoolManager, ray_worker_group_cls: type = RayWorkerGroup, processor=None,
                  reward_fn=None, val_reward_fn=None, train_dataset=None, val_dataset=None, collate_fn=None,
                  train_sampler=None, device_name=None) -> None:
+        if ray_worker_group_cls is None:
+            raise ConfigError("trainer.backend", "Ray is not installed here: pass ray_worker_group_cls=LocalWorkerGroup "
+                              "and use trainer.backend=local, or install ray")
         self.config = to_config(config)
         validate_config(self.config, require_data_files=train_dataset is None)
         self.routes_rewards = check_reward_functions(self.config, reward_fn, val_reward_fn)

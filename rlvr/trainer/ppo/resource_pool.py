@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import ray
 import torch
 
 from rlvr.single_controller import ResourcePool, get_resource_pool_cls
@@ -86,6 +85,8 @@ class ResourcePoolManager:
         if self.backend == "local":
             self._check_local()
             return
+        import ray  # here: the local backend runs without Ray installed
+
         if not ray.is_initialized():
             raise RuntimeError("Ray is not running: call rlvr.single_controller.init_ray() before creating pools")
         nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]

@@ -33,6 +33,7 @@ from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.rollout.base import (
     CallSettings, Weights, as_named_tensors, call_settings, register_rollout_engine, response_tensors,
 )
+from rlvr.workers.rollout.fp8 import rollout_fp8_weights
 from rlvr.workers.rollout.sampling import sample_tokens
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
 
@@ -47,7 +48,8 @@ class HFRollout:
 
     Args:
         config: the ``rollout`` section (``response_length``, ``micro_batch_size``, ``stop``,
-            ``ignore_eos``, sampling settings, ``val_kwargs``).
+            ``ignore_eos``, sampling settings, ``val_kwargs``, ``quantization``: ``fp8`` puts the
+            linear layers in e4m3, see :mod:`~rlvr.workers.rollout.fp8`).
         module: the policy model (a ``PreTrainedModel`` or peft model, not FSDP-sharded).
         tokenizer: for the EOS/pad ids and for decoding stop strings.
         device: where generation runs.
@@ -62,9 +64,11 @@ class HFRollout:
     def __init__(self, config, module: nn.Module, tokenizer: PreTrainedTokenizerBase, device: str | torch.device,
                  seed: int, owns_module: bool) -> None:
         self.config = config
-        self.module = module
-        self.tokenizer = tokenizer
         self.device = torch.device(device)
+        # rollout.quantization=fp8: the linear layers in e4m3, re-quantised at every update_weights
+        self.fp8 = rollout_fp8_weights(config.quantization, module, self.device, owns_module)
+        self.module = module if self.fp8 is None else self.fp8.module
+        self.tokenizer = tokenizer
         self.owns_module = owns_module
         self.weights_version = 0
         self.generator = torch.Generator(device=self.device)
@@ -73,9 +77,9 @@ class HFRollout:
             raise ValueError("rollout.compile needs rollout.static_cache=true (the compiled step has fixed shapes)")
         if config.static_cache:
             max_cache_len = int(config.prompt_length) + int(config.response_length)
-            self.decoder = StaticCacheDecoder(module, max_cache_len, bool(config.compile))
+            self.decoder = StaticCacheDecoder(self.module, max_cache_len, bool(config.compile))
         else:
-            self.decoder = DynamicCacheDecoder(module)
+            self.decoder = DynamicCacheDecoder(self.module)
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()
@@ -89,7 +93,7 @@ class HFRollout:
         parameter's storage (the engine shares the actor's module) is skipped: nothing to copy.
         """
         params = dict(self.module.named_parameters(remove_duplicate=False))
-        for name, tensor in as_named_tensors(weights):
+        for name, tensor in as_named_tensors(weights) if self.fp8 is None else self.fp8.load(weights):
             if name not in params:
                 raise KeyError(f"update_weights: the rollout model has no parameter {name!r}")
             target = params[name]
@@ -143,7 +147,7 @@ class HFRollout:
         tensors = {key: torch.cat([out[key] for out in outputs]) for key in outputs[0]}
         out_meta = {
             "rollout_log_prob_temperature": settings.sampling.log_prob_temperature,
-            "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32,
+            "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32 and self.fp8 is None,
             "rollout_weights_version": self.weights_version,
         }
         if interrupt is not None:

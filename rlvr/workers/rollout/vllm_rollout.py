@@ -76,7 +76,7 @@ class VLLMRollout:
             ``ignore_eos``, ``val_kwargs`` and the vLLM keys: ``dtype``, ``gpu_memory_utilization``,
             ``enforce_eager``, ``enable_prefix_caching``, ``enable_sleep_mode``,
             ``max_num_batched_tokens``, ``max_num_seqs``, ``load_format``, ``kv_cache_memory_bytes``,
-            ``block_size``).
+            ``block_size``, ``quantization``: vLLM's own ``quantization`` key).
         module: the policy model (plain, peft or FSDP-sharded: the engine reads its config, parameter
             names and LoRA scale; the weights come through :meth:`update_weights`).
         tokenizer: the policy's tokenizer.
@@ -121,6 +121,8 @@ class VLLMRollout:
             "max_model_len": int(cfg.prompt_length) + int(cfg.response_length),
             "logprobs_mode": "processed_logprobs",
         }
+        if cfg.quantization is not None:  # vLLM quantises the weights it loads (its own key and values)
+            options["quantization"] = cfg.quantization
         if cfg.max_num_batched_tokens is not None:
             options["max_num_batched_tokens"] = int(cfg.max_num_batched_tokens)
         if cfg.kv_cache_memory_bytes is not None or not self.on_gpu:

