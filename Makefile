@@ -117,6 +117,7 @@ bench: setup
 # models with the GPU machine's imports; also makes the bundle the device call carries (.whl, .bench)
 gpu-rehearsal: setup
 	$(PIP) install -q -e ".[bench]" $$(grep -E '^(trl|datasets)==' benchmarks/gpu_bundle_wheels.txt)
+	$(PY) -m pytest -q -p no:cacheprovider tests/benchmarks/test_gpu_checks.py
 	PY=$(PY) bash benchmarks/prepare_gpu_bundle.sh
 	PY=$(PY) bash benchmarks/gpu_checks.sh cpu
 

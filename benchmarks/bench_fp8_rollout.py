@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 
 from benchmarks.decode_floor import floor_seconds, kv_bytes_per_token, weight_bytes
 from benchmarks.rlvr_side import prompt_batches
-from benchmarks.workload import WORKLOADS, model_config, sync
+from benchmarks.workload import WORKLOADS, json_main, model_config, sync
 from rlvr.trainer.config.schema import RolloutConfig
 from rlvr.trainer.ppo.rollout_correction import (
     compute_rollout_correction_and_rejection_mask, compute_rollout_mismatch_metrics,
@@ -177,12 +177,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    results = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    return json_main(parse_args, run, argv)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks.decode_floor import decode_report
-from benchmarks.workload import WORKLOADS, Workload, model_config, peak_rss_bytes
+from benchmarks.workload import WORKLOADS, json_main, model_config, peak_rss_bytes, Workload
 
 GIB = 1024**3
 
@@ -228,12 +228,7 @@ def summarise(args, work: Workload, device: torch.device, rlvr_steps: list, rlvr
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    results = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    return json_main(parse_args, run, argv)
 
 
 if __name__ == "__main__":

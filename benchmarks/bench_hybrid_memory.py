@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import statistics
 import sys
 import tempfile
@@ -38,7 +37,7 @@ import torch
 
 from benchmarks.bench_grpo_vs_trl import save_random_model
 from benchmarks.rlvr_side import RlvrSide
-from benchmarks.workload import WORKLOADS
+from benchmarks.workload import WORKLOADS, json_main
 
 GIB = 1024**3
 SETTINGS = {
@@ -140,12 +139,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    results = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    return json_main(parse_args, run, argv)
 
 
 if __name__ == "__main__":

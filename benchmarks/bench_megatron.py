@@ -88,8 +88,8 @@ def main() -> None:
         result = _child(args.child[0], int(args.child[1]), args.repeats, args.threads, args.micro_batch)
         print("RESULT " + json.dumps(result), flush=True)
         return
-    print(f"| backend | start-up s | compute_log_prob s | update_actor s | load average before / after |\n"
-          f"|---|---|---|---|---|")
+    print("| backend | start-up s | compute_log_prob s | update_actor s | load average before / after |\n"
+          "|---|---|---|---|---|")
     for strategy, tp in [("fsdp2", 1), *(("megatron", tp) for tp in args.tp)]:
         before = os.getloadavg()[0]
         run = subprocess.run([sys.executable, "-m", "benchmarks.bench_megatron", "--child", strategy, str(tp),

@@ -9,11 +9,14 @@ full length and the two sides do the same amount of work).
 
 from __future__ import annotations
 
+import argparse
+import json
 import random
 import re
 import resource
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -172,3 +175,14 @@ class Stopwatch:
     def __exit__(self, *exc: object) -> None:
         sync(self.device)
         self.seconds[self._name] = self.seconds.get(self._name, 0.0) + time.perf_counter() - self._t0
+
+
+def json_main(parse_args: Callable[[list[str] | None], argparse.Namespace],
+              run: Callable[[argparse.Namespace], dict], argv: list[str] | None = None) -> int:
+    """A benchmark's command: parse ``argv``, run, and write the results to ``--json`` when given."""
+    args = parse_args(argv)
+    results = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0

@@ -1,9 +1,8 @@
 """The example user project (``examples/user_project``): a package of the user's own with an
 environment, a tool, an advantage estimator, a policy loss and a reward manager. Copied to a folder
 outside the repository (never on ``PYTHONPATH``), it trains one step through the ``rlvr`` console
-script on the local backend and through ``python -m rlvr.trainer.main_ppo`` on the Ray backend,
-where the environment and the tool run in the worker process; a misspelt name still gets a
-suggestion. Each part is also checked against hand-computed values."""
+script on the local backend and on the Ray backend, where the environment and the tool run in the
+worker process; a misspelt name still gets a suggestion. Each part is also checked against hand-computed values."""
 
 from __future__ import annotations
 
@@ -61,8 +60,7 @@ def _command_env() -> dict[str, str]:
     return env
 
 
-COMMANDS = {"local": [str(Path(sys.executable).parent / "rlvr")],
-            "ray": [sys.executable, "-m", "rlvr.trainer.main_ppo"]}
+RLVR = str(Path(sys.executable).parent / "rlvr")  # the console script pip installed beside the interpreter
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
@@ -73,7 +71,7 @@ def test_the_project_trains_one_step_through_the_command(backend, project, eos_m
                  "trainer.logger=[console,jsonl]", "trainer.progress_bar=false", "trainer.export_hf=false",
                  "trainer.report=false", f"trainer.default_local_dir={run_dir}", "actor_rollout_ref.rollout.n=2",
                  "data.max_prompt_length=256", "data.max_response_length=24", "trainer.call_timeout_s=600"]
-    result = subprocess.run([*COMMANDS[backend], "--preset", "guess_number.yaml", *overrides], cwd=project,
+    result = subprocess.run([RLVR, "--preset", "guess_number.yaml", *overrides], cwd=project,
                             env=_command_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     assert "group_median advantages, clipped_reinforce policy loss" in result.stdout
@@ -95,7 +93,7 @@ def test_the_project_trains_the_embedded_model_through_the_command(project, tmp_
                  "data.val_files=null", "trainer.logger=[console,jsonl]", "trainer.progress_bar=false",
                  "trainer.export_hf=false", "trainer.report=false", f"trainer.default_local_dir={run_dir}",
                  "data.max_prompt_length=512"]
-    result = subprocess.run([*COMMANDS["local"], "--preset", "guess_number.yaml", *overrides], cwd=project,
+    result = subprocess.run([RLVR, "--preset", "guess_number.yaml", *overrides], cwd=project,
                             env=_command_env(), capture_output=True, text=True, timeout=1800)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -112,7 +110,7 @@ def test_a_misspelt_name_of_the_project_gets_a_suggestion(project):
              ("trainer.user_modules=[guess_numbr]", "config error at 'trainer.user_modules': importing 'guess_numbr' "
                                                     "failed: No module named 'guess_numbr'")]
     for override, message in cases:
-        result = subprocess.run([*COMMANDS["local"], "--preset", "guess_number.yaml", override, "--dry-run"],
+        result = subprocess.run([RLVR, "--preset", "guess_number.yaml", override, "--dry-run"],
                                 cwd=project, env=_command_env(), capture_output=True, text=True, timeout=300)
         assert result.returncode == 2 and message in result.stderr, result.stderr[-2000:]
 

@@ -33,19 +33,31 @@ def test_blocker_refuses_what_the_gpu_machine_lacks_when_the_repository_imports_
         sys.meta_path.remove(blocker)
 
 
-def test_what_the_gpu_steps_import_is_on_the_gpu_machine_or_carried():
-    """In a fresh process with the GPU machine's imports: the trainer (local backend: no Ray), the
-    workers, the fp8 engine and every benchmark the checks run import."""
-    modules = ["rlvr.trainer.main_ppo", "rlvr.trainer.ppo.ray_trainer", "rlvr.workers.engine_workers",
-               "rlvr.workers.rollout.fp8", "benchmarks.bench_grpo_vs_trl", "benchmarks.trl_side",
-               "benchmarks.bench_hybrid_memory", "benchmarks.bench_fp8_rollout", "benchmarks.gpu_steps",
-               "benchmarks.gpu_reward"]
+def _import_as_on_the_gpu_machine(modules: list[str]) -> None:
+    """Import ``modules`` in a fresh process with the GPU machine's imports; nothing may import Ray."""
     code = ("import importlib, sys; from benchmarks.gpu_sim import install; install(); "
             f"[importlib.import_module(m) for m in {modules!r}]; "
             "print('ray' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "False"  # nothing imported Ray
+
+
+def test_what_the_gpu_steps_import_is_on_the_gpu_machine_or_carried():
+    """In a fresh process with the GPU machine's imports: the trainer (local backend: no Ray), the
+    workers, the fp8 engine and every rlvr-side benchmark the checks run import."""
+    _import_as_on_the_gpu_machine([
+        "rlvr.trainer.main_ppo", "rlvr.trainer.ppo.ray_trainer", "rlvr.workers.engine_workers",
+        "rlvr.workers.rollout.fp8", "benchmarks.bench_grpo_vs_trl", "benchmarks.bench_hybrid_memory",
+        "benchmarks.bench_fp8_rollout", "benchmarks.gpu_steps", "benchmarks.gpu_reward"])
+
+
+def test_the_trl_side_imports_with_the_carried_wheels():
+    """TRL's side of the comparison with the carried TRL and datasets (installed by ``make
+    gpu-rehearsal``, which runs this file again; skipped where they are not installed)."""
+    pytest.importorskip("trl")
+    pytest.importorskip("datasets")
+    _import_as_on_the_gpu_machine(["benchmarks.trl_side"])
 
 
 def test_the_lists_name_the_machines_torch_and_the_carried_trl():

@@ -49,9 +49,11 @@ def eos_prone_vl_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def picture_env():
-    if "picture_env" not in ENVIRONMENTS:
-        register_environment("picture_env")(PictureEnvironment)
-    return "picture_env"
+    """The test's environment, registered for the module and removed after it (later tests list
+    the registry's names)."""
+    register_environment("picture_env")(PictureEnvironment)
+    yield "picture_env"
+    ENVIRONMENTS.pop("picture_env", None)
 
 
 def test_an_observation_image_joins_the_conversation(eos_prone_vl_dir, image_data, picture_env):

@@ -23,7 +23,8 @@ from rlvr.workers.engine_workers import ActorRolloutRefWorker
 
 pytestmark = pytest.mark.ray
 
-OVERRIDES = ("actor_rollout_ref.actor.optim.lr=0.001", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+# one mini-batch of all 8 rows: 2 ranks then train on the same rows per optimizer step as 1 rank
+OVERRIDES = ("actor_rollout_ref.actor.optim.lr=0.001", "actor_rollout_ref.actor.ppo_mini_batch_size=8",
              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2")
 
 
@@ -60,7 +61,8 @@ def test_two_fsdp_ranks_with_images_match_one_rank(vl_dirs, image_data, two_rank
     for name in ("actor/pg_loss", "actor/ppo_kl", "actor/grad_norm"):
         assert two[name] == [pytest.approx(v, rel=1e-5, abs=1e-7) for v in one[name] for _ in range(2)], name
     w_one, w_two = local.get_actor_weights()[0], two_ranks.get_actor_weights()[0]
-    assert max((w_one[k] - w_two[k]).abs().max().item() for k in w_one) < 1e-6
+    # Adam's first step moves every weight by about lr (1e-3): 2 ranks accumulate the gradients in another order
+    assert max((w_one[k] - w_two[k]).abs().max().item() for k in w_one) < 1e-5
     assert any(k.startswith("model.visual") for k in w_one)  # the vision encoder was trained and gathered too
 
 
@@ -69,6 +71,6 @@ def test_a_row_without_an_image_is_refused_on_sharded_ranks(vl_dirs, image_data,
     out.meta_info["temperature"] = 1.0
     out.non_tensor_batch[MULTI_MODAL_INPUTS] = out.non_tensor_batch[MULTI_MODAL_INPUTS].copy()
     out.non_tensor_batch[MULTI_MODAL_INPUTS][3] = {}  # rank 1 refuses before any forward (rank 0 then waits)
-    with pytest.raises(WorkerError, match=r"rank 1 failed(.|\n)*compute_log_prob: 1 row\(s\) of this rank's batch "
-                                          r"have no image"):
-        two_ranks.compute_log_prob(out)
+    with pytest.raises(WorkerError, match=r"rank 1 raised and rank\(s\) \[0\] gave no result") as caught:
+        two_ranks.compute_log_prob(out, _timeout_s=20)  # rank 0 waits for rank 1 in a collective until then
+    assert "compute_log_prob: 1 row(s) of this rank's batch have no image" in str(caught.value.__cause__)

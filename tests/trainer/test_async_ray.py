@@ -40,6 +40,8 @@ def cluster():
     on this machine would find and join it."""
     from ray import cluster_utils
 
+    if ray.is_initialized():  # a local cluster an earlier test module joined and left running
+        ray.shutdown()
     patch = pytest.MonkeyPatch()
     patch.setattr(ray._private.utils, "write_ray_address", lambda *args, **kwargs: None)
     nodes = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 0,

@@ -13,7 +13,7 @@ PPO_N1 = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_b
           "critic.ppo_micro_batch_size_per_gpu": 4}
 APART = {"actor_rollout_ref.hybrid_engine": False}
 PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo", "rlvr_mixed",
-           "tool_job"]
+           "tool_job", "vision_job"]
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Shared helpers of the model-worker tests: a run config for a tiny model and prompt batches."""
+"""Shared helpers of the model-worker tests: a run config for a tiny model, prompt batches and a
+one-rank local worker group."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from rlvr.protocol import DataProto
+from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup
 from rlvr.trainer.config.schema import RlvrConfig
 from rlvr.utils.testing import tiny_tokenizer
 from rlvr.utils.torch_functional import compute_position_ids
@@ -52,3 +54,10 @@ def with_advantages(rollout: DataProto, advantages: list[float], old_log_probs: 
     tensors = {key: rollout.batch[key] for key in rollout.batch.keys()}
     tensors.update(advantages=adv, old_log_probs=old_log_probs)
     return DataProto.from_dict(tensors=tensors, meta_info={"temperature": 1.0})
+
+
+def local_group(cls: type, *args) -> LocalWorkerGroup:
+    """A one-rank local worker group of ``cls(*args)``, its model initialised."""
+    group = LocalWorkerGroup(LocalResourcePool(), ClassWithInitArgs(cls, *args))
+    group.init_model()
+    return group

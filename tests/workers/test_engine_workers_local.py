@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_worker_utils import make_config, prompt_batch, with_advantages
+from model_worker_utils import local_group, make_config, prompt_batch, with_advantages
 from transformers import AutoModelForCausalLM
 
 from rlvr.protocol import DataProto
-from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup
 from rlvr.utils.errors import ConfigError, WorkerError
 from rlvr.utils.testing import save_tiny_model, tiny_tokenizer
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
@@ -17,19 +16,8 @@ from rlvr.workers.rollout.static_decode import DynamicCacheDecoder
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
-
-
-@pytest.fixture(scope="module")
 def other_model_dir(tmp_path_factory) -> str:
     return str(save_tiny_model(tmp_path_factory.mktemp("tiny_other") / "model", seed=1))
-
-
-def local_group(cls, *args):
-    group = LocalWorkerGroup(LocalResourcePool(), ClassWithInitArgs(cls, *args))
-    group.init_model()
-    return group
 
 
 def hybrid(model_dir: str, *overrides: str):
@@ -333,9 +321,9 @@ def test_repeated_prompts_are_prefilled_once_with_the_same_result(model_dir, mon
     prefilled_rows = []
     prefill = DynamicCacheDecoder.prefill
 
-    def counting_prefill(self, input_ids, *args):
+    def counting_prefill(self, input_ids, *args, **kwargs):
         prefilled_rows.append(input_ids.shape[0])
-        return prefill(self, input_ids, *args)
+        return prefill(self, input_ids, *args, **kwargs)
 
     monkeypatch.setattr(DynamicCacheDecoder, "prefill", counting_prefill)
     # runs of n as the trainer sends them, and an irregular batch (prompts repeated 2, 3 and 1 times)

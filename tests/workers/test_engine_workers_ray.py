@@ -3,21 +3,12 @@
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
-from model_worker_utils import make_config, prompt_batch, with_advantages
+from model_worker_utils import local_group, make_config, prompt_batch, with_advantages
 from transformers import AutoModelForCausalLM
 
 from rlvr.protocol import DataProto
-from rlvr.single_controller import (
-    ClassWithInitArgs,
-    LocalResourcePool,
-    LocalWorkerGroup,
-    RayResourcePool,
-    RayWorkerGroup,
-    init_ray,
-)
-from rlvr.utils.testing import save_tiny_model
+
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 
 pytestmark = pytest.mark.ray
@@ -26,45 +17,10 @@ OVERRIDES = ("actor_rollout_ref.actor.optim.lr=0.001", "critic.optim.lr=0.01",
              "actor_rollout_ref.actor.use_rollout_log_probs=false")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    init_ray(num_cpus=2)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture
-def ray_group(ray_cluster):
-    made = []
-
-    def make(cls, *args):
-        pool = RayResourcePool(process_on_nodes=[2], use_gpu=False)
-        group = RayWorkerGroup(pool, ClassWithInitArgs(cls, *args))
-        made.append((pool, group))
-        group.init_model()
-        return group
-
-    yield make
-    for pool, group in made:
-        group.shutdown()
-        pool.remove()
-
-
-def local_group(cls, *args):
-    group = LocalWorkerGroup(LocalResourcePool(), ClassWithInitArgs(cls, *args))
-    group.init_model()
-    return group
-
-
-def test_fsdp_two_ranks_match_one_rank_and_the_rollout_follows(model_dir, ray_group, tmp_path):
+def test_fsdp_two_ranks_match_one_rank_and_the_rollout_follows(model_dir, ray_groups, tmp_path):
     config = make_config(model_dir, *OVERRIDES)
     local = local_group(ActorRolloutRefWorker, config, "actor_rollout_ref")
-    sharded = ray_group(ActorRolloutRefWorker, config, "actor_rollout_ref")
+    sharded = ray_groups(ActorRolloutRefWorker, config, "actor_rollout_ref")
 
     # the 2-rank rollout (unsharded replica) scores like the 2-rank FSDP actor
     out = sharded.generate_sequences(prompt_batch())
@@ -117,12 +73,12 @@ def test_fsdp_two_ranks_match_one_rank_and_the_rollout_follows(model_dir, ray_gr
     assert all(torch.equal(exported[k], w_two[k]) for k in w_two)
 
 
-def test_fsdp_critic_two_ranks_match_one_rank(model_dir, ray_group):
+def test_fsdp_critic_two_ranks_match_one_rank(model_dir, ray_groups):
     config = make_config(model_dir, *OVERRIDES)
     rollout = local_group(ActorRolloutRefWorker, config, "rollout")
     out = rollout.generate_sequences(prompt_batch())
     local = local_group(CriticWorker, config)
-    sharded = ray_group(CriticWorker, config)
+    sharded = ray_groups(CriticWorker, config)
     values = local.compute_values(out).batch["values"]
     assert torch.allclose(sharded.compute_values(out).batch["values"], values, atol=1e-6)
     returns = torch.tensor([1.0, -1.0, 0.5, 2.0])[:, None] * out.batch["response_mask"]
@@ -136,9 +92,9 @@ def test_fsdp_critic_two_ranks_match_one_rank(model_dir, ray_group):
                           atol=1e-5)
 
 
-def test_fsdp_lora_two_ranks_reference_is_the_base_model(model_dir, ray_group):
+def test_fsdp_lora_two_ranks_reference_is_the_base_model(model_dir, ray_groups):
     config = make_config(model_dir, "actor_rollout_ref.model.lora_rank=4", "actor_rollout_ref.actor.optim.lr=0.05")
-    sharded = ray_group(ActorRolloutRefWorker, config, "actor_rollout_ref")
+    sharded = ray_groups(ActorRolloutRefWorker, config, "actor_rollout_ref")
     base = local_group(ActorRolloutRefWorker, make_config(model_dir), "ref")
     out = sharded.generate_sequences(prompt_batch())
     mask = out.batch["response_mask"].bool()

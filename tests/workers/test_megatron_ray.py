@@ -6,23 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_worker_utils import make_config, prompt_batch, with_advantages
+from model_worker_utils import local_group, make_config, prompt_batch, with_advantages
 
 pytestmark = [pytest.mark.megatron, pytest.mark.ray]
 pytest.importorskip("megatron.core")
 
-import ray  # noqa: E402
-
 from rlvr.protocol import DataProto  # noqa: E402
-from rlvr.single_controller import (  # noqa: E402
-    ClassWithInitArgs,
-    LocalResourcePool,
-    LocalWorkerGroup,
-    RayResourcePool,
-    RayWorkerGroup,
-    init_ray,
-)
-from rlvr.utils.testing import save_tiny_model  # noqa: E402
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
 from rlvr.workers.megatron.workers import MegatronActorRolloutRefWorker, MegatronCriticWorker  # noqa: E402
 
@@ -33,39 +22,7 @@ MEGATRON = ("actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatr
             "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=4")
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    init_ray(num_cpus=4)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture
-def ray_groups(ray_cluster):
-    made = []
-
-    def make(cls, *args):
-        pool = RayResourcePool(process_on_nodes=[4], use_gpu=False)
-        group = RayWorkerGroup(pool, ClassWithInitArgs(cls, *args))
-        made.append((pool, group))
-        group.init_model()
-        return group
-
-    yield make
-    for pool, group in made:
-        group.shutdown()
-        pool.remove()
-
-
-def local_group(cls, *args):
-    group = LocalWorkerGroup(LocalResourcePool(), ClassWithInitArgs(cls, *args))
-    group.init_model()
-    return group
+RAY_RANKS = 4
 
 
 def test_tensor_and_data_parallel_on_ray_match_fsdp(model_dir, ray_groups):

@@ -14,16 +14,14 @@ from types import ModuleType
 
 import pytest
 import torch
-from model_worker_utils import make_config, prompt_batch, with_advantages
+from model_worker_utils import local_group, make_config, prompt_batch, with_advantages
 from transformers import AutoModelForCausalLM
 
 pytestmark = pytest.mark.megatron
 pytest.importorskip("megatron.core")
 
 from rlvr.protocol import DataProto  # noqa: E402
-from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup  # noqa: E402
 from rlvr.utils.errors import WorkerError  # noqa: E402
-from rlvr.utils.testing import save_tiny_model  # noqa: E402
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker  # noqa: E402
 from rlvr.workers.megatron.local_ranks import shutdown_local_ranks  # noqa: E402
 from rlvr.workers.megatron.workers import MegatronActorRolloutRefWorker, MegatronCriticWorker  # noqa: E402
@@ -33,11 +31,6 @@ COMMON = ("actor_rollout_ref.model.attn_implementation=eager", "actor_rollout_re
           "actor_rollout_ref.actor.kl_loss_coef=0.1", "actor_rollout_ref.actor.entropy_coeff=0.01")
 UPDATE_METRICS = ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
                   "actor/grad_norm")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
 
 
 @pytest.fixture(autouse=True)
@@ -52,12 +45,6 @@ def megatron_config(model_dir: str, tp: int, pp: int, *extra: str):
     return make_config(model_dir, *COMMON, "actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron",
                        f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
                        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}", *extra)
-
-
-def local_group(cls, *args):
-    group = LocalWorkerGroup(LocalResourcePool(), ClassWithInitArgs(cls, *args))
-    group.init_model()
-    return group
 
 
 def max_diff(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> float:

@@ -9,7 +9,7 @@ from model_worker_utils import PROMPTS, make_config, with_advantages
 
 from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup
-from rlvr.utils.testing import save_tiny_model, tiny_tokenizer
+from rlvr.utils.testing import tiny_tokenizer
 from rlvr.utils.torch_functional import compute_position_ids
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 
@@ -17,11 +17,6 @@ PACKED = ("actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.
           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24")
 COMMON = ("actor_rollout_ref.actor.optim.lr=0.01", "actor_rollout_ref.actor.use_rollout_log_probs=false",
           "actor_rollout_ref.rollout.response_length=12", "actor_rollout_ref.actor.use_kl_loss=true")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> str:
-    return str(save_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0))
 
 
 def prompt_batch() -> DataProto:

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.agent.loop import expand_samples, register_agent_loop
@@ -198,11 +197,6 @@ class OpenAIAgentLoop:
                 batch.items[i].stop_reason = "answered"
         metrics = trajectory_metrics(batch, COUNTERS)
         output = batch.to_output(prompts, response_length, {**engine_meta, "metrics": metrics})
-        versions = torch.full((len(sessions), response_length), -1, dtype=torch.long)
-        for i, session in enumerate(sessions):
-            if batch.items[i] is session.trajectory and session.versions:
-                versions[i, :len(session.versions)] = torch.tensor(session.versions, dtype=torch.long)
-        output.batch["response_versions"] = versions
         output.non_tensor_batch["agent_answer"] = np.array([None if a is None else str(a) for a in answers],
                                                            dtype=object)
         return output

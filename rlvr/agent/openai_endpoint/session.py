@@ -90,8 +90,8 @@ class ChatSession:
     Attributes:
         session_id: the id in the endpoint's URL.
         row: the sample's data row (what the agent function receives).
-        trajectory: prompt and response ids, mask and log-probs so far (None before the first request).
-        versions: the weights version of each response token (-1 for inserted ones).
+        trajectory: prompt and response ids, mask, log-probs and weights versions so far (None before
+            the first request).
         transcript: the normalised conversation so far (what the next request must start with).
         closed: no more requests are served (the agent returned, failed or ran out of time).
     """
@@ -99,7 +99,6 @@ class ChatSession:
     session_id: str
     row: dict[str, Any]
     trajectory: Trajectory | None = None
-    versions: list[int] = field(default_factory=list)
     transcript: list[dict[str, Any]] = field(default_factory=list)
     closed: bool = False
     requests: int = 0
@@ -132,10 +131,8 @@ class ChatSession:
 
     def add_sampled(self, ids: list[int], log_probs: list[float], versions: list[int]) -> None:
         assert self.trajectory is not None
-        self.trajectory.add_sampled(ids, log_probs)
-        self.versions += versions
+        self.trajectory.add_sampled(ids, log_probs, versions)
 
     def add_inserted(self, ids: list[int]) -> None:
         assert self.trajectory is not None
         self.trajectory.add_inserted(ids)
-        self.versions += [-1] * len(ids)

@@ -422,9 +422,10 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
                 batch = DataProto.from_single_dict(next(self.train_iter))
                 batch.non_tensor_batch["uid"] = np.array([f"{self.global_steps}-{tag}-{i}" for i in range(len(batch))],
                                                          dtype=object)
+                repeated = batch.repeat(n, interleave=True)  # before the baseline's rollout takes the prompts
                 if greedy_baseline:
                     baseline = self._generate(batch, validate=False, do_sample=False)
-                batch = self._generate(batch.repeat(n, interleave=True), validate=False)
+                batch = self._generate(repeated, validate=False)
         metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))
         with _timer("reward", timing):
             metrics.update(self._score(batch, self.reward_fn))

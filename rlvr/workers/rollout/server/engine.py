@@ -274,8 +274,8 @@ class ServerRollout:
             jobs.append(self.pool.submit(self._sample, ids, {**sampling, "seed": seed}, session, row))
         completions = [job.result() for job in jobs]
         responses, response_mask, log_probs, versions = self._pack(completions, call.response_length, call.pad_id)
-        tensors = response_tensors(input_ids, attention_mask, position_ids, responses, response_mask, log_probs)
-        tensors["response_versions"] = versions
+        tensors = response_tensors(input_ids, attention_mask, position_ids, responses, response_mask, log_probs,
+                                   versions)
         meta = {"rollout_log_prob_temperature": call.sampling.log_prob_temperature, "rollout_log_probs_exact": False,
                 "rollout_weights_version": self.weights_version,
                 "metrics": {"rollout/server_replicas_up": float(sum(self.router.up)),
