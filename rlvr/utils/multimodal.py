@@ -265,7 +265,8 @@ def multi_modal_batch(batch: dict[str, Any], non_tensor_batch: dict[str, np.ndar
     Args:
         batch: ``[B, ...]`` tensors of one rank.
         non_tensor_batch: the rows' non-tensor fields (``multi_modal_inputs`` when they have images).
-        model: the unwrapped transformers model.
+        model: the worker's model: a transformers model (wrapped or not) or a value model over one
+            (its ``config`` says which); other modules (Megatron's) have no images to check.
         world_size: ranks the model is sharded over.
         method: the worker method, for messages.
         packed: the worker runs packed forwards (``use_remove_padding``, sequence parallelism).
@@ -296,7 +297,8 @@ def check_images_on_every_rank(model: nn.Module, batch: dict[str, Any], world_si
     Raises:
         ValueError: a row of this rank's batch has no image (naming ``method`` and the count).
     """
-    if world_size == 1 or not is_vision_language_model(model.config.model_type):
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if world_size == 1 or model_type is None or not is_vision_language_model(model_type):
         return
     rows = batch.get(MULTI_MODAL_INPUTS)
     missing = len(batch["input_ids"]) if rows is None else sum(1 for row in rows.rows if not row)

@@ -110,6 +110,11 @@ class CriticModel(nn.Module):
         nn.init.zeros_(self.value_head.bias)
         self.value_head.to(next(backbone.parameters()).dtype)
 
+    @property
+    def config(self):
+        """The backbone's transformers config (what the model is)."""
+        return self.backbone.config
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                 position_ids: torch.Tensor, **model_kwargs) -> torch.Tensor:
         """Values of every position.

@@ -233,7 +233,7 @@ class DataParallelPPOActor:
         """
         temperature = float(data.meta_info["temperature"])
         batch = multi_modal_batch(gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp),
-                                  data.non_tensor_batch, unwrap_hf_model(self.module), self.world_size,
+                                  data.non_tensor_batch, self.module, self.world_size,
                                   "compute_log_prob", packed=self.use_remove_padding)
         rows, response_len = batch["responses"].shape
         log_probs = torch.zeros(rows, response_len)
@@ -271,7 +271,7 @@ class DataParallelPPOActor:
             keys.append("rollout_log_probs")
         batch = multi_modal_batch(
             gather_rows(select_batch_keys(data.batch, keys, "update_actor"), self.sp, block=self.mini_batch_size),
-            data.non_tensor_batch, unwrap_hf_model(self.module), self.world_size, "update_actor",
+            data.non_tensor_batch, self.module, self.world_size, "update_actor",
             packed=self.use_remove_padding)
         self.module.train()
         return run_ppo_epochs(

@@ -82,7 +82,7 @@ class DataParallelPPOCritic:
     def compute_values(self, data: DataProto) -> torch.Tensor:
         """Values ``[B, R]`` (float32, CPU), zero outside ``response_mask`` when it is present."""
         batch = multi_modal_batch(gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp),
-                                  data.non_tensor_batch, unwrap_hf_model(self.module.backbone), self.world_size,
+                                  data.non_tensor_batch, self.module, self.world_size,
                                   "compute_values", packed=self.use_remove_padding)
         rows, response_len = batch["responses"].shape
         values = torch.zeros(rows, response_len)
@@ -102,7 +102,7 @@ class DataParallelPPOCritic:
         keys = [*_FORWARD_KEYS, "response_mask", "values", "returns"]
         batch = multi_modal_batch(
             gather_rows(select_batch_keys(data.batch, keys, "update_critic"), self.sp, block=self.mini_batch_size),
-            data.non_tensor_batch, unwrap_hf_model(self.module.backbone), self.world_size, "update_critic",
+            data.non_tensor_batch, self.module, self.world_size, "update_critic",
             packed=self.use_remove_padding)
         self.module.train()
         return run_ppo_epochs(
