@@ -138,21 +138,24 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.megatron.param_offload, optimizer=False)
 
     # ------------------------------------------------------------------ rollout weights
-    def _sync_rollout_weights(self, force: bool = False) -> None:
+    def _sync_rollout_weights(self, force: bool = False) -> dict[str, float]:
+        """Bring the rollout engine up to the actor's weights; returns the engine's seconds per sync
+        stage (empty for in-process engines, or when the engine already has them)."""
         if force or self.rollout.weights_version != self._weights_version:
-            self._load_rollout_weights(self._weights_version)
+            return self._load_rollout_weights(self._weights_version)
+        return {}
 
     @on_every_rank
-    def _load_rollout_weights(self, version: int) -> None:
+    def _load_rollout_weights(self, version: int) -> dict[str, float]:
         """Gather the actor's shards into HF tensors (every rank takes part) and load them into the
-        rollout engine as weights ``version``."""
+        rollout engine as weights ``version``; returns the engine's seconds per sync stage."""
         self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
         weights = gather_hf_weights(self.actor_module)
         if self.rollout is None:
             deque(weights, maxlen=0)
-            return
+            return {}
         self.rollout.wake_up()
-        self.rollout.update_weights(weights, version)
+        return self.rollout.update_weights(weights, version) or {}
 
     def _reuse_rollout_log_probs(self, data: DataProto, temperature: float, calculate_entropy: bool) -> bool:
         return False
