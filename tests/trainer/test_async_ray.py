@@ -25,7 +25,7 @@ from rlvr.utils.errors import WorkerTimeoutError
 from rlvr.utils.fault_injection import Fault
 from rlvr.utils.tokenizer import hf_tokenizer
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # a simulated 2-node cluster and full training runs
 
 NODE = {"num_cpus": 2, "object_store_memory": 150 * 1024**2}
 BASE = {"trainer.backend": "ray", "trainer.val_before_train": False, "trainer.report": False,

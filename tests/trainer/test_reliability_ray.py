@@ -31,7 +31,7 @@ from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 from rlvr.utils.fault_injection import Fault, with_faults
 from rlvr.utils.testing import local_ray_cluster, tiny_tokenizer
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # each starts a Ray run and kills or hangs workers: minutes in all
 
 RAY = {"trainer.backend": "ray", "trainer.n_gpus_per_node": 2, "trainer.report": False, "trainer.num_threads": 1,
        "trainer.val_before_train": False, "trainer.total_training_steps": 4, "trainer.save_freq": 2,

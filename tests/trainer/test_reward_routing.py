@@ -71,6 +71,7 @@ def test_mixed_domains_train_through_the_cli_with_one_reward_worker_group_each(t
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # the local-backend version of this run is in the default suite
 def test_mixed_domains_on_ray_with_two_processes_per_reward_worker(tiny_model_dir, mixed_data, tmp_path):
     argv = _argv(tiny_model_dir, mixed_data, tmp_path / "run", **{"trainer.backend": "ray", "reward.num_workers": 2})
     assert main(argv) == 0

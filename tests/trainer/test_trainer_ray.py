@@ -25,10 +25,11 @@ def ray_cluster():
 @pytest.mark.parametrize(("preset", "extra", "expected"), [
     # 5 validation prompts: padded to 6 over the 2 ranks and unpadded
     ("grpo", {"data.val_max_samples": 5, "trainer.total_training_steps": 2}, ["actor/kl_loss", "timing/ref"]),
-    ("ppo", {"actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
-             "critic.ppo_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": 1},
-     ["critic/vf_loss", "timing/update_critic"]),
-    ("rloo", {"trainer.val_before_train": False, "trainer.total_training_steps": 1}, ["actor/reward_kl_penalty"]),
+    pytest.param("ppo", {"actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+                         "critic.ppo_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": 1},
+                 ["critic/vf_loss", "timing/update_critic"], marks=pytest.mark.slow),
+    pytest.param("rloo", {"trainer.val_before_train": False, "trainer.total_training_steps": 1},
+                 ["actor/reward_kl_penalty"], marks=pytest.mark.slow),
 ])
 def test_two_ray_workers(tiny_model_dir, tiny_data, tmp_path, preset, extra, expected):
     cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "run", preset=preset, **{**RAY, **extra})

@@ -18,7 +18,7 @@ FLIPS = [
 
 @pytest.fixture(scope="module")
 def sandbox():
-    return LocalSandbox(SandboxConfig(wall_timeout_s=5.0, cpu_seconds=4, max_concurrency=2))
+    return LocalSandbox(SandboxConfig(wall_timeout_s=20.0, cpu_seconds=10, max_concurrency=2))
 
 
 def _human_eval_truth(problem: dict) -> dict:
