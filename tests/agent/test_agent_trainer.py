@@ -73,6 +73,7 @@ def test_tool_and_environment_rewards_do_not_change_accuracy(eos_prone_model_dir
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray run (the local-backend runs of the loops are in the default suite)
 def test_env_agent_trains_on_the_ray_backend(eos_prone_model_dir, gsm8k_like_data, tmp_path):
     init_ray(num_cpus=2)
     try:
@@ -89,6 +90,7 @@ def test_env_agent_trains_on_the_ray_backend(eos_prone_model_dir, gsm8k_like_dat
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # a Ray run
 def test_tool_agent_calls_the_calculator_on_the_ray_backend(tool_calling_model_dir, gsm8k_like_data, tmp_path,
                                                             monkeypatch):
     write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")

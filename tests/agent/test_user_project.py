@@ -63,7 +63,7 @@ def _command_env() -> dict[str, str]:
 RLVR = str(Path(sys.executable).parent / "rlvr")  # the console script pip installed beside the interpreter
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
 def test_the_project_trains_one_step_through_the_command(backend, project, eos_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     overrides = [f"actor_rollout_ref.model.path={eos_model_dir}", f"trainer.backend={backend}",

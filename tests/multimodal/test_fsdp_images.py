@@ -72,5 +72,5 @@ def test_a_row_without_an_image_is_refused_on_sharded_ranks(vl_dirs, image_data,
     out.non_tensor_batch[MULTI_MODAL_INPUTS] = out.non_tensor_batch[MULTI_MODAL_INPUTS].copy()
     out.non_tensor_batch[MULTI_MODAL_INPUTS][3] = {}  # rank 1 refuses before any forward (rank 0 then waits)
     with pytest.raises(WorkerError, match=r"rank 1 raised and rank\(s\) \[0\] gave no result") as caught:
-        two_ranks.compute_log_prob(out, _timeout_s=20)  # rank 0 waits for rank 1 in a collective until then
+        two_ranks.compute_log_prob(out, _timeout_s=10)  # rank 0 waits for rank 1 in a collective until then
     assert "compute_log_prob: 1 row(s) of this rank's batch have no image" in str(caught.value.__cause__)

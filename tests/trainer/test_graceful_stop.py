@@ -54,6 +54,7 @@ def _metrics_steps(path: Path) -> list[int]:
     return [row["step"] for row in read_metrics(path)] if path.is_file() else []
 
 
+@pytest.mark.slow  # two training commands in processes of their own
 def test_sigterm_stops_the_command_with_a_checkpoint_and_the_printed_command_resumes(
         tiny_model_dir, tiny_data, tmp_path):
     run_dir = tmp_path / "run"
