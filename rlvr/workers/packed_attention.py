@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -102,12 +103,45 @@ def _varlen(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: to
     if query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
         from torch.nn.attention.varlen import varlen_attn
 
-        window = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
-        out = varlen_attn(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1),
-                          cu_seqlens, cu_seqlens, max_len, max_len, scale=scaling, window_size=window,
-                          enable_gqa=query.shape[1] != key.shape[1])
-        return out[None]
+        return varlen_kernel_attention(varlen_attn, query, key, value, cu_seqlens, max_len, scaling, sliding_window)
     return segment_sdpa(query, key, value, cu_seqlens, scaling, dropout, sliding_window)
+
+
+@functools.cache
+def _takes_enable_gqa(kernel) -> bool:
+    """Whether ``kernel`` (``varlen_attn``) has the ``enable_gqa`` argument (torch 2.13 has it,
+    torch 2.11 does not)."""
+    return "enable_gqa" in inspect.signature(kernel).parameters
+
+
+def varlen_kernel_attention(kernel, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            cu_seqlens: torch.Tensor, max_len: int, scaling: float | None,
+                            sliding_window: int | None) -> torch.Tensor:
+    """Causal attention within packed sequences through PyTorch's varlen kernel.
+
+    Args:
+        kernel: ``torch.nn.attention.varlen.varlen_attn`` (or a function with its signature).
+        query: ``[1, H, T, d]``; key/value ``[1, Hkv, T, d]`` with ``H % Hkv == 0``.
+        cu_seqlens: ``[n + 1]`` int32 sequence boundaries; ``max_len`` the longest sequence.
+
+    Returns:
+        ``[1, T, H, d]``. Where the kernel has no ``enable_gqa`` (torch 2.11), grouped key/value
+        heads are repeated to ``H`` first: the same result, ``H / Hkv`` times the key/value memory.
+    """
+    window = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, d]
+    grouped = q.shape[1] != k.shape[1]
+    extra = {}
+    if grouped and _takes_enable_gqa(kernel):
+        extra["enable_gqa"] = True
+    elif grouped:
+        if q.shape[1] % k.shape[1]:
+            raise ValueError(f"packed attention: {q.shape[1]} query heads are not a multiple of "
+                             f"{k.shape[1]} key/value heads")
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    out = kernel(q, k, v, cu_seqlens, cu_seqlens, max_len, max_len, scale=scaling, window_size=window, **extra)
+    return out[None]
 
 
 def _packed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlvr.workers.packed_attention import segment_sdpa
+from rlvr.workers.packed_attention import segment_sdpa, varlen_kernel_attention
 from tests.workers.packed_batches import make_actor, random_batch, tiny_model
 
 pytestmark = pytest.mark.gpu
@@ -18,8 +18,7 @@ def test_varlen_kernel_equals_per_sequence_sdpa_in_bf16():
     gen = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(1, heads, 45, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for heads in (8, 2, 2))
     cu = torch.tensor([0, 1, 20, 45], dtype=torch.int32, device="cuda")
-    out = varlen_attn(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 25, 25,
-                      window_size=(-1, 0), enable_gqa=True)
+    out = varlen_kernel_attention(varlen_attn, q, k, v, cu, 25, None, None)[0]
     reference = segment_sdpa(q.float(), k.float(), v.float(), cu, None)[0]
     torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
 

@@ -9,7 +9,7 @@ import torch
 from packed_batches import actor_config, make_actor, make_critic, random_batch, tiny_model
 
 from rlvr.protocol import DataProto
-from rlvr.workers.packed_attention import segment_sdpa, use_packed_attention
+from rlvr.workers.packed_attention import segment_sdpa, use_packed_attention, varlen_kernel_attention
 from rlvr.workers.packing import pack_batch
 from rlvr.workers.ulysses import SequenceParallel
 
@@ -60,6 +60,48 @@ def test_segment_sdpa_attends_within_each_sequence(window):
         expected = (scores.softmax(-1) @ vs).transpose(0, 1)
         torch.testing.assert_close(out[0, start : start + length], expected, atol=1e-6, rtol=1e-5)
         start += length
+
+
+def _fake_varlen(gqa_argument: bool):
+    """A stand-in for ``varlen_attn`` on CPU (``[T, heads, d]`` in and out, through segment_sdpa):
+    with the ``enable_gqa`` argument (torch 2.13) or without it (torch 2.11: equal heads only)."""
+    calls = []
+
+    def run(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1)):
+        assert window_size[1] == 0 and torch.equal(cu_q, cu_k) and max_q == max_k
+        calls.append(k.shape[1])
+        if k.shape[1] != q.shape[1]:
+            raise AssertionError("grouped key/value heads reached a kernel that cannot take them")
+        window = None if window_size[0] < 0 else window_size[0] + 1
+        return segment_sdpa(*(t.transpose(0, 1)[None] for t in (q, k, v)), cu_q, scale, sliding_window=window)[0]
+
+    def run_gqa(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+        assert enable_gqa == (k.shape[1] != q.shape[1])
+        calls.append(k.shape[1])
+        window = None if window_size[0] < 0 else window_size[0] + 1
+        return segment_sdpa(*(t.transpose(0, 1)[None] for t in (q, k, v)), cu_q, scale, sliding_window=window)[0]
+
+    return (run_gqa if gqa_argument else run), calls
+
+
+@pytest.mark.parametrize("gqa_argument", [True, False])
+@pytest.mark.parametrize("window", [None, 3])
+def test_varlen_kernel_attention_handles_kernels_without_enable_gqa(gqa_argument, window):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, heads, 13, 8, generator=gen) for heads in (6, 2, 2))
+    cu = torch.tensor([0, 4, 6, 13], dtype=torch.int32)
+    kernel, calls = _fake_varlen(gqa_argument)
+    out = varlen_kernel_attention(kernel, q, k, v, cu, 7, 0.3, window)
+    expected = segment_sdpa(q, k, v, cu, scaling=0.3, sliding_window=window)
+    assert out.shape == (1, 13, 6, 8)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    assert calls == [2 if gqa_argument else 6]  # key/value heads the kernel saw
+
+
+def test_varlen_kernel_attention_rejects_uneven_head_groups():
+    q, k = torch.zeros(1, 5, 4, 8), torch.zeros(1, 2, 4, 8)
+    with pytest.raises(ValueError, match="5 query heads are not a multiple of 2 key/value heads"):
+        varlen_kernel_attention(_fake_varlen(False)[0], q, k, k, torch.tensor([0, 4], dtype=torch.int32), 4, None, None)
 
 
 def _grads(actor) -> dict[str, torch.Tensor]:
