@@ -7,6 +7,7 @@ Runs the main job (``--preset main_job``) for ``--steps`` steps, once per setup,
 
 - ``hf``: the HF engine (its fp32 log-probs are reused: no old-log-prob pass);
 - ``vllm``: vLLM in the worker's process (``rollout.mode=sync``);
+- ``vllm+bypass``: the same with ``algorithm.rollout_correction.bypass_mode=true``;
 - ``server``: one managed vLLM replica bound to core 1, training on one thread
   (``rollout.mode=async``);
 - ``server+bypass``: the same with ``algorithm.rollout_correction.bypass_mode=true`` (the engine's
@@ -30,6 +31,7 @@ from pathlib import Path
 SETUPS = {
     "hf": [],
     "vllm": ["actor_rollout_ref.rollout.name=vllm"],
+    "vllm+bypass": ["actor_rollout_ref.rollout.name=vllm", "algorithm.rollout_correction.bypass_mode=true"],
     "server": ["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async",
                "actor_rollout_ref.rollout.server.python=.venv-vllm/bin/python",
                "actor_rollout_ref.rollout.server.cpu_binds=[1]", "trainer.num_threads=1"],
@@ -53,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run_setup(name: str, steps: int, out: Path) -> dict:
     """One main-job run of ``steps`` steps; the per-stage medians and the load average."""
-    python = ".venv-vllm/bin/python" if name == "vllm" else sys.executable  # in-process vLLM needs its venv
+    in_process_vllm = name in ("vllm", "vllm+bypass")
+    python = ".venv-vllm/bin/python" if in_process_vllm else sys.executable  # in-process vLLM needs its venv
     run_dir = out / name.replace("+", "_")
     command = [python, "-m", "rlvr.trainer.main_ppo", "--preset", "main_job", *SETUPS[name],
                f"trainer.total_training_steps={steps}", "trainer.val_before_train=false", "trainer.test_freq=-1",
