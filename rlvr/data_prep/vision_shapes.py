@@ -6,7 +6,8 @@ Three files of rows in verl's format (images as PNG files beside them, ``images`
 ``<image>`` placeholder in the prompt):
 
 - ``train.jsonl``: the RL questions, "What colour is the shape? Answer with one word." and "What
-  shape is it? Answer with one word.", the answer scored by the ``vision_shapes`` scorer (the
+  shape is it? Answer with one word.", each after a text-only example exchange in that format
+  (``EXAMPLES``: "What colour is snow? ..." -> "White"), the answer scored by the ``vision_shapes`` scorer (the
   response, lower-cased and without a final full stop, must be the word);
 - ``test.jsonl``: the same questions on held-out images (drawn from another random stream: no
   image of the test set is in training);
@@ -32,7 +33,7 @@ from PIL import Image, ImageDraw
 from rlvr.reward.scorers.vision_shapes import COLOUR_WORDS, SHAPE_WORDS
 from rlvr.trainer.data import write_rows
 
-__all__ = ["COLOURS", "SHAPES", "QUESTIONS", "CAPTION_QUESTION", "DATA_SOURCE", "IMAGE_SIZE", "draw_shape",
+__all__ = ["COLOURS", "SHAPES", "QUESTIONS", "EXAMPLES", "CAPTION_QUESTION", "DATA_SOURCE", "IMAGE_SIZE", "draw_shape",
            "question_rows", "caption_rows", "write_dataset"]
 
 DATA_SOURCE = "vision_shapes"
@@ -42,6 +43,10 @@ COLOURS = dict(zip(COLOUR_WORDS, [(215, 40, 40), (40, 160, 60), (40, 80, 215), (
 SHAPES = SHAPE_WORDS
 QUESTIONS = {"colour": "What colour is the shape? Answer with one word.",
              "shape": "What shape is it? Answer with one word."}
+EXAMPLES = {"colour": ("What colour is snow? Answer with one word.", "White"),
+            "shape": ("What shape is a stop sign? Answer with one word.", "Octagon")}
+"""A text-only exchange shown before each question (its answer is never one of the job's words): it
+shows the one-word format, which the caption warm start ("A red circle.") does not."""
 CAPTION_QUESTION = "What is in the image?"
 _SCALE = 4  # drawn at 4x, then scaled down
 
@@ -84,7 +89,8 @@ def question_rows(images: list[tuple[str, str, str]], split: str) -> list[dict[s
         kind = "colour" if i % 2 == 0 else "shape"
         rows.append({
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": f"<image>{QUESTIONS[kind]}"}],
+            "prompt": [{"role": "user", "content": EXAMPLES[kind][0]}, {"role": "assistant", "content": EXAMPLES[kind][1]},
+                       {"role": "user", "content": f"<image>{QUESTIONS[kind]}"}],
             "images": [path],
             "ability": "vision",
             "reward_model": {"style": "rule", "ground_truth": colour if kind == "colour" else shape},

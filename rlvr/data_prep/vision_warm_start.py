@@ -37,8 +37,10 @@ from rlvr.reward.scorers import default_compute_score
 from rlvr.trainer.config.schema import RlvrConfig
 from rlvr.trainer.data import collate_fn, create_rl_dataset, read_rows
 from rlvr.utils.images import load_image
+from rlvr.utils.model import load_causal_lm
 from rlvr.utils.multimodal import image_messages
 from rlvr.utils.seed import set_seed
+from rlvr.utils.tokenizer import hf_processor
 from rlvr.utils.torch_functional import compute_position_ids
 from rlvr.workers.rollout.hf_rollout import HFRollout
 
@@ -54,7 +56,7 @@ def evaluate(model: PreTrainedModel, processor: ProcessorMixin, test_file: str |
         "truth", "acc"}, ...]}`` (accuracies in [0, 1]).
     """
     config = OmegaConf.structured(RlvrConfig)
-    config.data.max_prompt_length = 64
+    config.data.max_prompt_length = 128
     config.actor_rollout_ref.rollout.response_length = max_new_tokens
     tokenizer = processor.tokenizer
     dataset = create_rl_dataset(str(test_file), config.data, tokenizer, processor)
@@ -152,6 +154,30 @@ def warm_start(model: PreTrainedModel, processor: ProcessorMixin, warm_file: str
     return losses
 
 
+def _write_result(result: dict[str, Any], out: Path) -> None:
+    (out / "warm_start.json.tmp").write_text(json.dumps(result, indent=1), encoding="utf-8")
+    (out / "warm_start.json.tmp").replace(out / "warm_start.json")
+
+
+def rescore(test_file: Path, out: Path, seed: int) -> dict[str, Any]:
+    """Evaluate the untrained model of ``seed`` (the same draw as the warm start's) and the
+    warm-started ``<out>/model`` on ``test_file`` again; ``before`` and ``after`` in
+    ``<out>/warm_start.json`` are replaced, the training record is kept. Returns the result."""
+    path = out / "warm_start.json"
+    if not path.is_file():
+        raise SystemExit(f"{path} is missing: run the warm start first (without --rescore)")
+    result = json.loads(path.read_text(encoding="utf-8"))
+    model, processor = build_vision_model(seed)
+    result["before"] = evaluate(model, processor, test_file)
+    warm = out / "model"
+    result["after"] = evaluate(load_causal_lm(str(warm)).eval(), hf_processor(str(warm)), test_file)
+    result["rescored_on"] = str(test_file)
+    print(f"held-out accuracy before / after the warm start: {result['before']['acc']:.2f} / "
+          f"{result['after']['acc']:.2f}", flush=True)
+    _write_result(result, out)
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="data/vision", help="folder of warm.jsonl and test.jsonl")
@@ -161,10 +187,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rescore", action="store_true",
+                        help="no training: evaluate the untrained model of --seed and <out>/model again on "
+                             "test.jsonl (after its questions changed) and update <out>/warm_start.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     set_seed(args.seed)
     data, out = Path(args.data), Path(args.out)
+    if args.rescore:
+        rescore(data / "test.jsonl", out, args.seed)
+        return
     model, processor = build_vision_model(args.seed)
     result: dict[str, Any] = {"seed": args.seed, "steps": args.steps, "batch_size": args.batch_size, "lr": args.lr,
                               "load_average_start": list(os.getloadavg())}
@@ -186,8 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     save_vision_model(model, processor, partial)
     shutil.rmtree(out / "model", ignore_errors=True)
     partial.rename(out / "model")
-    (out / "warm_start.json.tmp").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    (out / "warm_start.json.tmp").replace(out / "warm_start.json")
+    _write_result(result, out)
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ import torch
 from PIL import Image
 from transformers import LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig
 
-from rlvr.data_prep.vision_model import IMAGE_TOKEN, build_vision_model, vision_processor
+from rlvr.data_prep import vision_warm_start
+from rlvr.data_prep.vision_model import IMAGE_TOKEN, build_vision_model, save_vision_model, vision_processor
 from rlvr.data_prep.vision_shapes import COLOURS, IMAGE_SIZE, SHAPES, draw_shape, write_dataset
-from rlvr.data_prep.vision_warm_start import caption_batch, evaluate, warm_start
+from rlvr.data_prep.vision_warm_start import caption_batch, evaluate, rescore, warm_start
 from rlvr.reward.scorers import default_compute_score
 from rlvr.trainer.data import read_rows
 from rlvr.utils.model import load_causal_lm
@@ -34,7 +35,9 @@ def test_the_data_is_seeded_and_the_held_out_images_are_new(shapes, tmp_path):
     train_pixels = {np.asarray(Image.open(shapes / r["images"][0])).tobytes() for r in train}
     assert not any(np.asarray(Image.open(shapes / r["images"][0])).tobytes() in train_pixels for r in test)
     row = test[1]
-    assert row["prompt"] == [{"role": "user", "content": "<image>What shape is it? Answer with one word."}]
+    assert row["prompt"] == [{"role": "user", "content": "What shape is a stop sign? Answer with one word."},
+                             {"role": "assistant", "content": "Octagon"},
+                             {"role": "user", "content": "<image>What shape is it? Answer with one word."}]
     assert row["reward_model"]["ground_truth"] == row["extra_info"]["shape"] and row["data_source"] == "vision_shapes"
     assert test[0]["reward_model"]["ground_truth"] == test[0]["extra_info"]["colour"]
     warm = read_rows(shapes / "warm.jsonl")[0]
@@ -112,6 +115,27 @@ def test_the_warm_start_trains_only_the_vision_side_and_evaluation_scores_every_
     sample = result["samples"][0]
     assert sample["image"] == "images_test/test_00000.png" and sample["truth"] == read_rows(shapes / "test.jsonl")[0][
         "reward_model"]["ground_truth"]
+
+
+def test_rescore_evaluates_both_models_again_and_keeps_the_training_record(shapes, tmp_path, monkeypatch):
+    processor = vision_processor()
+    untrained, warm = tiny_llava(processor), tiny_llava(processor)
+    with torch.no_grad():
+        for p in warm.model.multi_modal_projector.parameters():
+            p.add_(0.5)  # another model than the untrained draw
+    save_vision_model(warm, processor, tmp_path / "model")
+    (tmp_path / "warm_start.json").write_text(json.dumps({"losses": [3.0, 1.0], "warm_start_s": 12.0,
+                                                          "before": {"acc": 0.5}, "after": {"acc": 0.5}}))
+    monkeypatch.setattr(vision_warm_start, "build_vision_model", lambda seed: (untrained, processor))
+    result = rescore(shapes / "test.jsonl", tmp_path, seed=1)
+    stored = json.loads((tmp_path / "warm_start.json").read_text())
+    assert stored == json.loads(json.dumps(result))
+    assert stored["losses"] == [3.0, 1.0] and stored["warm_start_s"] == 12.0
+    assert stored["before"] == json.loads(json.dumps(evaluate(untrained, processor, shapes / "test.jsonl")))
+    assert stored["after"] == json.loads(json.dumps(evaluate(warm, processor, shapes / "test.jsonl")))
+    assert len(stored["after"]["samples"]) == 6 and stored["rescored_on"] == str(shapes / "test.jsonl")
+    with pytest.raises(SystemExit, match="warm_start.json is missing"):
+        rescore(shapes / "test.jsonl", tmp_path / "elsewhere", seed=1)
 
 
 @pytest.mark.slow
