@@ -133,6 +133,7 @@ def test_multi_turn_batches_go_through_the_advantage_estimators(multi_turn_batch
     assert advantages[mask == 1].abs().sum() > 0
 
 
+@pytest.mark.slow  # about 12-25 s: keeps the default suite under 10 minutes (it runs in CI's slow step)
 def test_tool_agent_stops_at_the_call_and_inserts_the_result_on_the_hf_engine(tmp_path):
     model, tokenizer = tool_calling_tiny_model()
     tools = write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")

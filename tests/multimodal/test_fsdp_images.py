@@ -41,6 +41,7 @@ def two_ranks(vl_dirs):
     ray.shutdown()
 
 
+@pytest.mark.slow  # about 12-25 s: keeps the default suite under 10 minutes (it runs in CI's slow step)
 def test_two_fsdp_ranks_with_images_match_one_rank(vl_dirs, image_data, two_ranks):
     model_dir = vl_dirs["qwen2_5_vl"]
     local = LocalWorkerGroup(LocalResourcePool(), ClassWithInitArgs(ActorRolloutRefWorker,

@@ -82,6 +82,7 @@ def test_without_decoupled_ppo_the_engines_log_probs_are_the_old_ones(run):
     assert all("rollout_corr/rollout_is_mean" not in row for row in steps)
 
 
+@pytest.mark.slow  # about 12-25 s: keeps the default suite under 10 minutes (it runs in CI's slow step)
 def test_a_hung_weight_push_raises_a_timeout_naming_the_rollout_worker(run, tmp_path):
     marker = tmp_path / "hung-push"
     faults = [Fault("update_weights", rank=0, call=2, kind="hang", marker=str(marker))]  # 1: the push at start

@@ -62,6 +62,7 @@ def _check_per_domain_metrics(run_dir: Path) -> None:
     assert len(validation) == 1 and all(f"val/{d}/acc" in validation[0] for d in DOMAINS)
 
 
+@pytest.mark.slow  # about 12-25 s: keeps the default suite under 10 minutes (it runs in CI's slow step)
 def test_mixed_domains_train_through_the_cli_with_one_reward_worker_group_each(tiny_model_dir, mixed_data, tmp_path):
     argv = _argv(tiny_model_dir, mixed_data, tmp_path / "run")
     result = subprocess.run([sys.executable, "-m", "rlvr.trainer.main_ppo", *argv], capture_output=True, text=True,
