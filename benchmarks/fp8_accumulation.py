@@ -28,19 +28,14 @@ def measure(rows: int, inner: int, cols: int, out_dtype: torch.dtype, fast_accum
     scales = x_scale.double() * w_scale.double().t()
     exact = (x_q.double() @ w_q.double().t()) * scales
     magnitude = (x_q.double().abs() @ w_q.double().abs().t()) * scales
-    one = torch.ones((), dtype=torch.float32, device="cuda")
-    if out_dtype == torch.bfloat16:
-        kernel = torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=out_dtype,
-                                  use_fast_accum=fast_accum)
-    else:
-        kernel = torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
-                                  use_fast_accum=fast_accum) * x_scale * w_scale.t()
+    kernel = scaled_matmul(x_q, x_scale, w_q, w_scale, out_dtype, use_kernel=True, fast_accum=fast_accum)
     emulated = scaled_matmul(x_q, x_scale, w_q, w_scale, out_dtype, use_kernel=False)
     stats = {}
     for name, result in (("kernel", kernel), ("emulation", emulated)):
-        relative = (result.double() - exact).abs() / magnitude
+        error = (result.double() - exact).abs()
+        relative = error / magnitude
         stats[name] = {"max_over_magnitude": float(relative.max()), "mean_over_magnitude": float(relative.mean()),
-                       "max_abs": float((result.double() - exact).abs().max()),
+                       "max_abs": float(error.max()),
                        "bits": float(-torch.log2(relative.max()))}
     return {"shape": [rows, inner, cols], "out_dtype": str(out_dtype), "fast_accum": fast_accum, **stats}
 

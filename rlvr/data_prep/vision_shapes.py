@@ -7,8 +7,8 @@ Three files of rows in verl's format (images as PNG files beside them, ``images`
 
 - ``train.jsonl``: the RL questions, "What colour is the shape? Answer with one word." and "What
   shape is it? Answer with one word.", each after a text-only example exchange in that format
-  (``EXAMPLES``: "What colour is snow? ..." -> "White"), the answer scored by the ``vision_shapes`` scorer (the
-  response, lower-cased and without a final full stop, must be the word);
+  (``EXAMPLES``: "What colour is snow? ..." -> "White"), the answer scored by the
+  ``vision_shapes`` scorer (the response, lower-cased and without a final full stop, must be the word);
 - ``test.jsonl``: the same questions on held-out images (drawn from another random stream: no
   image of the test set is in training);
 - ``warm.jsonl``: captions for the supervised warm start, "What is in the image?" -> "A red circle."
@@ -89,7 +89,8 @@ def question_rows(images: list[tuple[str, str, str]], split: str) -> list[dict[s
         kind = "colour" if i % 2 == 0 else "shape"
         rows.append({
             "data_source": DATA_SOURCE,
-            "prompt": [{"role": "user", "content": EXAMPLES[kind][0]}, {"role": "assistant", "content": EXAMPLES[kind][1]},
+            "prompt": [{"role": "user", "content": EXAMPLES[kind][0]},
+                       {"role": "assistant", "content": EXAMPLES[kind][1]},
                        {"role": "user", "content": f"<image>{QUESTIONS[kind]}"}],
             "images": [path],
             "ability": "vision",

@@ -12,7 +12,8 @@ from PIL import Image
 from transformers import LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig
 
 from rlvr.data_prep import vision_warm_start
-from rlvr.data_prep.vision_model import IMAGE_TOKEN, build_vision_model, save_vision_model, vision_processor
+from rlvr.data_prep.vision_model import (IMAGE_TOKEN, build_vision_model, save_vision_model,
+                                         vision_processor)
 from rlvr.data_prep.vision_shapes import COLOURS, IMAGE_SIZE, SHAPES, draw_shape, write_dataset
 from rlvr.data_prep.vision_warm_start import caption_batch, evaluate, rescore, warm_start
 from rlvr.reward.scorers import default_compute_score

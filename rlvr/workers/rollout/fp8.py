@@ -78,7 +78,7 @@ def fp8_matmul_supported(device: torch.device) -> bool:
 
 
 def scaled_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
-                  out_dtype: torch.dtype, use_kernel: bool) -> torch.Tensor:
+                  out_dtype: torch.dtype, use_kernel: bool, fast_accum: bool = False) -> torch.Tensor:
     """``(x_q @ w_q^T) * x_scale * w_scale^T``, float32 accumulation, cast to ``out_dtype``.
 
     Args:
@@ -87,14 +87,18 @@ def scaled_matmul(x_q: torch.Tensor, x_scale: torch.Tensor, w_q: torch.Tensor, w
             ``w_scale`` ``[out, 1]`` float32.
         out_dtype: dtype of the result ``[rows, out]``.
         use_kernel: ``torch._scaled_mm`` (fp8 tensor cores); False: the float32 emulation.
+        fast_accum: the kernel's ``use_fast_accum`` (fewer bits kept in its running sums; off in
+            rlvr, measured by ``benchmarks/fp8_accumulation.py``).
     """
     if not use_kernel:
         accumulated = x_q.float() @ w_q.float().t()
         return (accumulated * x_scale * w_scale.t()).to(out_dtype)
     if out_dtype == torch.bfloat16:  # row-wise scales in the kernel's epilogue (bf16 output only)
-        return torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=torch.bfloat16)
+        return torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=torch.bfloat16,
+                                use_fast_accum=fast_accum)
     one = torch.ones((), dtype=torch.float32, device=x_q.device)
-    accumulated = torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+    accumulated = torch._scaled_mm(x_q, w_q.t(), scale_a=one, scale_b=one, out_dtype=torch.float32,
+                                   use_fast_accum=fast_accum)
     return (accumulated * x_scale * w_scale.t()).to(out_dtype)
 
 
