@@ -55,9 +55,11 @@ def test_a_drawn_shape_has_its_colour():
 
 
 @pytest.mark.parametrize("response, truth, expected", [
-    ("red", "red", (1.0, 1.0, 1.0)), (" Red.", "red", (1.0, 1.0, 1.0)), ("The shape is red.", "red", (0.5, 0.0, 1.0)),
+    ("red", "red", (1.0, 1.0, 1.0)), (" Red.", "red", (1.0, 1.0, 1.0)), ("The shape is red.", "red", (0.25, 0.0, 1.0)),
     ("red or blue", "red", (0.0, 0.0, 0.0)), ("blue", "red", (0.0, 0.0, 0.0)), ("Circles!", "circle", (0.5, 0.0, 1.0)),
-    ("circle", "circle", (1.0, 1.0, 1.0)), ("a red circle", "circle", (0.5, 0.0, 1.0)),
+    ("circle", "circle", (1.0, 1.0, 1.0)), ("a red circle", "circle", (1 / 3, 0.0, 1.0)),
+    ("A purple", "purple", (0.5, 0.0, 1.0)), ("A purple square. You can think of", "purple", (1 / 7, 0.0, 1.0)),
+    ("A blue square.", "purple", (0.0, 0.0, 0.0)),
 ])
 def test_the_scorer_wants_the_word(response, truth, expected):
     result = default_compute_score("vision_shapes", response, truth)

@@ -5,8 +5,12 @@ one word." A response is right (``acc`` 1) when, lower-cased and stripped of spa
 stop or exclamation mark, it is the word. ``mentions`` is the looser reading: the response names the
 right word and no other word of the same kind ("The shape is red." counts, "red or blue" does not),
 which separates seeing the answer from giving it in the asked form. The reward (``score``) is 1 for a
-right answer, 0.5 for a response that only mentions it, 0 otherwise: a sentence naming the right
-colour is better than a wrong one, and the word alone is better still.
+right answer; for a response that only mentions it, the share of its words the answer is, at most
+0.5 ("A red": 0.5, "A red circle.": 1/3, "The shape is red.": 1/4); 0 otherwise. A sentence naming
+the right colour is better than a wrong one, a shorter one better than a longer one, and the word
+alone best. The graded part matters after a caption warm start ("A red circle."): with a flat 0.5
+for any mention, GRPO saw no difference between "A red circle." and "A red" and, when no sampled
+answer happened to be the bare word, never found it (seed 2 of the vision job stayed at 0%).
 """
 
 from __future__ import annotations
@@ -35,4 +39,5 @@ def compute_score(data_source: str, solution_str: str, ground_truth: Any, extra_
     right = float(answer == truth)
     words = COLOUR_WORDS if truth in COLOUR_WORDS else SHAPE_WORDS
     mentions = float(_named(solution_str, words) == {truth})
-    return {"score": max(right, 0.5 * mentions), "acc": right, "mentions": mentions}
+    share = mentions * min(0.5, 1.0 / max(len(solution_str.split()), 1))
+    return {"score": max(right, share), "acc": right, "mentions": mentions}
