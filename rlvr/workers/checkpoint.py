@@ -8,6 +8,7 @@ Layout of a checkpoint folder: ``model.pt``, ``optim.pt``, ``scheduler.pt``.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import tempfile
@@ -39,14 +40,31 @@ def _barrier(world_size: int) -> None:
         dist.barrier()
 
 
+_LOW_SPACE_BYTES = 64 * 2**20  # a failed write with less than this free on its disk is reported as a full disk
+
+
 def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file next to ``path``, then rename it to ``path``."""
+    """``torch.save`` to a temporary file next to ``path``, then rename it to ``path``.
+
+    A failed write leaves ``path`` as it was and removes the partial file. When the disk is full
+    (``ENOSPC``, or under 64 MiB free after the failure: torch's zip writer then reports only
+    "unexpected pos"), raises ``OSError(ENOSPC)`` naming the file, the MiB written and the MiB free.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     os.close(fd)
     try:
         torch.save(obj, tmp)
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as error:
+        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+        free = shutil.disk_usage(path.parent).free
+        if free < _LOW_SPACE_BYTES or getattr(error, "errno", None) == errno.ENOSPC:
+            raise OSError(errno.ENOSPC, f"writing {path} failed after {written / 2**20:.0f} MiB with "
+                          f"{free / 2**20:.0f} MiB free on its disk ({error}); the files already there are "
+                          "untouched: free space or set trainer.default_local_dir to a larger disk, then "
+                          "resume") from error
+        raise
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
