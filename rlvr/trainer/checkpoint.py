@@ -34,6 +34,8 @@ from typing import Any
 
 import torch
 
+from rlvr.workers.checkpoint import atomic_save
+
 logger = logging.getLogger(__name__)
 
 TRAINER_STATE_FILE = "trainer_state.pt"
@@ -204,9 +206,7 @@ class CheckpointManager:
         record it as the latest and prune old ones. An existing ``global_step_<step>`` is renamed
         aside first and deleted after the rename, so step ``step`` is on disk whole at every instant
         (:meth:`tidy` finishes the job after a crash)."""
-        state_tmp = tmp / f".{TRAINER_STATE_FILE}.tmp"
-        torch.save(trainer_state, state_tmp)
-        os.replace(state_tmp, tmp / TRAINER_STATE_FILE)
+        atomic_save(trainer_state, tmp / TRAINER_STATE_FILE)
         write_manifest(tmp, step)
         final = self.step_dir(step)
         aside = final.with_name(f"{final.name}.old")
