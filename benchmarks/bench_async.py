@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -60,9 +61,26 @@ EXTRA: list[str] = []
 """Overrides given with ``--override``, added to every run (e.g. a smaller validation set for a quick check)."""
 
 
+def finished_run(run_dir: Path, steps: int) -> dict | None:
+    """A run of an earlier, interrupted benchmark that completed all ``steps`` (``run.json`` is written
+    only after its command succeeded), or None."""
+    record = run_dir / "run.json"
+    if not record.is_file():
+        return None
+    run = json.loads(record.read_text())
+    return run if sum("timing/step" in row for row in run["rows"]) == steps else None
+
+
 def run_job(preset: str, name: str, overrides: list[str], out: Path, steps: int, seed: int, test_freq: int) -> dict:
-    """One ``rlvr`` command; returns its metrics rows, wall time and the load averages around it."""
+    """One ``rlvr`` command; returns its metrics rows, wall time and the load averages around it. A run
+    that an earlier benchmark in ``out`` finished (same name and steps) is read back, not run again, so
+    an interrupted measurement goes on where it stopped (delete its folder to measure it again)."""
     run_dir = out / name
+    earlier = finished_run(run_dir, steps)
+    if earlier is not None:
+        print(f"{name}: read back from {run_dir / 'run.json'} (finished earlier)", flush=True)
+        return earlier
+    shutil.rmtree(run_dir, ignore_errors=True)  # an unfinished earlier attempt: start it again from scratch
     args = [sys.executable, "-m", "rlvr.trainer.main_ppo", "--preset", preset, *overrides, *EXTRA,
             f"trainer.total_training_steps={steps}", "trainer.max_time_s=null", f"trainer.test_freq={test_freq}",
             f"trainer.seed={seed}", f"trainer.default_local_dir={run_dir}", "trainer.resume_mode=disable",
@@ -74,7 +92,9 @@ def run_job(preset: str, name: str, overrides: list[str], out: Path, steps: int,
     if done.returncode != 0:
         raise RuntimeError(f"{name} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {"name": name, "rows": rows, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg()}
+    run = {"name": name, "rows": rows, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg()}
+    (run_dir / "run.json").write_text(json.dumps(run))
+    return run
 
 
 def summarize(run: dict) -> dict[str, Any]:
@@ -164,6 +184,16 @@ def stages(summary: dict) -> dict[str, float]:
     return {"gen_s": med["timing/gen"], "train_s": med["timing/step"] - med["timing/gen"]}
 
 
+def simulator_check(main_job: dict[str, list[dict]], calibration: dict, measured: dict[str, float]) -> dict:
+    """The simulator's speedups predicted from the synchronous runs' stage times (two threads), the
+    one-thread calibration and the measured weight push, beside the measured speedups."""
+    two = {"gen_s": statistics.median_low([stages(s)["gen_s"] for s in main_job["sync"]]),
+           "train_s": statistics.median_low([stages(s)["train_s"] for s in main_job["sync"]])}
+    push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in main_job["one_step"]])
+    return {"two_threads": two, "one_thread": stages(calibration), "push_s": push,
+            "predicted": predict_from_stages(two, stages(calibration), push), "measured": measured}
+
+
 def run_schedules(preset: str, schedules: dict[str, list[str]], out: Path, steps: int, seeds: list[int],
                   test_freq: int) -> dict[str, list[dict]]:
     summaries: dict[str, list[dict]] = {mode: [] for mode in schedules}
@@ -184,30 +214,27 @@ def main() -> None:
     parser.add_argument("--test-freq", type=int, default=10)
     parser.add_argument("--tool-steps", type=int, default=24, help="steps of the tool-use job (0: skip it)")
     parser.add_argument("--tool-seeds", type=int, nargs="+", default=[1])
-    parser.add_argument("--calibration-steps", type=int, default=10)
+    parser.add_argument("--calibration-steps", type=int, default=10,
+                        help="steps of the one-thread calibration run for the simulator check (0: skip both)")
     parser.add_argument("--no-ablation", action="store_true", help="skip the staleness-4 correction ablation")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_async"))
+    parser.add_argument("--json", type=Path, help="also write the report (bench_async.json) here")
     parser.add_argument("--override", nargs="*", default=[], help="key=value overrides for every run")
     args = parser.parse_args()
     EXTRA.extend(args.override)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
-                              "args": {**vars(args), "out": str(args.out)}}
+                              "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}}
     main_job = run_schedules("main_job", SCHEDULES, args.out, args.steps, args.seeds, args.test_freq)
     report["main_job"] = {"table": compare(main_job), "runs": main_job}
     sections = [markdown("main job", report["main_job"]["table"], main_job)]
-    calibration = calibrate(args.out, args.calibration_steps)
-    sync_two = statistics.median_low([stages(s)["gen_s"] for s in main_job["sync"]])
-    two = {"gen_s": sync_two, "train_s": statistics.median_low([stages(s)["train_s"] for s in main_job["sync"]])}
-    push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in main_job["one_step"]])
-    predicted = predict_from_stages(two, stages(calibration), push)
-    report["simulator"] = {"two_threads": two, "one_thread": stages(calibration), "push_s": push,
-                           "predicted": predicted,
-                           "measured": {m: report["main_job"]["table"][m]["speedup"] for m in SCHEDULES}}
-    sections.append("Simulator (from synchronous stage times only): predicted speedup "
-                    f"one_step {predicted['one_step/speedup']:.2f}, bounded {predicted['bounded/speedup']:.2f}; "
-                    f"measured {report['simulator']['measured']['one_step']:.2f}, "
-                    f"{report['simulator']['measured']['bounded']:.2f}.")
+    if args.calibration_steps > 0:
+        report["simulator"] = simulator_check(main_job, calibrate(args.out, args.calibration_steps),
+                                              {m: report["main_job"]["table"][m]["speedup"] for m in SCHEDULES})
+        predicted, measured = report["simulator"]["predicted"], report["simulator"]["measured"]
+        sections.append("Simulator (from synchronous stage times only): predicted speedup "
+                        f"one_step {predicted['one_step/speedup']:.2f}, bounded {predicted['bounded/speedup']:.2f}; "
+                        f"measured {measured['one_step']:.2f}, {measured['bounded']:.2f}.")
     if args.tool_steps > 0:
         tools = run_schedules("tool_job", SCHEDULES, args.out, args.tool_steps, args.tool_seeds, args.tool_steps)
         report["tool_job"] = {"table": compare(tools), "runs": tools}
@@ -219,7 +246,8 @@ def main() -> None:
         sections.append(markdown("staleness 4, with and without the decoupled-PPO correction",
                                  report["ablation"]["table"], ablation))
     text = "\n\n".join(sections)
-    (args.out / "bench_async.json").write_text(json.dumps(report, indent=1))
+    for path in filter(None, [args.out / "bench_async.json", args.json]):
+        path.write_text(json.dumps(report, indent=1))
     (args.out / "bench_async.md").write_text(text + "\n")
     print(text)
 

@@ -16,7 +16,9 @@ Steps, in the issue's order:
 3. ``hybrid_memory``: offload settings (``benchmarks/bench_hybrid_memory.py``);
 4. ``fp8_rollout`` (speed and mismatch, ``benchmarks/bench_fp8_rollout.py``) and ``fp8_train``
    (two main-job steps with ``rollout.quantization=fp8`` and token-level truncated IS);
-5. ``megatron``: ``tests/gpu/*megatron*`` if there is such a test.
+5. ``megatron``: ``tests/gpu/*megatron*`` if there is such a test;
+6. ``async`` (issue 25): the main job synchronous, ``one_step`` and ``bounded`` on the one GPU, the
+   rollout in a child process beside the actor (``benchmarks/bench_async.py``, 20 steps each).
 
 Written under ``--out`` (at most 8 files come back from the GPU machine): ``results.jsonl`` (one
 line per step: status, seconds, the step's JSON result; the first line describes the machine and
@@ -91,23 +93,41 @@ class Step:
     command: Callable[[Context, Path], list[str] | str]
 
 
-def _main_job(ctx: Context, result: Path, steps: int, *extra: str) -> list[str]:
+def _job_overrides(ctx: Context) -> list[str]:
+    """The main job on the bundle: the random-init model of ``make_model``, the bundled data, the
+    answer check of ``gpu_reward.py``, this device (the rehearsal: fewer prompts per step)."""
     data = ctx.bench / "arith"
-    run_dir = ctx.work / result.stem
     overrides = [
         f"actor_rollout_ref.model.path={ctx.model_dir}", f"data.train_files={data / 'train.jsonl'}",
         f"data.val_files={data / 'test.jsonl'}",
         f"custom_reward_function.path={REPO / 'benchmarks' / 'gpu_reward.py'}",
         "custom_reward_function.name=compute_score", f"trainer.device={ctx.device}",
-        f"trainer.total_training_steps={steps}", "actor_rollout_ref.actor.optim.warmup_steps=0",
-        "trainer.val_before_train=false", "trainer.test_freq=-1", "trainer.report=false", "trainer.export_hf=false",
-        "trainer.progress_bar=false", "trainer.max_time_s=null", "trainer.call_timeout_s=300",
-        f"trainer.default_local_dir={run_dir}", f"trainer.experiment_name={result.stem}",
+        "actor_rollout_ref.actor.optim.warmup_steps=0", "trainer.call_timeout_s=300",
     ]
     if not ctx.gpu:  # the tiny rehearsal: fewer held-out prompts and prompts per step
         overrides += ["data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
                       "data.val_max_samples=4"]
+    return overrides
+
+
+def _main_job(ctx: Context, result: Path, steps: int, *extra: str) -> list[str]:
+    overrides = [
+        *_job_overrides(ctx), f"trainer.total_training_steps={steps}", "trainer.val_before_train=false",
+        "trainer.test_freq=-1", "trainer.report=false", "trainer.export_hf=false", "trainer.progress_bar=false",
+        "trainer.max_time_s=null", f"trainer.default_local_dir={ctx.work / result.stem}",
+        f"trainer.experiment_name={result.stem}",
+    ]
     return ["rlvr.trainer.main_ppo", "--preset", "main_job", *overrides, *extra]
+
+
+def _async(ctx: Context, result: Path) -> list[str]:
+    """Issue 25 on one GPU: the main job synchronous, ``one_step`` and ``bounded`` (the rollout in a
+    child process on the same GPU), one after the other (``benchmarks/bench_async.py``)."""
+    steps = 20 if ctx.gpu else 2
+    validation = ["data.val_max_samples=64"] if ctx.gpu else []
+    return ["benchmarks.bench_async", "--steps", str(steps), "--seeds", "1", "--test-freq", str(steps),
+            "--tool-steps", "0", "--no-ablation", "--calibration-steps", "0", "--out", str(ctx.work / result.stem),
+            "--json", str(result), "--override", *_job_overrides(ctx), *validation]
 
 
 def _gpu_tests(ctx: Context, result: Path) -> list[str]:
@@ -169,6 +189,7 @@ STEPS = (
     Step("fp8_rollout", "4 fp8 rollout", (150, 300), _fp8),
     Step("fp8_train", "4 fp8 rollout", (120, 300), _fp8_train),
     Step("megatron", "5 megatron", (120, 300), _megatron),
+    Step("async", "issue 25 async", (300, 400), _async),
 )
 
 
@@ -310,6 +331,9 @@ def _summary_line(record: dict) -> str:
         note = ", ".join(f"{k.split('/')[-1]} {last[k]:.3g}" for k in
                          ("timing/step", "training/rollout_log_probs_diff_max", "rollout_corr/rollout_is_mean")
                          if k in last)
+    elif record["step"] == "async" and "main_job" in result:
+        note = "; ".join(f"{mode} {row['steps_per_hour']:.0f} steps/h ({row['speedup']:.2f}x)"
+                         for mode, row in result["main_job"]["table"].items())
     elif "tests" in result:
         note = f"{result['tests']} tests, {result['failures'] + result['errors']} failed, {result['skipped']} skipped"
     elif record["step"] == "logprobs" and "float32" in result:

@@ -3,6 +3,8 @@ time, the comparison over seeds."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from benchmarks.bench_async import accuracy_at, compare, summarize
@@ -36,3 +38,15 @@ def test_compare_gives_speedups_accuracy_deltas_and_sync_at_equal_time():
     assert table["one_step"]["accuracy_delta_at_last_step"] == pytest.approx(0.7 - 0.7)
     # async finished at 32 s: sync was at 0.2 + (0.8 - 0.2) * 32 / 40 and 0.2 + (0.6 - 0.2) * 32 / 40
     assert table["one_step"]["sync_accuracy_at_equal_time"] == pytest.approx((0.68 + 0.52) / 2)
+
+
+def test_a_finished_run_is_read_back_and_an_unfinished_one_is_not(tmp_path):
+    from benchmarks.bench_async import finished_run
+
+    run_dir = tmp_path / "main_job_sync_seed1"
+    run_dir.mkdir()
+    assert finished_run(run_dir, 4) is None  # no run.json: the command never finished
+    record = run(10.0, {0: 0.2, 4: 0.8})
+    (run_dir / "run.json").write_text(json.dumps(record))
+    assert finished_run(run_dir, 4) == json.loads(json.dumps(record))  # the load averages come back as lists
+    assert finished_run(run_dir, 5) is None  # asked for more steps than it ran
