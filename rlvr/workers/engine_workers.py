@@ -270,11 +270,9 @@ class ActorRolloutRefWorker(TrainingWorker):
             if self._is_actor:
                 self._sync_rollout_weights()
                 self.actor_placement.place(params=self._rollout_shares_actor, optimizer=False)
-            self.rollout.wake_up()
-            with self.weight_inbox.generation(bool(prompts.meta_info.get("validate", False))) as engine:
+            with self.weight_inbox.generation(bool(prompts.meta_info.get("validate", False)),
+                                              self.config.actor_rollout_ref.rollout.free_cache_engine) as engine:
                 output = self.agent_loops.generate_sequences(engine, prompts)
-            if self.config.actor_rollout_ref.rollout.free_cache_engine:
-                self.rollout.sleep()
         metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen")}
         if self.weight_inbox.interrupt is not None:
             metrics["async/interrupted_generations"] = float(self.weight_inbox.last_interrupted_rows)

@@ -86,14 +86,20 @@ class WeightInbox:
                 self._load(*pending)
 
     @contextmanager
-    def generation(self, validate: bool) -> Iterator[RolloutEngine]:
-        """The engine for one ``generate_sequences`` of the worker, with the waiting weights loaded
-        first: a :class:`PartialRollout` with partial rollouts (not for validation, which runs on one
-        version), else the engine itself. Weights that arrived meanwhile are loaded at the end."""
+    def generation(self, validate: bool, sleep_after: bool = False) -> Iterator[RolloutEngine]:
+        """The engine for one ``generate_sequences`` of the worker, woken up and with the waiting
+        weights loaded first: a :class:`PartialRollout` with partial rollouts (not for validation,
+        which runs on one version), else the engine itself. Weights that arrived meanwhile are
+        loaded at the end, then the engine sleeps if ``sleep_after`` (``rollout.free_cache_engine``).
+
+        Waking and sleeping happen here, under the locks, because the worker runs two calls at once:
+        a sleep outside them (an owned copy of the weights moved to CPU on GPU) could land in the
+        middle of the next generation (a validation waiting for this one) or of a weight load."""
         with self._generation_lock:
             with self._lock:
                 self._generating = True
             try:
+                self.engine.wake_up()
                 self.load_pending()
                 self.last_interrupted_rows = 0
                 if self.interrupt is None or validate:
@@ -106,6 +112,9 @@ class WeightInbox:
                 with self._lock:
                     self._generating = False
                 self.load_pending()
+                if sleep_after:
+                    with self._lock:  # not in the middle of a weight load that arrives now
+                        self.engine.sleep()
 
 
 class PartialRollout:

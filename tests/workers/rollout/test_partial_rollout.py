@@ -157,3 +157,57 @@ def test_validation_runs_on_one_version(model_and_tokenizer):
     handle.remove()
     assert out.batch["response_versions"][out.batch["response_mask"].bool()].eq(0).all()
     assert hf.weights_version == 1
+
+
+class _SleepyEngine:
+    """Records wake-ups, sleeps and weight loads; a load or a generation while asleep is an error
+    (on GPU an owned copy of the weights sits on CPU then: the bug this guards against)."""
+
+    def __init__(self) -> None:
+        self.awake, self.weights_version, self.events = False, 0, []
+
+    def wake_up(self) -> None:
+        self.awake = True
+        self.events.append("wake")
+
+    def sleep(self) -> None:
+        self.awake = False
+        self.events.append("sleep")
+
+    def update_weights(self, weights, version: int) -> None:
+        assert self.awake, "weights loaded into a sleeping engine"
+        self.weights_version = version
+        self.events.append(f"load {version}")
+
+
+def test_a_generation_waiting_for_another_is_not_put_to_sleep_by_it():
+    """Two calls at once on a rollout worker apart: the first generation's sleep must come before the
+    second one's wake-up, and weights that arrive meanwhile load into an awake engine."""
+    import threading
+
+    engine = _SleepyEngine()
+    inbox = WeightInbox(engine, partial_rollout=False)
+    inside, release, seen = threading.Event(), threading.Event(), {}
+
+    def first():
+        with inbox.generation(validate=False, sleep_after=True):
+            inside.set()
+            release.wait(10)
+            seen["first"] = engine.awake
+
+    def second():
+        inside.wait(10)
+        with inbox.generation(validate=True, sleep_after=True):
+            seen["second"] = (engine.awake, engine.weights_version)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    inside.wait(10)
+    assert inbox.deliver({}, version=4) == {}  # generating: the weights wait
+    release.set()
+    for thread in threads:
+        thread.join(10)
+    assert seen == {"first": True, "second": (True, 4)}
+    assert engine.events == ["wake", "wake", "load 4", "sleep", "wake", "sleep"]
+    assert inbox.deliver({}, version=5) == {} and engine.events[-2:] == ["wake", "load 5"]  # idle: loaded at once
