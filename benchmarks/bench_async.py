@@ -172,11 +172,14 @@ def markdown(job: str, table: dict[str, dict], summaries: dict[str, list[dict]])
     return "\n".join(lines)
 
 
-def calibrate(out: Path, steps: int) -> dict[str, Any]:
-    """The synchronous trainer on one thread: stage times of each side of an asynchronous run."""
-    run = run_job("main_job", "calibration_1thread", ["trainer.num_threads=1", "trainer.val_before_train=false",
-                                                     "data.val_files=null"], out, steps, 1, -1)
-    return summarize(run)
+CALIBRATION = "calibration_1thread"
+
+
+def calibration_job(out: Path, steps: int) -> tuple:
+    """``run_job``'s arguments for the synchronous trainer on one thread: the stage times of each
+    side of an asynchronous run."""
+    return ("main_job", CALIBRATION, ["trainer.num_threads=1", "trainer.val_before_train=false", "data.val_files=null"],
+            out, steps, 1, -1)
 
 
 def stages(summary: dict) -> dict[str, float]:
@@ -195,14 +198,25 @@ def simulator_check(main_job: dict[str, list[dict]], calibration: dict, measured
 
 
 def run_schedules(preset: str, schedules: dict[str, list[str]], out: Path, steps: int, seeds: list[int],
-                  test_freq: int) -> dict[str, list[dict]]:
+                  test_freq: int, report_only: bool = False) -> dict[str, list[dict]]:
+    """Every schedule for every seed (seeds outer, so an interrupted benchmark has whole seeds);
+    ``report_only``: run nothing, take the seeds whose schedules all finished earlier."""
     summaries: dict[str, list[dict]] = {mode: [] for mode in schedules}
     for seed in seeds:
-        for mode, overrides in schedules.items():
-            name = f"{preset}_{mode}_seed{seed}"
-            summary = summarize(run_job(preset, name, overrides, out, steps, seed, test_freq))
+        names = {mode: f"{preset}_{mode}_seed{seed}" for mode in schedules}
+        if report_only:
+            runs = {mode: finished_run(out / name, steps) for mode, name in names.items()}
+            if None in runs.values():
+                print(f"{preset} seed {seed}: left out, not every schedule finished "
+                      f"({', '.join(m for m, r in runs.items() if r is None)} missing)", flush=True)
+                continue
+        else:
+            runs = {mode: run_job(preset, names[mode], schedules[mode], out, steps, seed, test_freq)
+                    for mode in schedules}
+        for mode, run in runs.items():
+            summary = summarize(run)
             summaries[mode].append(summary)
-            print(f"{name}: {summary['steps_per_hour']:.0f} steps/h, accuracy {summary['accuracy']}, "
+            print(f"{names[mode]}: {summary['steps_per_hour']:.0f} steps/h, accuracy {summary['accuracy']}, "
                   f"load {summary['load']}", flush=True)
     return summaries
 
@@ -220,31 +234,42 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("runs/bench_async"))
     parser.add_argument("--json", type=Path, help="also write the report (bench_async.json) here")
     parser.add_argument("--override", nargs="*", default=[], help="key=value overrides for every run")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: the tables from the runs in --out that finished (whole seeds only)")
     args = parser.parse_args()
     EXTRA.extend(args.override)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
                               "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}}
-    main_job = run_schedules("main_job", SCHEDULES, args.out, args.steps, args.seeds, args.test_freq)
+    only = args.report_only
+    main_job = run_schedules("main_job", SCHEDULES, args.out, args.steps, args.seeds, args.test_freq, only)
+    if not main_job["sync"]:
+        raise SystemExit(f"no seed of the main job finished in every schedule in {args.out}")
     report["main_job"] = {"table": compare(main_job), "runs": main_job}
-    sections = [markdown("main job", report["main_job"]["table"], main_job)]
-    if args.calibration_steps > 0:
-        report["simulator"] = simulator_check(main_job, calibrate(args.out, args.calibration_steps),
+    seeds = len(main_job["sync"])
+    sections = [markdown(f"main job ({seeds} seed{'s' if seeds > 1 else ''})", report["main_job"]["table"], main_job)]
+    calibration = (finished_run(args.out / CALIBRATION, args.calibration_steps) if only
+                   else run_job(*calibration_job(args.out, args.calibration_steps)) if args.calibration_steps > 0
+                   else None)
+    if calibration is not None:
+        report["simulator"] = simulator_check(main_job, summarize(calibration),
                                               {m: report["main_job"]["table"][m]["speedup"] for m in SCHEDULES})
         predicted, measured = report["simulator"]["predicted"], report["simulator"]["measured"]
         sections.append("Simulator (from synchronous stage times only): predicted speedup "
                         f"one_step {predicted['one_step/speedup']:.2f}, bounded {predicted['bounded/speedup']:.2f}; "
                         f"measured {measured['one_step']:.2f}, {measured['bounded']:.2f}.")
     if args.tool_steps > 0:
-        tools = run_schedules("tool_job", SCHEDULES, args.out, args.tool_steps, args.tool_seeds, args.tool_steps)
-        report["tool_job"] = {"table": compare(tools), "runs": tools}
-        sections.append(markdown("tool-use job", report["tool_job"]["table"], tools))
+        tools = run_schedules("tool_job", SCHEDULES, args.out, args.tool_steps, args.tool_seeds, args.tool_steps, only)
+        if tools["sync"]:
+            report["tool_job"] = {"table": compare(tools), "runs": tools}
+            sections.append(markdown("tool-use job", report["tool_job"]["table"], tools))
     if not args.no_ablation:
-        ablation = {"sync": main_job["sync"][:1],
-                    **run_schedules("main_job", ABLATION, args.out, args.steps, args.seeds[:1], args.test_freq)}
-        report["ablation"] = {"table": compare(ablation), "runs": ablation}
-        sections.append(markdown("staleness 4, with and without the decoupled-PPO correction",
-                                 report["ablation"]["table"], ablation))
+        ablation = run_schedules("main_job", ABLATION, args.out, args.steps, args.seeds[:1], args.test_freq, only)
+        if next(iter(ablation.values())):
+            ablation = {"sync": main_job["sync"][:1], **ablation}
+            report["ablation"] = {"table": compare(ablation), "runs": ablation}
+            sections.append(markdown("staleness 4, with and without the decoupled-PPO correction",
+                                     report["ablation"]["table"], ablation))
     text = "\n\n".join(sections)
     for path in filter(None, [args.out / "bench_async.json", args.json]):
         path.write_text(json.dumps(report, indent=1))

@@ -18,7 +18,7 @@ Steps, in the issue's order:
    (two main-job steps with ``rollout.quantization=fp8`` and token-level truncated IS);
 5. ``megatron``: ``tests/gpu/*megatron*`` if there is such a test;
 6. ``async`` (issue 25): the main job synchronous, ``one_step`` and ``bounded`` on the one GPU, the
-   rollout in a child process beside the actor (``benchmarks/bench_async.py``, 20 steps each).
+   rollout in a child process beside the actor (``benchmarks/bench_async.py``, 12 steps each).
 
 Written under ``--out`` (at most 8 files come back from the GPU machine): ``results.jsonl`` (one
 line per step: status, seconds, the step's JSON result; the first line describes the machine and
@@ -123,7 +123,7 @@ def _main_job(ctx: Context, result: Path, steps: int, *extra: str) -> list[str]:
 def _async(ctx: Context, result: Path) -> list[str]:
     """Issue 25 on one GPU: the main job synchronous, ``one_step`` and ``bounded`` (the rollout in a
     child process on the same GPU), one after the other (``benchmarks/bench_async.py``)."""
-    steps = 20 if ctx.gpu else 2
+    steps = 12 if ctx.gpu else 2
     validation = ["data.val_max_samples=64"] if ctx.gpu else []
     return ["benchmarks.bench_async", "--steps", str(steps), "--seeds", "1", "--test-freq", str(steps),
             "--tool-steps", "0", "--no-ablation", "--calibration-steps", "0", "--out", str(ctx.work / result.stem),
@@ -189,7 +189,7 @@ STEPS = (
     Step("fp8_rollout", "4 fp8 rollout", (150, 300), _fp8),
     Step("fp8_train", "4 fp8 rollout", (120, 300), _fp8_train),
     Step("megatron", "5 megatron", (120, 300), _megatron),
-    Step("async", "issue 25 async", (300, 400), _async),
+    Step("async", "issue 25 async", (420, 400), _async),
 )
 
 

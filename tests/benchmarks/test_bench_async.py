@@ -50,3 +50,24 @@ def test_a_finished_run_is_read_back_and_an_unfinished_one_is_not(tmp_path):
     (run_dir / "run.json").write_text(json.dumps(record))
     assert finished_run(run_dir, 4) == json.loads(json.dumps(record))  # the load averages come back as lists
     assert finished_run(run_dir, 5) is None  # asked for more steps than it ran
+
+
+def test_report_only_tabulates_the_seeds_that_finished_every_schedule(tmp_path, monkeypatch, capsys):
+    from benchmarks import bench_async
+
+    step_s = {"sync": 10.0, "one_step": 8.0, "bounded": 5.0}
+    for seed, modes in ((1, step_s), (2, {"sync": 10.0})):  # seed 2 stopped after its sync run
+        for mode in modes:
+            run_dir = tmp_path / f"main_job_{mode}_seed{seed}"
+            run_dir.mkdir()
+            (run_dir / "run.json").write_text(json.dumps(run(step_s[mode], {0: 0.1, 4: 0.5})))
+    monkeypatch.setattr(bench_async, "run_job", lambda *a, **k: pytest.fail("report-only ran a job"))
+    monkeypatch.setattr("sys.argv", ["bench_async", "--report-only", "--out", str(tmp_path), "--steps", "4",
+                                     "--seeds", "1", "2", "--tool-steps", "0", "--no-ablation"])
+    bench_async.main()
+    assert "main_job seed 2: left out, not every schedule finished (one_step, bounded missing)" in capsys.readouterr().out
+    report = json.loads((tmp_path / "bench_async.json").read_text())
+    table = report["main_job"]["table"]
+    assert table["one_step"]["speedup"] == pytest.approx(1.25) and table["bounded"]["speedup"] == pytest.approx(2.0)
+    assert len(report["main_job"]["runs"]["sync"]) == 1 and "simulator" not in report  # no calibration run
+    assert "### main job (1 seed)" in (tmp_path / "bench_async.md").read_text()
