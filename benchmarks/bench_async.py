@@ -118,6 +118,7 @@ def summarize(run: dict) -> dict[str, Any]:
             "async/trainer_wait_s", "async/rollout_wait_s", "async/staleness_mean", "async/staleness_max",
             "async/weight_push_s", "async/interrupted_generations", "response_length/mean")
     return {"steps": len(steps), "train_s": train_s, "steps_per_hour": 3600.0 * len(steps) / train_s,
+            "gen_and_step_s": [[r.get("timing/gen", 0.0), r["timing/step"]] for r in steps],
             "accuracy": accuracy, "accuracy_clock": {step: clock.get(step) for step in accuracy},
             "medians": {key: median(key) for key in keys}, "wall_s": run["wall_s"],
             "load": [run["load_before"], run["load_after"]]}
@@ -182,19 +183,23 @@ def calibration_job(out: Path, steps: int) -> tuple:
             out, steps, 1, -1)
 
 
-def stages(summary: dict) -> dict[str, float]:
-    med = summary["medians"]
-    return {"gen_s": med["timing/gen"], "train_s": med["timing/step"] - med["timing/gen"]}
+def stages(summary: dict, steps: int | None = None) -> dict[str, float]:
+    """Median generation and rest-of-step seconds over the run's first ``steps`` steps (all: None)."""
+    pairs = summary["gen_and_step_s"][:steps]
+    return {"gen_s": statistics.median(gen for gen, _ in pairs),
+            "train_s": statistics.median(step - gen for gen, step in pairs)}
 
 
 def simulator_check(main_job: dict[str, list[dict]], calibration: dict, measured: dict[str, float]) -> dict:
-    """The simulator's speedups predicted from the synchronous runs' stage times (two threads), the
-    one-thread calibration and the measured weight push, beside the measured speedups."""
-    two = {"gen_s": statistics.median_low([stages(s)["gen_s"] for s in main_job["sync"]]),
-           "train_s": statistics.median_low([stages(s)["train_s"] for s in main_job["sync"]])}
+    """The simulator's speedups predicted from the synchronous runs' stage times (two threads) and
+    the one-thread calibration over the same first steps (a step's time changes along a run: the
+    first ones train more tokens), with the measured weight push, beside the measured speedups."""
+    steps = calibration["steps"]
+    two = {key: statistics.median_low([stages(s, steps)[key] for s in main_job["sync"]]) for key in ("gen_s", "train_s")}
     push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in main_job["one_step"]])
-    return {"two_threads": two, "one_thread": stages(calibration), "push_s": push,
-            "predicted": predict_from_stages(two, stages(calibration), push), "measured": measured}
+    one = stages(calibration)
+    return {"steps": steps, "two_threads": two, "one_thread": one, "push_s": push,
+            "predicted": predict_from_stages(two, one, push), "measured": measured}
 
 
 def run_schedules(preset: str, schedules: dict[str, list[str]], out: Path, steps: int, seeds: list[int],

@@ -285,8 +285,9 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self, weights=None, version: int | None = None) -> dict[str, float]:
-        """Load weights into the rollout engine in place: ``(name, tensor)`` pairs or a state dict
-        (names of the policy's parameters) as weights ``version`` (None = the engine's version + 1),
+        """Load weights into the rollout engine in place: ``(name, tensor)`` pairs, a state dict (names
+        of the policy's parameters) or a ``SharedWeights`` handle (the local backend's push through
+        shared memory) as weights ``version`` (None = the engine's version + 1),
         or ``weights=None`` to sync the actor's current weights in-process (the trainer's
         ``update_weights`` stage after every actor update). When the rollout shares the actor's
         module (hybrid, one rank), given weights change the actor too. Weights that arrive while

@@ -42,9 +42,15 @@ def test_the_bound_limits_how_far_streaming_hides_a_long_tail():
 
 
 def test_predict_from_stages_overlaps_one_core_each():
-    out = predict_from_stages({"gen_s": 6.0, "train_s": 5.0}, {"gen_s": 9.0, "train_s": 7.0}, push_s=0.5)
-    assert out["sync/step_s"] == 11.0 and out["one_step/step_s"] == 9.0
+    two, one = {"gen_s": 6.0, "train_s": 5.0}, {"gen_s": 9.0, "train_s": 6.0}
+    out = predict_from_stages(two, one, push_s=0.5, proximal=False)
+    assert out["sync/step_s"] == 11.0 and out["one_step/step_s"] == 9.0  # generation is the longer side
     assert out["one_step/speedup"] == pytest.approx(11.0 / 9.0)
+    # with the proximal forward (a third of the training): 6 + 2 + 0.5 on the trainer's side, under 9
+    assert predict_from_stages(two, one, push_s=0.5)["one_step/step_s"] == pytest.approx(9.0)
+    slower = {"gen_s": 9.0, "train_s": 7.5}  # 7.5 + 2.5 + 0.5: now the trainer's side is the step
+    assert predict_from_stages(two, slower, push_s=0.5)["one_step/step_s"] == pytest.approx(10.5)
+    assert predict_from_stages(two, slower, push_s=0.5, proximal=False)["one_step/step_s"] == pytest.approx(9.0)
 
 
 def test_lengths_are_drawn_from_the_measured_ones_or_the_lognormal():

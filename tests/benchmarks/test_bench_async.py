@@ -71,3 +71,20 @@ def test_report_only_tabulates_the_seeds_that_finished_every_schedule(tmp_path, 
     assert table["one_step"]["speedup"] == pytest.approx(1.25) and table["bounded"]["speedup"] == pytest.approx(2.0)
     assert len(report["main_job"]["runs"]["sync"]) == 1 and "simulator" not in report  # no calibration run
     assert "### main job (1 seed)" in (tmp_path / "bench_async.md").read_text()
+
+
+def test_the_simulator_check_compares_the_same_first_steps_of_sync_and_the_calibration():
+    from benchmarks.bench_async import simulator_check
+
+    def timed(pairs):  # (gen, step) seconds per step
+        rows = [{"step": i + 1, "timing/gen": g, "timing/step": s, "async/weight_push_s": 0.5}
+                for i, (g, s) in enumerate(pairs)]
+        return summarize({"rows": rows, "wall_s": 0.0, "load_before": (0, 0, 0), "load_after": (0, 0, 0)})
+
+    sync = timed([(8.0, 20.0)] * 2 + [(4.0, 8.0)] * 6)  # the first steps are the slow ones
+    calibration = timed([(10.0, 26.0)] * 2)
+    check = simulator_check({"sync": [sync], "one_step": [timed([(0.0, 9.0)] * 8)]}, calibration, {"one_step": 0.9})
+    assert check["steps"] == 2 and check["two_threads"] == {"gen_s": 8.0, "train_s": 12.0}
+    assert check["one_thread"] == {"gen_s": 10.0, "train_s": 16.0} and check["push_s"] == 0.5
+    # sync 20 s; the trainer's side 16 * 4/3 + 0.5 against 10 s of generation
+    assert check["predicted"]["one_step/speedup"] == pytest.approx(20.0 / (16.0 * 4 / 3 + 0.5))

@@ -111,6 +111,30 @@ def test_only_the_named_steps_run(tmp_path, monkeypatch):
     assert [r["step"] for r in records] == ["b"]
 
 
+def test_a_step_that_is_not_run_by_default_runs_only_when_named(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_checks, "STEPS", _steps(
+        Step("a", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"]),
+        Step("extra", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"], by_default=False)))
+    assert [r["step"] for r in run_all(_context(tmp_path), budget_s=60.0, only=None, min_step_s=1.0)] == ["a"]
+    assert [r["step"] for r in run_all(_context(tmp_path), budget_s=60.0, only={"extra"}, min_step_s=1.0)] == ["extra"]
+
+
+def test_the_async_step_runs_the_three_schedules_on_the_bundle(tmp_path):
+    step = next(s for s in gpu_checks.STEPS if s.name == "async")
+    assert not step.by_default
+    ctx = gpu_checks.Context(device="cuda", size="smollm2-135m", out=tmp_path, work=tmp_path / "w",
+                             bench=tmp_path / "b", simulate=False)
+    argv = step.command(ctx, ctx.work / "async.json")
+    assert argv[0] == "benchmarks.bench_async"
+    options = dict(zip(argv[1:11:2], argv[2:12:2]))
+    assert options == {"--steps": "12", "--seeds": "1", "--test-freq": "12", "--tool-steps": "0",
+                       "--calibration-steps": "0"}
+    overrides = argv[argv.index("--override") + 1:]
+    assert f"actor_rollout_ref.model.path={ctx.model_dir}" in overrides and "trainer.device=cuda" in overrides
+    assert f"data.train_files={ctx.bench / 'arith' / 'train.jsonl'}" in overrides
+    assert argv[argv.index("--json") + 1] == str(ctx.work / "async.json") and "--no-ablation" in argv
+
+
 def test_junit_and_trainer_metrics_are_read_into_the_record(tmp_path):
     junit = tmp_path / "r.xml"
     junit.write_text('<testsuites><testsuite tests="3" failures="1" errors="0" skipped="1">'

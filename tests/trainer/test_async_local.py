@@ -9,6 +9,7 @@ versions of the others are in ``test_async_ray.py``)."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -32,6 +33,17 @@ from rlvr.utils.tokenizer import hf_tokenizer
 
 BASE = {"trainer.val_before_train": False, "trainer.report": False, "trainer.num_threads": 1,
         "trainer.total_training_steps": 4}
+
+
+@pytest.fixture(autouse=True)
+def no_weight_segment_is_left():
+    """The weight pushes' shared memory (``/dev/shm/rlvr_w_*``) is released when a run ends, killed or not."""
+    before = set(glob.glob("/dev/shm/rlvr_w_*"))
+    yield
+    deadline = time.monotonic() + 10  # a killed trainer's segment goes with its resource tracker, just after
+    while (left := set(glob.glob("/dev/shm/rlvr_w_*")) - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left
 
 
 @pytest.fixture

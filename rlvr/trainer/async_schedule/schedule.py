@@ -43,6 +43,7 @@ from rlvr.trainer.async_schedule.buffer import SampleBuffer
 from rlvr.trainer.async_schedule.prompts import PromptSource
 from rlvr.trainer.async_schedule.versions import check_staleness_bound, sample_staleness, staleness_metrics
 from rlvr.trainer.config.async_checks import rollout_apart, staleness_bound
+from rlvr.workers.rollout.shared_weights import SharedWeightsWriter
 
 __all__ = ["AsyncRollout", "decoupled_ppo", "rollout_correction_config"]
 
@@ -95,7 +96,8 @@ class AsyncRollout:
         self.prompts = PromptSource(train_iter)
         self.buffer = SampleBuffer(self.batch_size, self.bound, a.staleness_policy == "drop", rollout_name)
         self._generate, self._rollout_group, self._actor_weights = generate, rollout_group, actor_weights
-        self._weights: tuple[Any, int] | None = None  # the last push: (weights or their object ref, version)
+        self._weights: tuple[Any, int] | None = None  # the last push: (weights, their object ref or handle; version)
+        self._shared_weights = SharedWeightsWriter()
         self._gen_metrics: list[dict] = []
         self._metrics_lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -128,6 +130,11 @@ class AsyncRollout:
         self.buffer.stop()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+
+    def close(self) -> None:
+        """Release the shared memory of the weight pushes (the end of the run; a later push would
+        make a new segment)."""
+        self._shared_weights.close()
 
     def _join_previous(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -210,6 +217,8 @@ class AsyncRollout:
             import ray
 
             weights = ray.put(weights)
+        else:  # the local backend's rollout process: through shared memory, not the pipe
+            weights = self._shared_weights.pack(weights)
         self._weights = (weights, version)
         self.resend_weights(self._rollout_group())
         self.last_push_s = time.perf_counter() - start

@@ -305,6 +305,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             finally:
                 progress.close()
                 self.tracker.finish()
+                if self.async_rollout is not None:
+                    self.async_rollout.close()
         if cfg.report:
             self._write_report(progress.elapsed_s())
 
