@@ -79,8 +79,10 @@ def test_the_staleness_bound_is_never_exceeded(run, mode):
         assert staleness == [[0] * 16] + [[1] * 16] * 4
     if "partial" in mode:  # weights arrived during generations, which went on with them, oldest tokens first
         rows = recorder.mixed_rows()
-        assert rows and all(bool((row[1:] >= row[:-1]).all()) for row in rows)
-        assert sum(row["async/interrupted_generations"] for row in steps) > 0
+        interrupted = [row["async/interrupted_generations"] for row in steps]
+        assert rows, f"no trained row mixes versions (interrupted generations per step: {interrupted})"
+        assert all(bool((row[1:] >= row[:-1]).all()) for row in rows)
+        assert sum(interrupted) > 0, f"no weight push landed in a generation: {interrupted}, staleness {staleness}"
     # decoupled PPO by default: the actor recomputes the proximal log-probs unless every token is current
     assert [row["actor/reused_rollout_log_probs"] for row in steps] == [float(max(s) == 0) for s in staleness]
     assert all("rollout_corr/rollout_is_mean" in row for row in steps)
