@@ -195,7 +195,8 @@ def simulator_check(main_job: dict[str, list[dict]], calibration: dict, measured
     the one-thread calibration over the same first steps (a step's time changes along a run: the
     first ones train more tokens), with the measured weight push, beside the measured speedups."""
     steps = calibration["steps"]
-    two = {key: statistics.median_low([stages(s, steps)[key] for s in main_job["sync"]]) for key in ("gen_s", "train_s")}
+    sync = [stages(s, steps) for s in main_job["sync"]]
+    two = {key: statistics.median_low([run[key] for run in sync]) for key in ("gen_s", "train_s")}
     push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in main_job["one_step"]])
     one = stages(calibration)
     return {"steps": steps, "two_threads": two, "one_thread": one, "push_s": push,

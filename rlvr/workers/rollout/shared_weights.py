@@ -67,11 +67,7 @@ class SharedWeights:
         shm = _attach(self.segment)
         views = {}
         try:
-            for name, offset, shape, dtype in self.entries:
-                dt = getattr(torch, dtype)
-                count = math.prod(shape)
-                views[name] = (torch.frombuffer(shm.buf, dtype=dt, count=count, offset=offset).view(shape) if count
-                               else torch.empty(shape, dtype=dt))
+            views = _views(shm.buf, self.entries)
             yield views
         finally:
             views.clear()
@@ -108,20 +104,27 @@ class SharedWeightsWriter:
             _CREATED.add(self._shm.name)
             self._release = weakref.finalize(self, _release, self._shm)  # also at interpreter exit
             self._layout, self._entries = layout, entries
-        handle = SharedWeights(self._shm.name, self._entries)
-        for (name, offset, shape, dtype), tensor in zip(self._entries, weights.values()):
-            count = math.prod(shape)
-            if count:
-                target = torch.frombuffer(self._shm.buf, dtype=getattr(torch, dtype), count=count, offset=offset)
-                target.view(shape).copy_(tensor.detach())
-                del target
-        return handle
+        targets = _views(self._shm.buf, self._entries)
+        for target, tensor in zip(targets.values(), weights.values()):
+            target.copy_(tensor.detach())
+        targets.clear()  # the segment can only be unmapped once no view of it is left
+        return SharedWeights(self._shm.name, self._entries)
 
     def close(self) -> None:
         """Unmap and remove the segment (handles given out stop working)."""
         if self._release is not None:
             self._release()
         self._shm, self._release, self._layout, self._entries = None, None, None, ()
+
+
+def _views(buf: memoryview, entries: tuple) -> dict[str, torch.Tensor]:
+    """The tensors of ``entries`` as views of ``buf`` (an empty tensor has no bytes to view)."""
+    views = {}
+    for name, offset, shape, dtype in entries:
+        dt, count = getattr(torch, dtype), math.prod(shape)
+        views[name] = (torch.frombuffer(buf, dtype=dt, count=count, offset=offset).view(shape) if count
+                       else torch.empty(shape, dtype=dt))
+    return views
 
 
 def _plan(layout: tuple) -> tuple[tuple, int]:
