@@ -82,6 +82,7 @@ class _Call:
     """One call in flight: done when the child replied (``ok``/``value``) or died (``died``)."""
 
     rank: int
+    method: str = "__init__"
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
     value: Any = None
@@ -168,6 +169,9 @@ class ProcessWorkerGroup(WorkerGroup):
         reason = child.exit_reason or (f"the worker process died (exit code {code}"
                                        + (f", signal {signal.Signals(-code).name})" if code is not None and code < 0
                                           else ")"))
+        running = sorted({call.method for call in child.calls.values()})
+        if running:  # several calls may be in flight: each names all of them, whichever is awaited first
+            reason += f" while it ran {', '.join(running)}"
         for call in list(child.calls.values()):
             call.died = reason
             call.done.set()
@@ -175,7 +179,7 @@ class ProcessWorkerGroup(WorkerGroup):
 
     def _submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> _Call:
         child = self._workers[rank]
-        call_id, call = next(self._ids), _Call(rank)
+        call_id, call = next(self._ids), _Call(rank, method)
         data = cloudpickle.dumps((call_id, method, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         child.calls[call_id] = call
         try:

@@ -105,9 +105,10 @@ class Recovery:
         if len(self.failures) > self.max_restarts:
             raise RestartLimitError(self.failures, self.max_restarts) from ExceptionGroup(
                 "every worker failure of the run", [err for _, err in self.failures])
-        logger.warning("restart %d of at most %d: %s in worker group '%s', method '%s', rank %d at step %d; "
+        first_line = (error.detail.strip().splitlines() or [""])[0][:300]
+        logger.warning("restart %d of at most %d: %s in worker group '%s', method '%s', rank %d at step %d (%s); "
                        "restarting the workers", len(self.failures), self.max_restarts, _cause(error), error.group,
-                       error.method, error.rank, step)
+                       error.method, error.rank, step, first_line)
         return time.monotonic()
 
     def record(self, error: WorkerError, step: int, restored_step: int | None, started: float) -> Restart:

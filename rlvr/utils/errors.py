@@ -40,7 +40,7 @@ class WorkerError(RlvrError):
     """A remote worker method raised; carries the group, method, rank and remote traceback."""
 
     def __init__(self, group: str, method: str, rank: int, detail: str) -> None:
-        self.group, self.method, self.rank = group, method, rank
+        self.group, self.method, self.rank, self.detail = group, method, rank, detail
         super().__init__(f"worker group '{group}', method '{method}', rank {rank} failed:\n{detail}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -60,6 +61,24 @@ def test_killed_worker_raises_worker_died(backend, make_group):
     assert (info.value.group, info.value.method, info.value.rank) == ("victim", "exit_on", 1)
     with pytest.raises(WorkerDiedError, match="unusable"):
         group.add_rank(1)
+
+
+def test_a_child_that_dies_names_every_call_it_was_running(make_group):
+    """Two calls in flight when the child dies: the error of each names both (a driver thread that
+    awaits the other call, e.g. a weight push beside a generation, still learns what was running)."""
+    group = make_group("process", ClassWithInitArgs(DemoWorker), name_prefix="busy", call_timeout_s=60,
+                       max_concurrency=2)
+    errors = []
+    sleeper = threading.Thread(target=lambda: errors.append(pytest.raises(WorkerDiedError, group.sleep, 5.0)))
+    sleeper.start()
+    time.sleep(1.0)  # the sleep is running in both children
+    with pytest.raises(WorkerDiedError) as info:
+        group.exit_on(1)
+    sleeper.join(timeout=30)
+    assert str(info.value).endswith("the worker process died (exit code 1) while it ran exit_on, sleep")
+    (slept,) = errors
+    assert (slept.value.method, slept.value.rank) == ("sleep", 1)
+    assert str(slept.value).endswith("while it ran exit_on, sleep")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -121,7 +121,11 @@ def test_a_killed_rollout_worker_is_restarted_alone_with_the_current_weights(run
     assert marker.exists()
     (restart,) = trainer.recovery.restarts
     assert restart.group.startswith("rollout_") and restart.restored_step is None
-    assert (restart.cause, restart.method) == ("worker died", "generate_sequences")
+    # the weight push may be in flight beside the generation: the thread awaiting either may see the death
+    # first, and the error names every call the child was running
+    assert restart.cause == "worker died" and restart.method in ("generate_sequences", "update_weights")
+    ((_, error),) = trainer.recovery.failures
+    assert "(exit code -9, signal SIGKILL) while it ran generate_sequences" in str(error)
     assert [row["step"] for row in trainer.metrics_history] == [1, 2, 3, 4, 4]  # nothing rolled back
     assert max(max(s) for s in recorder.staleness()) <= 1
     # the batch generated again after the restart came from the weights pushed last, not the start's

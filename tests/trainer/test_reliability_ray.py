@@ -121,7 +121,8 @@ def test_a_worker_that_dies_in_the_first_start_is_started_again(tiny_model_dir, 
     logged = [r.getMessage() for r in caplog.records if r.name == "rlvr.trainer.recovery"]
     assert len(logged) == 2, logged
     assert logged[0].startswith("restart 1 of at most 3: worker died in worker group '")
-    assert logged[0].endswith("', method 'actor_rollout_init_model', rank 1 at step 0; restarting the workers")
+    assert "', method 'actor_rollout_init_model', rank 1 at step 0 (the worker process died: " in logged[0]
+    assert logged[0].endswith("; restarting the workers") and "\n" not in logged[0]
     assert re.fullmatch(r"recovered from the failure at step 0 in \d+\.\d s \(back to step 0, 0 step\(s\) to redo\)",
                         logged[1]), logged[1]
     (restart,) = trainer.recovery.restarts
