@@ -37,14 +37,15 @@ def test_grpo_raises_the_reward_on_the_real_model(tmp_path):
 
 def test_one_seed_gives_identical_metrics_on_the_real_model(tmp_path):
     """The main job with its defaults (the shared-prompt forward on, two threads): two runs
-    of one seed agree on every metric, bit for bit, for 3 steps. Before the cache rows were selected
-    with ``index_select`` the runs drifted apart in the last bits from the second step on."""
+    of one seed agree on every metric, bit for bit, for 2 steps. Before the cache rows were selected
+    with ``index_select`` the runs drifted apart in the last bits from the second step on (2 steps, not 3:
+    CI's time)."""
     train, _ = rg_prep.build("basic_arithmetic", tmp_path / "data", train_size=24, test_size=8, seed=0,
                              config=rg_prep.ADDITION, style=rg_prep.ADDITION_STYLE, operands=rg_prep.ADDITION_OPERANDS)
     runs = []
     for name in ("a", "b"):
         cfg = load_config("main_job", [
-            f"data.train_files={train}", "data.val_files=null", "trainer.total_training_steps=3",
+            f"data.train_files={train}", "data.val_files=null", "trainer.total_training_steps=2",
             "trainer.max_time_s=null", f"trainer.default_local_dir={tmp_path / name}", "trainer.export_hf=False",
             "trainer.progress_bar=False", "trainer.report=False", "trainer.logger=[console,jsonl]",
         ])
@@ -52,6 +53,6 @@ def test_one_seed_gives_identical_metrics_on_the_real_model(tmp_path):
         validate_config(cfg)
         runs.append([{k: v for k, v in row.items() if not k.startswith(("timing", "perf/")) and "memory" not in k}
                      for row in run_ppo(cfg).metrics_history])
-    assert [row["step"] for row in runs[0]] == [1, 2, 3]
-    assert runs[0][0]["actor/grad_norm"] != runs[0][2]["actor/grad_norm"]
+    assert [row["step"] for row in runs[0]] == [1, 2]
+    assert runs[0][0]["actor/grad_norm"] != runs[0][1]["actor/grad_norm"]
     assert runs[0] == runs[1]
