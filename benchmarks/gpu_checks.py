@@ -362,7 +362,8 @@ def run_all(ctx: Context, budget_s: float, only: set[str] | None, min_step_s: fl
     print(json.dumps(env), flush=True)
     started, records = time.perf_counter(), []
     for step in STEPS:
-        if (step.name not in only) if only is not None else not step.by_default:
+        selected = step.name in only if only is not None else step.by_default
+        if not selected:
             continue
         left = budget_s - (time.perf_counter() - started)
         timeout = min(step.timeout_s[0 if ctx.gpu else 1], left)

@@ -82,7 +82,7 @@ class _Call:
     """One call in flight: done when the child replied (``ok``/``value``) or died (``died``)."""
 
     rank: int
-    method: str = "__init__"
+    method: str
     done: threading.Event = field(default_factory=threading.Event)
     ok: bool = False
     value: Any = None
@@ -147,7 +147,7 @@ class ProcessWorkerGroup(WorkerGroup):
                                    pass_fds=(child_end.fileno(),), env={**os.environ, **env})
         child_end.close()
         child = _Child(process, Connection(parent_end.detach()))
-        child.calls[_INIT_CALL] = _Call(rank)
+        child.calls[_INIT_CALL] = _Call(rank, "__init__")
         child.conn.send_bytes(pickle.dumps((list(sys.path), worker, max_concurrency)))
         threading.Thread(target=self._receive, args=(child,), daemon=True, name=f"{self.name}_rank{rank}_replies").start()
         return child
