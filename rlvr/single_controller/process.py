@@ -6,7 +6,9 @@ a :class:`ProcessWorkerGroup` instead: one child process per rank that serves th
 methods over a socket. It has the constructor and API of ``RayWorkerGroup`` and
 shares its dispatch / execute / collect code (``WorkerGroup``). A child is a fresh Python
 (``python -c``, with the driver's ``sys.path``) talking to the driver over a socket pair; it does not
-import the driver's main module (which ``multiprocessing``'s spawn would):
+import the driver's main module (which ``multiprocessing``'s spawn would), but it does import the
+user's modules the driver imported (``trainer.user_modules``: a rollout engine, agent loop or tool
+of the user's is registered in the child too):
 
 - every wait has a timeout (``WorkerTimeoutError`` naming group, method and rank; the group is then
   unusable and :meth:`ProcessWorkerGroup.shutdown` kills the hung child);
@@ -42,6 +44,7 @@ import cloudpickle
 from rlvr.single_controller.base.worker import free_port
 from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, check_device_name
 from rlvr.utils.errors import ProtocolError, WorkerDiedError, WorkerError, WorkerTimeoutError
+from rlvr.utils.user_code import current_user_code
 
 __all__ = ["ProcessResourcePool", "ProcessWorkerGroup"]
 
@@ -127,11 +130,12 @@ class ProcessWorkerGroup(WorkerGroup):
         self._ids = itertools.count(_INIT_CALL + 1)
         worker = cloudpickle.dumps(ClassWithInitArgs(cls, *ray_cls_with_init.args, **ray_cls_with_init.kwargs))
         port = str(free_port())
+        user_code = current_user_code().to_env()  # the children import the user's modules the driver imported
         try:
             for rank in range(resource_pool.world_size):
                 env = {"RANK": str(rank), "WORLD_SIZE": str(resource_pool.world_size), "LOCAL_RANK": str(rank),
                        "LOCAL_WORLD_SIZE": str(resource_pool.world_size), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": port, "RLVR_WORKER_GROUP": self.name}
+                       "MASTER_PORT": port, "RLVR_WORKER_GROUP": self.name, **user_code}
                 self._workers.append(self._spawn(rank, worker, env, max_concurrency))
             inits = [child.calls[_INIT_CALL] for child in self._workers]
             self._wait(inits, list(range(len(inits))), "__init__", resource_pool.start_timeout_s)

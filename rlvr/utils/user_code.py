@@ -9,13 +9,17 @@ a module name (``my_project.extensions``) or a Python file (``extensions.py``, `
 - a file is imported as the top-level module named after it, its folder appended to ``sys.path``;
   a module already imported from that file is reused (so a file that is both a scorer,
   ``custom_reward_function.path``, and a list of registrations runs once). When the file's name is
-  taken by another module (``math.py``), it is loaded under ``rlvr_file_<name>_<hash>``.
+  taken by another module (``math.py``), it is loaded under ``rlvr_file_<name>_<hash>``. A worker
+  process, which gets the file's folder on its path first, finds the file itself under its name
+  and keeps that name, so a class defined there pickles between the processes.
 
 :func:`import_user_modules` records what a process imported (:func:`current_user_code`). Every
 process rlvr starts gets that record and imports the same modules before it builds anything: Ray
 worker actors through their environment (:func:`UserCode.to_env`, read back by
 :func:`import_user_code_from_env` in ``Worker.__init__``), the processes of the scoring pools as an
-argument (:func:`import_user_code`). A worker on the local backend is the driver process itself.
+argument (:func:`import_user_code`), the process backend's children (an asynchronous run's rollout
+on the local backend) through their environment as well. A worker on the local backend is the driver
+process itself.
 
 Wherever a registry name goes, ``pkg.module:Name`` (or ``path/to/file.py:Name``) names an object
 directly; :func:`load_object` imports it on demand, in whichever process needs it.
@@ -163,6 +167,13 @@ def load_file(path: str | os.PathLike) -> ModuleType:
     return _loaded_from(file) or _exec_file(file, _fallback_name(file))
 
 
+def _free_or_this_file(name: str, path: Path) -> bool:
+    """Whether importing ``name`` finds nothing, or finds the file ``path`` itself (a worker process
+    gets the file's folder on ``sys.path`` before it imports the file: it keeps the driver's name)."""
+    found = importlib.util.find_spec(name)
+    return found is None or (found.origin is not None and Path(found.origin).resolve() == path)
+
+
 def _import_file(path: Path) -> ModuleType:
     """A user file as a top-level module named after it (see the module docstring)."""
     loaded = _loaded_from(path)
@@ -171,7 +182,7 @@ def _import_file(path: Path) -> ModuleType:
     if not path.is_file():
         raise UserCodeError(f"file {str(path)!r} does not exist")
     name = path.stem
-    if name.isidentifier() and name not in sys.modules and importlib.util.find_spec(name) is None:
+    if name.isidentifier() and name not in sys.modules and _free_or_this_file(name, path):
         folder = _append_path(str(path.parent))
         module = importlib.import_module(name)
         _record_path(folder)

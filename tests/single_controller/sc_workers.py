@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import pytest
@@ -55,6 +56,11 @@ class DemoWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def add_rank(self, x: int) -> int:
         return x + self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def module_value(self, name: str) -> object:
+        """``VALUE`` of the module ``name`` if this process imported it (None if it did not)."""
+        return getattr(sys.modules.get(name), "VALUE", None)
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def mul(self, x: int, factor: int) -> int:

@@ -28,6 +28,10 @@ MODES = {
 BOUNDS = {"one_step": 1, "bounded_wait_partial": 2, "bounded_drop_partial": 1}
 LONGER = {"data.max_response_length": 32, "actor_rollout_ref.rollout.ignore_eos": True}
 """Responses of 32 tokens: generations long enough for weight updates to land in the middle of them."""
+SLOW_DECODE = {"actor_rollout_ref.rollout.name": "hf_slow_decode",
+               "trainer.user_modules": f"['{Path(__file__).with_name('slow_decode_engine.py')}']"}
+"""The rollout engine of ``slow_decode_engine.py``: generations slower than a training step, so every
+weight push lands inside one (a partial rollout's rows then mix versions whatever the machine's speed)."""
 
 
 def comparable(rows: list[dict]) -> list[dict]:

@@ -20,8 +20,8 @@ from collections import Counter
 
 import pytest
 import torch
-from async_helpers import (APART, BOUNDS, LONGER, MODES, VersionRecorder, comparable, faulty_rollout, read_log,
-                           write_train_script)
+from async_helpers import (APART, BOUNDS, LONGER, MODES, SLOW_DECODE, VersionRecorder, comparable, faulty_rollout,
+                           read_log, write_train_script)
 from trainer_helpers import tiny_config
 
 from rlvr.trainer.checkpoint import CheckpointManager
@@ -70,7 +70,8 @@ def test_max_staleness_0_gives_the_synchronous_trainers_metrics_exactly(run):
 @pytest.mark.parametrize("mode", ["one_step", pytest.param("bounded_wait_partial", marks=pytest.mark.slow),
                                   pytest.param("bounded_drop_partial", marks=pytest.mark.slow)])
 def test_the_staleness_bound_is_never_exceeded(run, mode):
-    trainer, recorder = run(mode, record=True, **MODES[mode], **LONGER, **{"trainer.total_training_steps": 5})
+    slow = SLOW_DECODE if "partial" in mode else {}
+    trainer, recorder = run(mode, record=True, **MODES[mode], **LONGER, **slow, **{"trainer.total_training_steps": 5})
     staleness = recorder.staleness()
     assert max(max(s) for s in staleness) <= BOUNDS[mode]
     steps = trainer.metrics_history[:5]
