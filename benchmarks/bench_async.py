@@ -72,9 +72,10 @@ def finished_run(run_dir: Path, steps: int) -> dict | None:
 
 
 def run_job(preset: str, name: str, overrides: list[str], out: Path, steps: int, seed: int, test_freq: int) -> dict:
-    """One ``rlvr`` command; returns its metrics rows, wall time and the load averages around it. A run
-    that an earlier benchmark in ``out`` finished (same name and steps) is read back, not run again, so
-    an interrupted measurement goes on where it stopped (delete its folder to measure it again)."""
+    """One ``rlvr`` command; returns its metrics rows, wall time and the load averages around it (its
+    checkpoints are deleted once the run is recorded). A run that an earlier benchmark in ``out``
+    finished (same name and steps) is read back, not run again, so an interrupted measurement goes on
+    where it stopped (delete its folder to measure it again)."""
     run_dir = out / name
     earlier = finished_run(run_dir, steps)
     if earlier is not None:
@@ -94,6 +95,7 @@ def run_job(preset: str, name: str, overrides: list[str], out: Path, steps: int,
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     run = {"name": name, "rows": rows, "wall_s": wall, "load_before": load_before, "load_after": os.getloadavg()}
     (run_dir / "run.json").write_text(json.dumps(run))
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # 1.6 GB a run: the benchmark would fill a disk
     return run
 
 
@@ -160,7 +162,8 @@ def markdown(job: str, table: dict[str, dict], summaries: dict[str, list[dict]])
              "staleness mean | load avg |", "|---|---|---|---|---|---|---|---|---|"]
     for mode, row in table.items():
         runs = summaries[mode]
-        med = runs[0]["medians"]
+        med = {key: statistics.median(r["medians"][key] or 0.0 for r in runs)  # median over the seeds
+               for key in ("timing/step", "timing/gen", "async/staleness_mean")}
         loads = [load[0] for r in runs for load in r["load"]]
         accuracy = ", ".join(f"{100 * row['accuracy_by_step'][s]:.0f}" for s in steps)
         lines.append(
@@ -168,7 +171,7 @@ def markdown(job: str, table: dict[str, dict], summaries: dict[str, list[dict]])
             f"{row['steps_per_hour_range'][1]:.0f}) | {row['speedup']:.2f} | "
             f"{accuracy} | "
             f"{100 * row['accuracy_delta_at_last_step']:+.0f} | {100 * row['sync_accuracy_at_equal_time']:.0f} | "
-            f"{med['timing/step']:.1f} / {med['timing/gen']:.1f} s | {med['async/staleness_mean'] or 0:.2f} | "
+            f"{med['timing/step']:.1f} / {med['timing/gen']:.1f} s | {med['async/staleness_mean']:.2f} | "
             f"{min(loads):.1f}-{max(loads):.1f} |")
     return "\n".join(lines)
 
