@@ -1,8 +1,10 @@
 """The example user project (``examples/user_project``): a package of the user's own with an
 environment, a tool, an advantage estimator, a policy loss and a reward manager. Copied to a folder
 outside the repository (never on ``PYTHONPATH``), it trains one step through the ``rlvr`` console
-script on the local backend and on the Ray backend, where the environment and the tool run in the
-worker process; a misspelt name still gets a suggestion. Each part is also checked against hand-computed values."""
+script on the local backend, on the local backend with the rollout in a process of its own (an
+asynchronous run) and on the Ray backend, where the environment and the tool run in the worker
+process; a misspelt name still gets a suggestion. Each part is also checked against hand-computed
+values."""
 
 from __future__ import annotations
 
@@ -63,10 +65,17 @@ def _command_env() -> dict[str, str]:
 RLVR = str(Path(sys.executable).parent / "rlvr")  # the console script pip installed beside the interpreter
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])])
-def test_the_project_trains_one_step_through_the_command(backend, project, eos_model_dir, tmp_path):
+ROLLOUT_APART = ["actor_rollout_ref.hybrid_engine=false", "async_training.mode=one_step"]
+"""An asynchronous run: on the local backend the rollout (agent loops, environment, tool) runs in a
+child process, which imports the project's modules as a Ray worker does."""
+
+
+@pytest.mark.parametrize("backend, apart", [("local", []), pytest.param("local", ROLLOUT_APART, marks=pytest.mark.slow,
+                                                                          id="local-rollout_process"),
+                                            pytest.param("ray", [], marks=[pytest.mark.ray, pytest.mark.slow])])
+def test_the_project_trains_one_step_through_the_command(backend, apart, project, eos_model_dir, tmp_path):
     run_dir = tmp_path / "run"
-    overrides = [f"actor_rollout_ref.model.path={eos_model_dir}", f"trainer.backend={backend}",
+    overrides = [*apart, f"actor_rollout_ref.model.path={eos_model_dir}", f"trainer.backend={backend}",
                  "trainer.total_training_steps=1", "trainer.val_before_train=false", "data.val_files=null",
                  "trainer.logger=[console,jsonl]", "trainer.progress_bar=false", "trainer.export_hf=false",
                  "trainer.report=false", f"trainer.default_local_dir={run_dir}", "actor_rollout_ref.rollout.n=2",
@@ -78,7 +87,7 @@ def test_the_project_trains_one_step_through_the_command(backend, project, eos_m
     assert "rewards: the guess_reward reward manager" in result.stdout
     [step] = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert step["step"] == 1 and step["reward/guess_number/count"] == 8  # 4 prompts x 2 samples, scored
-    assert "agent/env/answered" in step  # the project's environment stepped (in the worker process on Ray)
+    assert "agent/env/answered" in step  # the project's environment stepped (in the rollout's process, if apart)
     assert step["agent/env_reward"] < 0  # -0.1 per wrong guess: a random model does not guess right
     assert "agent/tool_calls" in step  # the tool rows ran the tool_agent loop, which loaded the project's tool
     assert np.isfinite(step["actor/pg_loss"])
