@@ -36,6 +36,7 @@ from rlvr.protocol import DataProto
 from rlvr.reward.scorers import default_compute_score
 from rlvr.trainer.config.schema import RlvrConfig
 from rlvr.trainer.data import collate_fn, create_rl_dataset, read_rows
+from rlvr.utils.files import write_text_atomic
 from rlvr.utils.images import load_image
 from rlvr.utils.model import load_causal_lm
 from rlvr.utils.multimodal import image_messages
@@ -154,11 +155,6 @@ def warm_start(model: PreTrainedModel, processor: ProcessorMixin, warm_file: str
     return losses
 
 
-def _write_result(result: dict[str, Any], out: Path) -> None:
-    (out / "warm_start.json.tmp").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    (out / "warm_start.json.tmp").replace(out / "warm_start.json")
-
-
 def rescore(test_file: Path, out: Path, seed: int) -> dict[str, Any]:
     """Evaluate the untrained model of ``seed`` (the same draw as the warm start's) and the
     warm-started ``<out>/model`` on ``test_file`` again; ``before`` and ``after`` in
@@ -174,7 +170,7 @@ def rescore(test_file: Path, out: Path, seed: int) -> dict[str, Any]:
     result["rescored_on"] = str(test_file)
     print(f"held-out accuracy before / after the warm start: {result['before']['acc']:.2f} / "
           f"{result['after']['acc']:.2f}", flush=True)
-    _write_result(result, out)
+    write_text_atomic(out / "warm_start.json", json.dumps(result, indent=1))
     return result
 
 
@@ -220,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     save_vision_model(model, processor, partial)
     shutil.rmtree(out / "model", ignore_errors=True)
     partial.rename(out / "model")
-    _write_result(result, out)
+    write_text_atomic(out / "warm_start.json", json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from rlvr.utils.files import write_text_atomic
 from rlvr.workers.checkpoint import atomic_save
 
 logger = logging.getLogger(__name__)
@@ -74,16 +75,6 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file beside ``path``, fsync it and rename it to ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def write_manifest(folder: str | os.PathLike, step: int) -> dict[str, Any]:
     """Fsync every file under ``folder`` and record its size and SHA-256 in ``manifest.json``
     (written atomically, last). Returns the manifest."""
@@ -94,7 +85,7 @@ def write_manifest(folder: str | os.PathLike, step: int) -> dict[str, Any]:
                           for p in files}}
     for sub in {p.parent for p in files}:
         _fsync_dir(sub)
-    _write_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
+    write_text_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=1, sort_keys=True))
     _fsync_dir(folder)
     return manifest
 
@@ -213,7 +204,7 @@ class CheckpointManager:
         if final.exists():
             os.replace(final, aside)
         os.replace(tmp, final)
-        _write_atomic(self.root / LATEST_FILE, str(step))
+        write_text_atomic(self.root / LATEST_FILE, str(step))
         _fsync_dir(self.root)
         if aside.exists():
             shutil.rmtree(aside)

@@ -32,6 +32,8 @@ import transformers
 from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer, ProcessorMixin
 from transformers.utils import is_torchvision_available
 
+from rlvr.utils.files import write_text_atomic
+
 __all__ = ["ImageOnlyProcessor", "image_only_processor_class", "processor_class_name", "load_processor", "save_processor"]
 
 _CONFIG_FILES = ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json")
@@ -127,6 +129,4 @@ def save_processor(processor: ProcessorMixin, model_dir: str | os.PathLike) -> N
             settings = json.loads(path.read_text(encoding="utf-8"))
             if "processor_class" in settings:
                 settings["processor_class"] = original
-                tmp = path.with_suffix(".json.tmp")
-                tmp.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-                tmp.replace(path)
+                write_text_atomic(path, json.dumps(settings, indent=2, sort_keys=True) + "\n")
