@@ -155,6 +155,10 @@ def warm_start(model: PreTrainedModel, processor: ProcessorMixin, warm_file: str
     return losses
 
 
+def _write_result(result: dict[str, Any], out: Path) -> None:
+    write_text_atomic(out / "warm_start.json", json.dumps(result, indent=1))
+
+
 def rescore(test_file: Path, out: Path, seed: int) -> dict[str, Any]:
     """Evaluate the untrained model of ``seed`` (the same draw as the warm start's) and the
     warm-started ``<out>/model`` on ``test_file`` again; ``before`` and ``after`` in
@@ -170,7 +174,7 @@ def rescore(test_file: Path, out: Path, seed: int) -> dict[str, Any]:
     result["rescored_on"] = str(test_file)
     print(f"held-out accuracy before / after the warm start: {result['before']['acc']:.2f} / "
           f"{result['after']['acc']:.2f}", flush=True)
-    write_text_atomic(out / "warm_start.json", json.dumps(result, indent=1))
+    _write_result(result, out)
     return result
 
 
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     save_vision_model(model, processor, partial)
     shutil.rmtree(out / "model", ignore_errors=True)
     partial.rename(out / "model")
-    write_text_atomic(out / "warm_start.json", json.dumps(result, indent=1))
+    _write_result(result, out)
 
 
 if __name__ == "__main__":
