@@ -186,9 +186,11 @@ def predict_from_stages(two_threads: dict[str, float], one_thread: dict[str, flo
         one_thread: the same with one thread (what each side of an asynchronous run gets), over the
             same steps (the step time changes along a run).
         push_s: a weight push to the rollout process.
-        proximal: the asynchronous trainer computes the proximal log-probs (decoupled PPO, the
-            default): a forward pass the synchronous one skips (it reuses the rollout's log-probs),
-            ``PROXIMAL_SHARE`` of the one-thread training time.
+        proximal: the asynchronous trainer computes the proximal log-probs in a pass of their own
+            (decoupled PPO with several optimizer steps per batch, or ``prox_log_prob_from_update=false``):
+            a forward pass the synchronous one skips (it reuses the rollout's log-probs),
+            ``PROXIMAL_SHARE`` of the one-thread training time. With one step per batch the update's
+            forward gives them (False).
 
     Returns:
         ``<mode>/step_s`` and ``<mode>/speedup``: sync is ``gen + train`` on two threads; one_step and

@@ -116,7 +116,8 @@ def summarize(run: dict) -> dict[str, Any]:
         values = [r[key] for r in steps if key in r]
         return statistics.median(values) if values else None
 
-    keys = ("timing/step", "timing/gen", "timing/update_actor", "timing/update_weights", "async/rollout_gen_s",
+    keys = ("timing/step", "timing/gen", "timing/old_log_prob", "timing/update_actor", "timing/update_weights",
+            "async/rollout_gen_s",
             "async/trainer_wait_s", "async/rollout_wait_s", "async/staleness_mean", "async/staleness_max",
             "async/weight_push_s", "async/interrupted_generations", "response_length/mean")
     return {"steps": len(steps), "train_s": train_s, "steps_per_hour": 3600.0 * len(steps) / train_s,
@@ -202,8 +203,10 @@ def simulator_check(main_job: dict[str, list[dict]], calibration: dict, measured
     two = {key: statistics.median_low([run[key] for run in sync]) for key in ("gen_s", "train_s")}
     push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in main_job["one_step"]])
     one = stages(calibration)
-    return {"steps": steps, "two_threads": two, "one_thread": one, "push_s": push,
-            "predicted": predict_from_stages(two, one, push), "measured": measured}
+    # a separate proximal pass only where the runs made one (not with prox_log_prob_from_update)
+    proximal = any(s["medians"].get("timing/old_log_prob") for s in main_job["one_step"])
+    return {"steps": steps, "two_threads": two, "one_thread": one, "push_s": push, "proximal_pass": proximal,
+            "predicted": predict_from_stages(two, one, push, proximal), "measured": measured}
 
 
 def run_schedules(preset: str, schedules: dict[str, list[str]], out: Path, steps: int, seeds: list[int],

@@ -76,15 +76,21 @@ def test_report_only_tabulates_the_seeds_that_finished_every_schedule(tmp_path, 
 def test_the_simulator_check_compares_the_same_first_steps_of_sync_and_the_calibration():
     from benchmarks.bench_async import simulator_check
 
-    def timed(pairs):  # (gen, step) seconds per step
-        rows = [{"step": i + 1, "timing/gen": g, "timing/step": s, "async/weight_push_s": 0.5}
+    def timed(pairs, extra=None):  # (gen, step) seconds per step
+        rows = [{"step": i + 1, "timing/gen": g, "timing/step": s, "async/weight_push_s": 0.5, **(extra or {})}
                 for i, (g, s) in enumerate(pairs)]
         return summarize({"rows": rows, "wall_s": 0.0, "load_before": (0, 0, 0), "load_after": (0, 0, 0)})
 
     sync = timed([(8.0, 20.0)] * 2 + [(4.0, 8.0)] * 6)  # the first steps are the slow ones
     calibration = timed([(10.0, 26.0)] * 2)
-    check = simulator_check({"sync": [sync], "one_step": [timed([(0.0, 9.0)] * 8)]}, calibration, {"one_step": 0.9})
+    recomputed = timed([(0.0, 9.0)] * 8, {"timing/old_log_prob": 2.0})  # runs with a separate proximal pass
+    check = simulator_check({"sync": [sync], "one_step": [recomputed]}, calibration, {"one_step": 0.9})
     assert check["steps"] == 2 and check["two_threads"] == {"gen_s": 8.0, "train_s": 12.0}
     assert check["one_thread"] == {"gen_s": 10.0, "train_s": 16.0} and check["push_s"] == 0.5
     # sync 20 s; the trainer's side 16 * 4/3 + 0.5 against 10 s of generation
+    assert check["proximal_pass"] is True
     assert check["predicted"]["one_step/speedup"] == pytest.approx(20.0 / (16.0 * 4 / 3 + 0.5))
+    # the proximal log-probs from the update: no extra pass on the trainer's side
+    check = simulator_check({"sync": [sync], "one_step": [timed([(0.0, 9.0)] * 8)]}, calibration, {"one_step": 0.9})
+    assert check["proximal_pass"] is False
+    assert check["predicted"]["one_step/speedup"] == pytest.approx(20.0 / (16.0 + 0.5))

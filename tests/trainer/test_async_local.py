@@ -84,9 +84,22 @@ def test_the_staleness_bound_is_never_exceeded(run, mode):
         assert rows, f"no trained row mixes versions (interrupted generations per step: {interrupted})"
         assert all(bool((row[1:] >= row[:-1]).all()) for row in rows)
         assert sum(interrupted) > 0, f"no weight push landed in a generation: {interrupted}, staleness {staleness}"
-    # decoupled PPO by default: the actor recomputes the proximal log-probs unless every token is current
+    # decoupled PPO by default, one optimizer step per batch: the update's forward is the proximal policy
+    assert all(row["actor/prox_from_update"] == 1.0 and "rollout_corr/rollout_is_mean" in row for row in steps)
+    assert all("timing/old_log_prob" not in row and "actor/reused_rollout_log_probs" not in row for row in steps)
+    # samples of the current version: proximal == behaviour (the HF engine's fp32 log-probs), no weight capped
+    current = [row for row, s in zip(steps, staleness) if max(s) == 0]
+    assert current and all(row["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0 for row in current)
+    assert all(row["training/rollout_log_probs_diff_max"] < 1e-4 for row in current)
+
+
+def test_the_proximal_log_probs_are_recomputed_when_the_update_cannot_give_them(run):
+    trainer, recorder = run("recompute", record=True, **MODES["one_step"], **{
+        "async_training.prox_log_prob_from_update": False, "trainer.total_training_steps": 3})
+    steps, staleness = trainer.metrics_history[:3], recorder.staleness()
+    # the actor recomputes them unless every token is current (then the engine's exact ones are reused)
     assert [row["actor/reused_rollout_log_probs"] for row in steps] == [float(max(s) == 0) for s in staleness]
-    assert all("rollout_corr/rollout_is_mean" in row for row in steps)
+    assert all("rollout_corr/rollout_is_mean" in row and "actor/prox_from_update" not in row for row in steps)
 
 
 def test_without_decoupled_ppo_the_engines_log_probs_are_the_old_ones(run):

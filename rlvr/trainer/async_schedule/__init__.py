@@ -9,8 +9,13 @@ places the rollout in a worker group of its own (:mod:`~rlvr.trainer.async_sched
 
 from rlvr.trainer.async_schedule.buffer import SampleBuffer
 from rlvr.trainer.async_schedule.prompts import PromptSource
-from rlvr.trainer.async_schedule.schedule import AsyncRollout, decoupled_ppo, rollout_correction_config
+from rlvr.trainer.async_schedule.schedule import (
+    AsyncRollout,
+    decoupled_ppo,
+    prox_log_prob_from_update,
+    rollout_correction_config,
+)
 from rlvr.trainer.async_schedule.versions import check_staleness_bound, sample_staleness, staleness_metrics
 
 __all__ = ["AsyncRollout", "PromptSource", "SampleBuffer", "check_staleness_bound", "decoupled_ppo",
-           "rollout_correction_config", "sample_staleness", "staleness_metrics"]
+           "prox_log_prob_from_update", "rollout_correction_config", "sample_staleness", "staleness_metrics"]

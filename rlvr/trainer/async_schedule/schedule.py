@@ -17,7 +17,9 @@ PPO (Hilton et al. 2022, arXiv:2110.00641; AReaL, Fu et al. 2025, arXiv:2505.242
 log-probs are the behaviour policy, the actor recomputes the proximal policy's (``old_log_probs``),
 the PPO ratio is taken against the proximal policy and ``algorithm.rollout_correction`` weighs the
 proximal/behaviour ratio (truncated IS at ``rollout_is_threshold``, token level, unless the run
-sets its own correction). Without it (``compute_prox_log_prob=false``) the engine's log-probs are the
+sets its own correction). When the update is one optimizer step over the batch, the proximal policy
+is the actor's weights at its start, and the update's own forward pass gives the proximal log-probs
+(``prox_log_prob_from_update``; the separate actor pass is skipped). Without it (``compute_prox_log_prob=false``) the engine's log-probs are the
 old ones, as in verl's fully-async default.
 
 Faults: the rollout worker group is a stateless group of the trainer's recovery
@@ -42,21 +44,24 @@ from rlvr.protocol import DataProto
 from rlvr.trainer.async_schedule.buffer import SampleBuffer
 from rlvr.trainer.async_schedule.prompts import PromptSource
 from rlvr.trainer.async_schedule.versions import check_staleness_bound, sample_staleness, staleness_metrics
-from rlvr.trainer.config.async_checks import rollout_apart, staleness_bound
+from rlvr.trainer.config.async_checks import decoupled_ppo, prox_from_update_blockers, staleness_bound
 from rlvr.workers.rollout.shared_weights import SharedWeightsWriter
 
-__all__ = ["AsyncRollout", "decoupled_ppo", "rollout_correction_config"]
+__all__ = ["AsyncRollout", "decoupled_ppo", "prox_log_prob_from_update", "rollout_correction_config"]
 
 STOP_WAIT_S = 60.0
 """How long a stopping schedule waits for its rollout thread (it ends once its generation call
 returns or fails: the workers are shut down next)."""
 
 
-def decoupled_ppo(cfg: DictConfig) -> bool:
-    """Whether the actor recomputes the proximal log-probs of a rollout apart from it
-    (``compute_prox_log_prob``; None = when samples can be stale)."""
-    choice = cfg.async_training.compute_prox_log_prob
-    return rollout_apart(cfg) and (staleness_bound(cfg) > 0 if choice is None else bool(choice))
+def prox_log_prob_from_update(cfg: DictConfig, reads_old_log_prob: bool = False) -> bool:
+    """Whether decoupled PPO takes the proximal log-probs from the update's own forward pass
+    (``prox_log_prob_from_update``; None = whenever that is exact, see
+    :func:`~rlvr.trainer.config.async_checks.prox_from_update_blockers`)."""
+    choice = cfg.async_training.prox_log_prob_from_update
+    if not decoupled_ppo(cfg) or choice is False:
+        return False
+    return not prox_from_update_blockers(cfg, reads_old_log_prob)
 
 
 def rollout_correction_config(cfg: DictConfig) -> DictConfig:

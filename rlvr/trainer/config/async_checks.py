@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 from rlvr.trainer.config.schema import ASYNC_MODES, STALENESS_POLICIES
 from rlvr.utils.errors import ConfigError
 
-__all__ = ["rollout_apart", "rollout_world_size", "staleness_bound", "check_async_training"]
+__all__ = ["rollout_apart", "rollout_world_size", "staleness_bound", "decoupled_ppo", "prox_from_update_blockers",
+           "check_async_training"]
 
 KEY = "async_training"
 
@@ -38,17 +39,52 @@ def staleness_bound(cfg: DictConfig) -> int:
     return {"sync": 0, "one_step": 1}.get(mode, cfg.async_training.max_staleness)
 
 
+def decoupled_ppo(cfg: DictConfig) -> bool:
+    """Whether the actor's proximal log-probs are the old policy of a rollout apart from it, the
+    engine's the behaviour policy (``compute_prox_log_prob``; None = when samples can be stale)."""
+    choice = cfg.async_training.compute_prox_log_prob
+    return rollout_apart(cfg) and (staleness_bound(cfg) > 0 if choice is None else bool(choice))
+
+
+def prox_from_update_blockers(cfg: DictConfig, reads_old_log_prob: bool = False) -> list[str]:
+    """Why the proximal log-probs cannot come from the update's own forward pass (empty: they can,
+    exactly): it must be the only optimizer step of the batch, and nothing before the update may
+    need them.
+
+    Args:
+        cfg: the run config.
+        reads_old_log_prob: the advantage estimator reads ``old_log_prob`` (its registry entry).
+    """
+    actor, algo = cfg.actor_rollout_ref.actor, cfg.algorithm
+    rc = algo.rollout_correction
+    checks = [
+        (actor.ppo_epochs != 1, f"actor.ppo_epochs={actor.ppo_epochs} (only the first optimizer step starts "
+                                "from the proximal policy)"),
+        (actor.ppo_mini_batch_size < cfg.data.train_batch_size,
+         f"actor.ppo_mini_batch_size={actor.ppo_mini_batch_size} < data.train_batch_size={cfg.data.train_batch_size} "
+         "(several optimizer steps per batch)"),
+        (actor.strategy == "megatron", "actor.strategy=megatron (its update recomputes them)"),
+        (rc.rollout_rs is not None, "algorithm.rollout_correction.rollout_rs (the rejection changes response_mask "
+                                    "before the advantages)"),
+        (bool(rc.bypass_mode), "algorithm.rollout_correction.bypass_mode (the rollout's log-probs are the old ones)"),
+        (bool(algo.use_kl_in_reward), "algorithm.use_kl_in_reward (the KL penalty reads them before the update)"),
+        (reads_old_log_prob, f"algorithm.adv_estimator={algo.adv_estimator} reads old_log_prob"),
+    ]
+    return [reason for blocked, reason in checks if blocked]
+
+
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(key, message)
 
 
-def check_async_training(cfg: DictConfig, needs_greedy_baseline: bool) -> None:
+def check_async_training(cfg: DictConfig, needs_greedy_baseline: bool, reads_old_log_prob: bool = False) -> None:
     """Raise :class:`ConfigError` for a placement or schedule that cannot run.
 
     Args:
         cfg: the run config.
         needs_greedy_baseline: the estimator's registry entry asks for a greedy baseline (ReMax).
+        reads_old_log_prob: the estimator's registry entry reads ``old_log_prob``.
     """
     a = cfg.async_training
     _require(a.mode in ASYNC_MODES, f"{KEY}.mode", f"{a.mode!r} is not valid; use one of {', '.join(ASYNC_MODES)}")
@@ -69,6 +105,14 @@ def check_async_training(cfg: DictConfig, needs_greedy_baseline: bool) -> None:
         _require(a.max_staleness == 1 and a.staleness_policy == "wait" and a.trigger_parameter_sync_step == 1,
                  f"{KEY}.mode", "one_step is the bounded schedule with max_staleness=1, wait and a weight push "
                  "after every update; for other settings use mode=bounded")
+    if a.prox_log_prob_from_update:
+        _require(decoupled_ppo(cfg), f"{KEY}.prox_log_prob_from_update",
+                 "there are no proximal log-probs to take from the update without decoupled PPO (mode=sync or "
+                 "compute_prox_log_prob=false); unset it")
+        blockers = prox_from_update_blockers(cfg, reads_old_log_prob)
+        _require(not blockers, f"{KEY}.prox_log_prob_from_update",
+                 "the update's forward pass is not the proximal policy's here: " + "; ".join(blockers)
+                 + ". Unset it (the actor then recomputes them) or change those settings")
     _require(not a.partial_rollout or a.mode == "bounded", f"{KEY}.partial_rollout",
              f"partial rollouts interrupt generations at a weight update, which only mode=bounded does while it "
              f"generates (mode={a.mode}); set mode=bounded or partial_rollout=false")

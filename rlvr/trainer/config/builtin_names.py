@@ -31,13 +31,16 @@ class AdvantageEstimatorNeeds:
     needs_greedy_baseline: bool = False
     """the reward of a greedy response per prompt: the trainer generates and scores one and passes
     it as ``reward_baselines``."""
+    reads_old_log_prob: bool = False
+    """reads ``old_log_prob`` (the actor's log-probs before the update): an asynchronous run then
+    recomputes them before the advantages instead of taking them from the update's forward pass."""
 
 
 EstimatorNeeds = AdvantageEstimatorNeeds
 
 _GROUPS = AdvantageEstimatorNeeds(needs_groups=True)
 BUILTIN_ESTIMATOR_NEEDS: dict[str, AdvantageEstimatorNeeds] = {
-    "egpo": _GROUPS,
+    "egpo": AdvantageEstimatorNeeds(needs_groups=True, reads_old_log_prob=True),
     "gae": AdvantageEstimatorNeeds(needs_critic=True),
     "gpg": _GROUPS,
     "grpo": _GROUPS,

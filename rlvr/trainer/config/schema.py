@@ -387,6 +387,7 @@ class AsyncTrainingConfig:
     partial_rollout: bool = _f(False, "bounded: a weight update interrupts the running generations, which go on with the new weights (earlier tokens keep their log-probs and versions); needs an interruptible engine (hf)")
     trigger_parameter_sync_step: int = _f(1, "push the weights to the rollout every k actor updates (wait: k <= max_staleness + 1)")
     compute_prox_log_prob: Optional[bool] = _f(None, "decoupled PPO: the actor recomputes the proximal (old) log-probs and algorithm.rollout_correction weighs the behaviour/proximal ratio (token TIS if unset); false: the engine's log-probs are the old ones; None = on when samples can be stale")
+    prox_log_prob_from_update: Optional[bool] = _f(None, "decoupled PPO with one optimizer step per batch: the proximal log-probs are the update's own forward pass (detached), the same policy, so the actor's separate log-prob pass is skipped; None = whenever that is exact (ppo_epochs 1, one mini-batch, an FSDP actor, no rollout_rs, no KL in the reward, an estimator that does not read old_log_prob); false: always recompute")
     queue_timeout_s: float = _f(3600.0, "longest wait of the trainer for generated samples before it raises naming the stage and the rollout worker group")
     weight_sync_timeout_s: float = _f(600.0, "time limit of one weight push to the rollout workers (a hung push raises naming the worker)")
 

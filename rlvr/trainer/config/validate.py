@@ -499,7 +499,8 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     _check_data(cfg, require_data_files)
     _check_rollout(cfg)
     _check_algorithm(cfg, needs)
-    check_async_training(cfg, needs is not None and needs.needs_greedy_baseline)
+    check_async_training(cfg, needs is not None and needs.needs_greedy_baseline,
+                         needs is not None and needs.reads_old_log_prob)
     _check_actor(cfg)
     _check_critic(cfg)
     roles = ["actor", *(["ref"] if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0 else []),

@@ -83,13 +83,15 @@ def estimator_name(name_or_enum: str | Enum) -> str:
 
 
 def register_adv_est(name_or_enum: str | Enum, *, needs_critic: bool = False, needs_groups: bool = False,
-                     needs_greedy_baseline: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+                     needs_greedy_baseline: bool = False, reads_old_log_prob: bool = False
+                     ) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator registering an advantage estimator under ``name_or_enum`` (a string or an
     ``Enum`` member) with what it needs (:class:`AdvantageEstimatorNeeds`); another function
     under a taken name raises ``ValueError`` (the same function again, or one with its module and
     qualified name, is accepted: see :class:`~rlvr.utils.registry.Registry`)."""
     return ADV_ESTIMATOR_REGISTRY.register(estimator_name(name_or_enum), needs_critic=needs_critic,
-                                           needs_groups=needs_groups, needs_greedy_baseline=needs_greedy_baseline)
+                                           needs_groups=needs_groups, needs_greedy_baseline=needs_greedy_baseline,
+                                           reads_old_log_prob=reads_old_log_prob)
 
 
 def get_adv_estimator_fn(name_or_enum: str | Enum) -> AdvantageFn:
@@ -410,7 +412,7 @@ def compute_gpg_outcome_advantage(token_level_rewards, response_mask, index, eps
     return adv, adv
 
 
-@register_adv_est(AdvantageEstimator.EGPO, needs_groups=True)
+@register_adv_est(AdvantageEstimator.EGPO, needs_groups=True, reads_old_log_prob=True)
 def compute_egpo_outcome_advantage(token_level_rewards, response_mask, index, old_log_prob=None,
                                    rollout_log_prob=None, epsilon=1e-6, config=None, **kwargs):
     """EGPO (Zhao et al. 2026, "Know What You Know: Metacognitive Entropy Calibration for Verifiable

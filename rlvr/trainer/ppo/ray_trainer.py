@@ -9,7 +9,9 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
     old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric; the rollout/actor
                   log-prob mismatch metrics; the rollout correction (IS weights, rejection) if set,
                   as in verl's decoupled mode (rejected tokens leave response_mask from here on);
-                  in verl's bypass mode the rollout's log-probs are the old policy (no actor call)
+                  in verl's bypass mode the rollout's log-probs are the old policy (no actor call);
+                  with async_training.prox_log_prob_from_update (one optimizer step per batch) the
+                  update's own forward pass is the proximal policy (no actor call here either)
     ref           ref.compute_ref_log_prob        -> ref_log_prob       (KL in loss or reward only)
     values        critic.compute_values           -> values             (with a critic only)
     adv           KL penalty in the reward, then the registered advantage estimator (driver)
@@ -50,7 +52,7 @@ from rlvr.agent.metrics import tool_use_metrics
 from rlvr.protocol import DataProto
 from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
 from rlvr.single_controller import ClassWithInitArgs
-from rlvr.trainer.async_schedule import AsyncRollout, rollout_correction_config
+from rlvr.trainer.async_schedule import AsyncRollout, prox_log_prob_from_update, rollout_correction_config
 from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
 from rlvr.trainer.checkpoint import RunCheckpoints
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
@@ -76,9 +78,11 @@ from rlvr.trainer.ppo.metrics import (
 from rlvr.trainer.ppo.resource_pool import ResourcePoolManager
 from rlvr.trainer.ppo.reward import compute_reward
 from rlvr.trainer.ppo.rollout_correction import (
+    PROX_FROM_UPDATE_KEY,
     bypass_old_log_probs,
     compute_rollout_correction_and_add_to_batch,
     compute_rollout_mismatch_metrics,
+    prox_from_update_settings,
 )
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.ppo.validation import ValidationMixin
@@ -165,6 +169,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         self.use_critic = bool(self.config.critic.enable)
         self.rollout_apart = rollout_apart(self.config)
         self.rollout_correction = rollout_correction_config(self.config)
+        self.prox_from_update = prox_log_prob_from_update(
+            self.config, get_adv_estimator_needs(self.config.algorithm.adv_estimator).reads_old_log_prob)
         self._check_roles()
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
@@ -476,6 +482,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         rc = self.rollout_correction
         if rc.bypass_mode:
             metrics.update(bypass_old_log_probs(batch, rc))
+            return
+        if self.prox_from_update:  # decoupled PPO, one optimizer step: the update's forward is the proximal policy
+            batch.meta_info[PROX_FROM_UPDATE_KEY] = prox_from_update_settings(rc)
             return
         with _timer("old_log_prob", timing):
             output = self.actor_rollout_wg.compute_log_prob(batch)

@@ -41,10 +41,15 @@ __all__ = [
     "compute_rollout_correction_weights", "compute_rollout_rejection_mask",
     "compute_rollout_correction_and_rejection_mask", "compute_rollout_correction_and_add_to_batch",
     "compute_rollout_mismatch_metrics", "bypass_old_log_probs", "BYPASS_RS_KEY", "compute_bypass_rejection",
+    "PROX_FROM_UPDATE_KEY", "prox_from_update_settings", "prox_from_update_weights", "prox_from_update_metrics",
 ]
 
 BYPASS_RS_KEY = "bypass_rollout_rs"
 """``meta_info`` key: the rejection settings the actor applies per micro-batch in bypass mode."""
+
+PROX_FROM_UPDATE_KEY = "prox_from_update"
+"""``meta_info`` key: the actor takes the proximal (old) log-probs from its update's own forward pass
+and applies the IS correction per micro-batch (:func:`prox_from_update_settings`)."""
 
 SAFETY_BOUND = 20.0
 """Log-ratios are clamped to ``[-20, 20]`` before ``exp`` (weights stay in ``[2e-9, 5e8]``)."""
@@ -298,3 +303,56 @@ def compute_bypass_rejection(log_prob: torch.Tensor, rollout_log_prob: torch.Ten
                                              settings["rollout_rs"], settings["rollout_rs_threshold"],
                                              settings["rollout_rs_threshold_lower"])
     return mask
+
+
+def prox_from_update_settings(rollout_corr_config) -> dict:
+    """The ``meta_info[PROX_FROM_UPDATE_KEY]`` of a batch whose proximal log-probs come from the update.
+
+    Decoupled PPO with one optimizer step per batch (``ppo_epochs=1``, one mini-batch): the proximal
+    policy is the actor's weights at the start of the update, so the update's own forward pass,
+    detached, gives exactly the log-probs a separate ``compute_log_prob`` call would (up to float
+    rounding), and that call is skipped. The IS weights of the proximal/behaviour ratio are then formed
+    per micro-batch (:func:`prox_from_update_weights`); every ratio level is per row, so they equal
+    the driver's. Rejection (``rollout_rs``) changes ``response_mask`` before the advantages and is
+    refused with this mode by the config checks.
+    """
+    rc = rollout_corr_config
+    if rc.rollout_rs is not None or rc.bypass_mode:
+        raise ValueError("proximal log-probs from the update support rollout_is only (no rollout_rs, no bypass_mode)")
+    return {"rollout_is": rc.rollout_is, "rollout_is_threshold": float(rc.rollout_is_threshold),
+            "log_prob_diff_threshold": float(rc.log_prob_diff_threshold)}
+
+
+def prox_from_update_weights(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                             settings: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One micro-batch's proximal log-probs and IS weights in the update.
+
+    Args:
+        log_prob: ``[b, R]`` the update's forward pass (with its gradient).
+        rollout_log_prob: ``[b, R]`` the behaviour policy's (the rollout engine's).
+        response_mask: ``[b, R]``.
+        settings: :func:`prox_from_update_settings`.
+
+    Returns:
+        ``(old_log_prob [b, R] = log_prob detached, rollout_is_weights [b, R] or None)``.
+    """
+    old = log_prob.detach()
+    if settings["rollout_is"] is None:
+        return old, None
+    weights, _ = compute_rollout_correction_weights(old.float() - rollout_log_prob.float(), response_mask,
+                                                    settings["rollout_is"], settings["rollout_is_threshold"])
+    return old, weights
+
+
+def prox_from_update_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                             settings: dict) -> dict[str, float]:
+    """The metrics the trainer's ``old_log_prob`` stage reports, from the update's proximal log-probs
+    (``[B, R]`` each, the rows of the whole batch): the rollout/actor mismatch, the IS weights'
+    ``rollout_corr/*`` and ``actor/prox_from_update`` = 1."""
+    metrics = compute_rollout_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask,
+                                               settings["log_prob_diff_threshold"])
+    if settings["rollout_is"] is not None:
+        metrics.update(compute_rollout_correction_and_rejection_mask(
+            old_log_prob, rollout_log_prob, response_mask, rollout_is=settings["rollout_is"],
+            rollout_is_threshold=settings["rollout_is_threshold"])[2])
+    return {**metrics, "actor/prox_from_update": 1.0}

@@ -11,6 +11,9 @@ Batch keys read (``[batch, ...]``): ``input_ids``, ``attention_mask``, ``positio
 :mod:`rlvr.utils.multimodal`); for the update also ``response_mask``, ``old_log_probs``, ``advantages``,
 ``ref_log_prob`` (with ``use_kl_loss``) and ``rollout_is_weights`` (optional: importance weights of
 an off-policy correction, which the loss multiplies into its per-token losses). ``meta_info["temperature"]`` divides the logits, as in sampling.
+With ``meta_info[PROX_FROM_UPDATE_KEY]`` (decoupled PPO, one optimizer step per batch) ``old_log_probs``
+is not read: the update's own forward pass, detached, is the proximal policy's, and the IS weights of
+the proximal/behaviour ratio are formed per micro-batch from ``rollout_log_probs``.
 
 On one rank (no FSDP sharding) with a bias-free LM head, log-probs come from the final hidden
 states through :func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: the LM head and the
@@ -37,7 +40,13 @@ from transformers import PreTrainedModel
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
-from rlvr.trainer.ppo.rollout_correction import BYPASS_RS_KEY, compute_bypass_rejection
+from rlvr.trainer.ppo.rollout_correction import (
+    BYPASS_RS_KEY,
+    PROX_FROM_UPDATE_KEY,
+    compute_bypass_rejection,
+    prox_from_update_metrics,
+    prox_from_update_weights,
+)
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
@@ -266,34 +275,58 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
-        bypass_rs = data.meta_info.get(BYPASS_RS_KEY)
-        if bypass_rs is not None:
+        bypass_rs, prox = data.meta_info.get(BYPASS_RS_KEY), data.meta_info.get(PROX_FROM_UPDATE_KEY)
+        if prox is not None:
+            keys.remove("old_log_probs")
+            self._check_one_step(len(data))
+        if bypass_rs is not None or prox is not None:
             keys.append("rollout_log_probs")
         batch = multi_modal_batch(
             gather_rows(select_batch_keys(data.batch, keys, "update_actor"), self.sp, block=self.mini_batch_size),
             data.non_tensor_batch, self.module, self.world_size, "update_actor",
             packed=self.use_remove_padding)
         self.module.train()
-        return run_ppo_epochs(
-            batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs), epochs=self.config.ppo_epochs,
-            mini_batch_size=self.mini_batch_size * self.sp.size, shuffle=self.config.shuffle,
-            generator=shared_generator(self.sp) if self.config.shuffle else None,
+        proximal: list[tuple[torch.Tensor, ...]] | None = [] if prox is not None else None
+        metrics = run_ppo_epochs(
+            batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox, proximal),
+            epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size * self.sp.size,
+            shuffle=self.config.shuffle, generator=shared_generator(self.sp) if self.config.shuffle else None,
         )
+        if proximal:
+            old, rollout, mask = (torch.cat(parts) for parts in zip(*proximal))
+            metrics.update({name: [value] for name, value in prox_from_update_metrics(old, rollout, mask, prox).items()})
+        return metrics
 
-    def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _check_one_step(self, rows: int) -> None:
+        """The update's forward is the proximal policy's only for its first optimizer step: refuse a
+        batch that takes more than one (several epochs or mini-batches)."""
+        if self.config.ppo_epochs != 1 or rows > self.mini_batch_size:
+            raise ValueError(
+                f"update_actor: the proximal log-probs were to come from the update's forward pass, but "
+                f"{rows} rows in mini-batches of {self.mini_batch_size} x {self.config.ppo_epochs} epoch(s) make more "
+                "than one optimizer step; set async_training.prox_log_prob_from_update=false (the actor then "
+                "recomputes them) or ppo_epochs=1 with ppo_mini_batch_size >= data.train_batch_size")
+
+    def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None,
+                    prox: dict | None = None, proximal: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss of one micro-batch (aggregated over it) and its metrics ``[len(_METRICS)]``; in bypass
         mode with rejection (``bypass_rs``) the tokens whose ``pi_theta / pi_rollout`` leaves the band
-        leave the loss."""
+        leave the loss; with ``prox`` (proximal log-probs from the update) the forward pass, detached,
+        is ``old_log_probs`` and ``(old, rollout, mask)`` of the micro-batch go to ``proximal``."""
         config = self.config
         mask = micro["response_mask"]
         log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
         if bypass_rs is not None:
             mask = compute_bypass_rejection(log_prob, micro["rollout_log_probs"], mask, bypass_rs)
+        if prox is not None:
+            old_log_prob, is_weights = prox_from_update_weights(log_prob, micro["rollout_log_probs"], mask, prox)
+            proximal.append((old_log_prob.cpu(), micro["rollout_log_probs"].cpu(), mask.cpu()))
+        else:
+            old_log_prob, is_weights = micro["old_log_probs"], micro.get("rollout_is_weights")
         pg_loss, pg_metrics = self.policy_loss_fn(
-            old_log_prob=micro["old_log_probs"], log_prob=log_prob, advantages=micro["advantages"],
+            old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"],
             response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=config,
-            rollout_is_weights=micro.get("rollout_is_weights"),
+            rollout_is_weights=is_weights,
         )
         entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode)
         loss = pg_loss - config.entropy_coeff * entropy_loss if config.entropy_coeff != 0 else pg_loss
@@ -305,15 +338,15 @@ class DataParallelPPOActor:
         values = [pg_metrics["pg_loss"], pg_metrics["pg_clipfrac"], pg_metrics["ppo_kl"], entropy_loss, kl_loss]
         return loss, torch.stack([v.detach().float().cpu() for v in values])
 
-    def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None
-                          ) -> dict[str, float]:
+    def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None,
+                          prox: dict | None = None, proximal: list | None = None) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step."""
         config = self.config
         micro_batches = self._micro_batches(mini, config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz,
                                             config.ppo_max_token_len_per_gpu)
         update = update_mini_batch(
             self.module, self.optimizer, mini, micro_batches,
-            lambda micro: self._micro_loss(micro, temperature, bypass_rs),
+            lambda micro: self._micro_loss(micro, temperature, bypass_rs, prox, proximal),
             len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
             clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
