@@ -20,7 +20,6 @@ from __future__ import annotations
 import copy
 import os
 import pickle
-import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -55,6 +54,7 @@ from rlvr.utils.dataproto_reshape import (
     unpad_dataproto,
 )
 from rlvr.utils.errors import ProtocolError, ProtocolKeyError, ProtocolTypeError
+from rlvr.utils.files import replaced_atomically
 from rlvr.utils.futures import DataProtoFuture
 
 __all__ = [
@@ -466,18 +466,10 @@ class DataProto:
 
     def save_to_disk(self, filepath: str | os.PathLike) -> None:
         """Write to ``filepath`` atomically (a temp file in the same folder, then a rename)."""
-        path = os.fspath(filepath)
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".dataproto-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                pickle.dump(self, f, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        path = os.path.abspath(os.fspath(filepath))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with replaced_atomically(path) as tmp, open(tmp, "wb") as f:
+            pickle.dump(self, f, protocol=pickle.HIGHEST_PROTOCOL)
 
     @staticmethod
     def load_from_disk(filepath: str | os.PathLike) -> DataProto:

@@ -1,28 +1,48 @@
-"""Files that are whole or absent: a text file written to a temporary file beside it, synced to
-disk, then renamed over the old one (a crash or a failed write leaves the old file as it was)."""
+"""Files that are whole or absent: written to a temporary file beside the target, then renamed over
+it (a crash or a failed write leaves the old file as it was, and no temporary file behind).
+
+:func:`replaced_atomically` is the pattern for any writer (``torch.save``, ``pickle.dump``, text);
+:func:`write_text_atomic` is it for text, synced to disk before the rename.
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["write_text_atomic"]
+__all__ = ["replaced_atomically", "write_text_atomic"]
+
+
+@contextmanager
+def replaced_atomically(path: str | os.PathLike, durable: bool = False) -> Iterator[str]:
+    """Yield a temporary path beside ``path`` (``.<name>.tmp-*`` in the same folder, so the rename
+    stays on one file system) for the block to write; when the block returns, the temporary file
+    replaces ``path`` in one rename, so ``path`` holds either its old content or all of the new.
+    When the block (or the rename) fails, the temporary file is removed and the error goes on.
+
+    Args:
+        path: the file to replace (its folder must exist).
+        durable: fsync the temporary file before the rename (the new content survives a power loss
+            right after it; costs a flush of the file's pages).
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    os.close(fd)
+    try:
+        yield tmp
+        if durable:
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Replace the file ``path`` by ``text`` (UTF-8) atomically: ``path`` holds either its old
-    content or all of ``text``, never a part. The temporary file (``.<name>.tmp-*`` in the same
-    folder, so the rename stays on one file system) is removed when the write fails."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """Replace the file ``path`` by ``text`` (UTF-8) atomically and durably (:func:`replaced_atomically`)."""
+    with replaced_atomically(path, durable=True) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)

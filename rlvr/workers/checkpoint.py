@@ -21,6 +21,7 @@ from peft import PeftModel
 from torch import nn
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedTokenizerBase, ProcessorMixin
 
+from rlvr.utils.files import replaced_atomically
 from rlvr.utils.model import auto_model_class
 from rlvr.utils.processor import save_processor
 from rlvr.workers.fsdp import (
@@ -51,23 +52,18 @@ def atomic_save(obj: Any, path: Path) -> None:
     "unexpected pos"), raises ``OSError(ENOSPC)`` naming the file, the MiB written and the MiB free.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except (OSError, RuntimeError) as error:
-        written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
-        free = shutil.disk_usage(path.parent).free
-        if free < _LOW_SPACE_BYTES or getattr(error, "errno", None) == errno.ENOSPC:
-            raise OSError(errno.ENOSPC, f"writing {path} failed after {written / 2**20:.0f} MiB with "
-                          f"{free / 2**20:.0f} MiB free on its disk ({error}); the files already there are "
-                          "untouched: free space or set trainer.default_local_dir to a larger disk, then "
-                          "resume") from error
-        raise
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with replaced_atomically(path) as tmp:
+        try:
+            torch.save(obj, tmp)
+        except (OSError, RuntimeError) as error:
+            written = os.path.getsize(tmp) if os.path.exists(tmp) else 0
+            free = shutil.disk_usage(path.parent).free
+            if free < _LOW_SPACE_BYTES or getattr(error, "errno", None) == errno.ENOSPC:
+                raise OSError(errno.ENOSPC, f"writing {path} failed after {written / 2**20:.0f} MiB with "
+                              f"{free / 2**20:.0f} MiB free on its disk ({error}); the files already there are "
+                              "untouched: free space or set trainer.default_local_dir to a larger disk, then "
+                              "resume") from error
+            raise
 
 
 def save_training_state(path: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None,

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from PIL import Image, ImageDraw
 
+from tests.workers.model_worker_utils import make_config as worker_config
+
 from rlvr.protocol import DataProto
-from rlvr.trainer.config.schema import RlvrConfig
 from rlvr.trainer.data import RLHFDataset, collate_fn
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS
 from rlvr.utils.tokenizer import hf_processor, hf_tokenizer
@@ -44,22 +44,9 @@ def write_image_rows(folder: Path, count: int = 4, wide_every: int = 2) -> Path:
 
 
 def make_config(model_path: str, *overrides: str):
-    """A run config for a tiny model with small batch sizes (fp32, one thread)."""
-    base = [
-        f"actor_rollout_ref.model.path={model_path}",
-        "actor_rollout_ref.rollout.response_length=6",
-        "actor_rollout_ref.rollout.n=1",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=3",
-        "actor_rollout_ref.actor.use_rollout_log_probs=false",
-        "critic.ppo_mini_batch_size=4",
-        "critic.ppo_micro_batch_size_per_gpu=2",
-        "trainer.seed=7",
-        "trainer.num_threads=1",
-        "trainer.call_timeout_s=300",
-    ]
-    return OmegaConf.merge(OmegaConf.structured(RlvrConfig), OmegaConf.from_dotlist(base + list(overrides)))
+    """The model-worker tests' run config for a tiny model (small batch sizes, one thread), with the
+    actor always recomputing old log-probs (the image rows' log-probs are compared with it)."""
+    return worker_config(model_path, "actor_rollout_ref.actor.use_rollout_log_probs=false", *overrides)
 
 
 def image_batch(model_dir: str, data_file: Path, **meta) -> DataProto:

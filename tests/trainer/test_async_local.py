@@ -102,6 +102,36 @@ def test_the_proximal_log_probs_are_recomputed_when_the_update_cannot_give_them(
     assert all("rollout_corr/rollout_is_mean" in row and "actor/prox_from_update" not in row for row in steps)
 
 
+USER_ESTIMATOR = '''
+from rlvr.trainer.ppo.advantage import get_adv_estimator_fn, register_adv_est
+
+
+@register_adv_est("grpo_reading_old", needs_groups=True, reads_old_log_prob=True)
+def grpo_reading_old(token_level_rewards, response_mask, index, old_log_prob=None, config=None, **kwargs):
+    if old_log_prob is None or old_log_prob.shape != response_mask.shape:
+        raise ValueError(f"the proximal log-probs were not computed before the advantages: {old_log_prob}")
+    return get_adv_estimator_fn("grpo")(token_level_rewards=token_level_rewards, response_mask=response_mask,
+                                        index=index, config=config)
+'''
+
+
+def test_a_users_estimator_that_reads_old_log_probs_gets_them_before_the_update(run, tmp_path):
+    from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
+
+    project = tmp_path / "user_project"  # outside the repository
+    project.mkdir()
+    (project / "reading_old_est.py").write_text(USER_ESTIMATOR)
+    try:
+        trainer, _ = run("reads_old", **MODES["one_step"], **{
+            "trainer.user_modules": f"['{project / 'reading_old_est.py'}']",
+            "algorithm.adv_estimator": "grpo_reading_old", "trainer.total_training_steps": 2})
+    finally:
+        ADV_ESTIMATOR_REGISTRY.pop("grpo_reading_old", None)
+    steps = trainer.metrics_history[:2]
+    assert all("timing/old_log_prob" in row and "actor/prox_from_update" not in row for row in steps)
+    assert steps[1]["async/staleness_max"] == 1.0 and steps[1]["actor/reused_rollout_log_probs"] == 0.0
+
+
 def test_without_decoupled_ppo_the_engines_log_probs_are_the_old_ones(run):
     trainer, _ = run("behaviour", **MODES["one_step"], **{"async_training.compute_prox_log_prob": False,
                                                             "trainer.total_training_steps": 2})

@@ -1,5 +1,5 @@
-"""rlvr.utils.files.write_text_atomic: the file holds the old text or all of the new, and a failed
-write leaves no temporary file behind."""
+"""rlvr.utils.files: the file holds the old content or all of the new, and a failed write leaves no
+temporary file behind (text through write_text_atomic, any writer through replaced_atomically)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import pytest
 
 from rlvr.utils import files
-from rlvr.utils.files import write_text_atomic
+from rlvr.utils.files import replaced_atomically, write_text_atomic
 
 
 def test_the_new_text_replaces_the_old_and_no_temporary_file_stays(tmp_path):
@@ -31,3 +31,26 @@ def test_a_write_that_fails_leaves_the_old_file_and_removes_its_temporary_file(t
         write_text_atomic(path, '{"acc": 0.9}')
     assert path.read_text(encoding="utf-8") == '{"acc": 0.5}'
     assert os.listdir(tmp_path) == [path.name]
+
+
+def test_any_writer_replaces_the_file_in_one_rename_and_a_failing_one_changes_nothing(tmp_path, monkeypatch):
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"old")
+    synced = []
+    monkeypatch.setattr(files.os, "fsync", synced.append)
+    with pytest.raises(RuntimeError, match="writer died"):
+        with replaced_atomically(path) as tmp:
+            assert os.path.dirname(tmp) == str(tmp_path) and os.path.basename(tmp).startswith(".model.pt.tmp-")
+            with open(tmp, "wb") as f:
+                f.write(b"half")
+            raise RuntimeError("writer died")
+    assert path.read_bytes() == b"old" and os.listdir(tmp_path) == [path.name]
+    with replaced_atomically(path) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(b"new")
+        assert path.read_bytes() == b"old"  # nothing visible before the block ends
+    assert path.read_bytes() == b"new" and os.listdir(tmp_path) == [path.name] and synced == []
+    with replaced_atomically(path, durable=True) as tmp:
+        with open(tmp, "wb") as f:
+            f.write(b"synced")
+    assert path.read_bytes() == b"synced" and len(synced) == 1
