@@ -134,11 +134,13 @@ bench-long: setup
 	$(PY) -m benchmarks.bench_long_responses --rows 16 --micro 4 --json runs/bench_long/compare.json
 	$(PY) -m benchmarks.bench_long_responses --longest --budget-gb 24 --sp 3 --json runs/bench_long/longest.json
 # synchronous against asynchronous training (sync, one_step, bounded), main job x 3 seeds x 50 steps, the
-# tool-use job, the staleness-4 correction ablation and the simulator's prediction (docs/PERFORMANCE.md);
+# tool-use job, the staleness-4 correction ablation, the simulator's prediction and what two processes computing at
+# once cost each other on the cores (docs/PERFORMANCE.md);
 # several hours on 2 cores: run it on an idle machine
 bench-async: setup data/arith/test.jsonl data/tools/test.jsonl
 	$(PY) -m benchmarks.bench_async --out runs/bench_async $(ARGS)
 	$(PY) -m benchmarks.async_simulator --scale --json runs/bench_async/scaling.json
+	$(PY) -m benchmarks.core_contention --json runs/bench_async/core_contention.json
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
