@@ -198,9 +198,11 @@ def _wait_for_step(run_dir, step: int, process: subprocess.Popen, timeout_s: flo
     raise AssertionError(f"step {step} not reached within {timeout_s} s")
 
 
-EPOCH = {**BASE, **MODES["bounded_wait_partial"], **LONGER, "trainer.total_training_steps": 8,
+EPOCH = {**BASE, **MODES["bounded_wait_partial"], **LONGER, **SLOW_DECODE, "trainer.total_training_steps": 8,
          "data.val_files": "null", "trainer.save_freq": 2, "trainer.resume_mode": "auto"}
-"""One epoch of the 32 tiny prompts (8 steps of 4), a checkpoint every 2 steps."""
+"""One epoch of the 32 tiny prompts (8 steps of 4), a checkpoint every 2 steps. The slow-decode engine
+makes a step last at least a generation (~0.7 s): a kill sent when step 5 is seen lands before step 7
+ends (with the tiny model's 0.1-0.2 s steps the whole epoch could finish first)."""
 
 
 @pytest.mark.slow  # two training processes, one killed in the middle of a step
