@@ -50,6 +50,8 @@ SCHEDULES = {
     "bounded": [*APART, "async_training.mode=bounded", "async_training.max_staleness=2",
                 "async_training.partial_rollout=true"],
 }
+LENDING = {"one_step_lend": [*SCHEDULES["one_step"], "async_training.lend_idle_cores=true"]}
+"""``--lend``: ``one_step`` with the idle cores lent between the trainer and the rollout."""
 ABLATION = {
     "bounded_s4_corrected": [*APART, "async_training.mode=bounded", "async_training.max_staleness=4"],
     "bounded_s4_uncorrected": [*APART, "async_training.mode=bounded", "async_training.max_staleness=4",
@@ -243,6 +245,8 @@ def main() -> None:
     parser.add_argument("--calibration-steps", type=int, default=10,
                         help="steps of the one-thread calibration run for the simulator check (0: skip both)")
     parser.add_argument("--no-ablation", action="store_true", help="skip the staleness-4 correction ablation")
+    parser.add_argument("--lend", action="store_true",
+                        help="also one_step with async_training.lend_idle_cores=true (main job and tool job, their seeds)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_async"))
     parser.add_argument("--json", type=Path, help="also write the report (bench_async.json) here")
     parser.add_argument("--override", nargs="*", default=[], help="key=value overrides for every run")
@@ -275,6 +279,14 @@ def main() -> None:
         if tools["sync"]:
             report["tool_job"] = {"table": compare(tools), "runs": tools}
             sections.append(markdown("tool-use job", report["tool_job"]["table"], tools))
+    if args.lend:
+        jobs = [("main_job", "main job", args.steps, args.seeds, args.test_freq),
+                ("tool_job", "tool-use job", args.tool_steps, args.tool_seeds, args.tool_steps)]
+        for preset, title, steps, seeds, test_freq in jobs:
+            lent = run_schedules(preset, {"sync": [], **LENDING}, args.out, steps, seeds, test_freq, only) if steps > 0 else {}
+            if lent.get("sync"):
+                report[f"{preset}_lend"] = {"table": compare(lent), "runs": lent}
+                sections.append(markdown(f"{title}, idle cores lent", report[f"{preset}_lend"]["table"], lent))
     if not args.no_ablation:
         ablation = run_schedules("main_job", ABLATION, args.out, args.steps, args.seeds[:1], args.test_freq, only)
         if next(iter(ablation.values())):

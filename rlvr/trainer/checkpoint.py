@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from rlvr.utils.files import write_text_atomic
+from rlvr.utils.files import leftover_temporaries, write_text_atomic
 from rlvr.workers.checkpoint import atomic_save
 
 logger = logging.getLogger(__name__)
@@ -169,7 +169,8 @@ class CheckpointManager:
     def tidy(self) -> None:
         """Clear what interrupted saves left: a ``global_step_<k>.tmp`` that is whole (checksums
         verified) while ``global_step_<k>`` is absent is renamed into place; every other ``.tmp``
-        or ``.old`` folder is deleted (a 135M-parameter actor's checkpoint is 1.6 GB). Logged."""
+        or ``.old`` folder is deleted (a 135M-parameter actor's checkpoint is 1.6 GB), and so is a
+        temporary file of :data:`LATEST_FILE` that a kill left. Logged."""
         if not self.root.is_dir():
             return
         for path in sorted(self.root.iterdir()):
@@ -183,6 +184,9 @@ class CheckpointManager:
             else:
                 shutil.rmtree(path)
                 logger.warning("checkpoint %s: removed what an interrupted save left", path)
+        for path in leftover_temporaries(self.root / LATEST_FILE):  # a kill while the step number was written
+            path.unlink()
+            logger.warning("checkpoint %s: removed what an interrupted save left", path)
         _fsync_dir(self.root)
 
     def begin(self, step: int) -> Path:

@@ -7,13 +7,14 @@ it (a crash or a failed write leaves the old file as it was, and no temporary fi
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["replaced_atomically", "write_text_atomic"]
+__all__ = ["replaced_atomically", "write_text_atomic", "leftover_temporaries"]
 
 
 @contextmanager
@@ -29,7 +30,7 @@ def replaced_atomically(path: str | os.PathLike, durable: bool = False) -> Itera
             right after it; costs a flush of the file's pages).
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temporary_prefix(path))
     os.close(fd)
     try:
         yield tmp
@@ -46,3 +47,15 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Replace the file ``path`` by ``text`` (UTF-8) atomically and durably (:func:`replaced_atomically`)."""
     with replaced_atomically(path, durable=True) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def leftover_temporaries(path: str | os.PathLike) -> list[Path]:
+    """The temporary files of :func:`replaced_atomically` for ``path`` that are on disk now: a process
+    killed (SIGKILL, power loss) inside the block leaves its one behind. Only the sole writer of
+    ``path`` should delete them: another writer's may be in use."""
+    path = Path(path)
+    return sorted(path.parent.glob(f"{glob.escape(_temporary_prefix(path))}*"))
+
+
+def _temporary_prefix(path: Path) -> str:
+    return f".{path.name}.tmp-"

@@ -51,6 +51,7 @@ import torch
 
 from rlvr.agent import AgentLoopManager
 from rlvr.protocol import DataProto
+from rlvr.utils import core_lending
 from rlvr.single_controller.base.decorator import Dispatch, register
 from rlvr.single_controller.base.worker import Worker
 from rlvr.utils.model import load_tokenizer
@@ -150,6 +151,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         self._rollout_replica = None
         self._rollout_shares_actor = False
         self._ref_shares_actor = False
+        if role == "rollout" and self.device == "cpu" and config.async_training.lend_idle_cores:
+            core_lending.attach_rollout_from_env(torch.get_num_threads())  # the trainer's idle cores
 
     def _require(self, present: bool, method: str, part: str) -> None:
         if not present:
@@ -273,7 +276,8 @@ class ActorRolloutRefWorker(TrainingWorker):
             with self.weight_inbox.generation(bool(prompts.meta_info.get("validate", False)),
                                               self.config.actor_rollout_ref.rollout.free_cache_engine) as engine:
                 output = self.agent_loops.generate_sequences(engine, prompts)
-        metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen")}
+        metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen"),
+                   **core_lending.take_lent_share("rollout")}
         if self.weight_inbox.interrupt is not None:
             metrics["async/interrupted_generations"] = float(self.weight_inbox.last_interrupted_rows)
         output.meta_info.update(metrics=metrics, timing=timer.result())

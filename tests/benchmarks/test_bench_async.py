@@ -73,6 +73,25 @@ def test_report_only_tabulates_the_seeds_that_finished_every_schedule(tmp_path, 
     assert "### main job (1 seed)" in (tmp_path / "bench_async.md").read_text()
 
 
+def test_lend_tabulates_one_step_with_lent_cores_beside_the_same_sync_runs(tmp_path, monkeypatch):
+    from benchmarks import bench_async
+
+    step_s = {"sync": 10.0, "one_step": 8.0, "bounded": 5.0, "one_step_lend": 6.4}
+    for mode, seconds in step_s.items():
+        run_dir = tmp_path / f"main_job_{mode}_seed1"
+        run_dir.mkdir()
+        (run_dir / "run.json").write_text(json.dumps(run(seconds, {0: 0.1, 4: 0.5})))
+    monkeypatch.setattr(bench_async, "run_job", lambda *a, **k: pytest.fail("report-only ran a job"))
+    monkeypatch.setattr("sys.argv", ["bench_async", "--report-only", "--out", str(tmp_path), "--steps", "4",
+                                     "--seeds", "1", "--tool-steps", "0", "--no-ablation", "--lend"])
+    bench_async.main()
+    report = json.loads((tmp_path / "bench_async.json").read_text())
+    assert list(report["main_job_lend"]["table"]) == ["sync", "one_step_lend"] and "tool_job_lend" not in report
+    assert report["main_job_lend"]["table"]["one_step_lend"]["speedup"] == pytest.approx(10.0 / 6.4)
+    assert "### main job, idle cores lent" in (tmp_path / "bench_async.md").read_text()
+    assert bench_async.LENDING["one_step_lend"][-1] == "async_training.lend_idle_cores=true"
+
+
 def test_the_simulator_check_compares_the_same_first_steps_of_sync_and_the_calibration():
     from benchmarks.bench_async import simulator_check
 

@@ -27,6 +27,7 @@ from trainer_helpers import tiny_config
 from rlvr.trainer.checkpoint import CheckpointManager
 from rlvr.trainer.main_ppo import run_ppo
 from rlvr.trainer.recovery import RestartLimitError
+from rlvr.utils import core_lending
 from rlvr.utils.errors import WorkerTimeoutError
 from rlvr.utils.fault_injection import Fault
 from rlvr.utils.tokenizer import hf_tokenizer
@@ -130,6 +131,22 @@ def test_a_users_estimator_that_reads_old_log_probs_gets_them_before_the_update(
     steps = trainer.metrics_history[:2]
     assert all("timing/old_log_prob" in row and "actor/prox_from_update" not in row for row in steps)
     assert steps[1]["async/staleness_max"] == 1.0 and steps[1]["actor/reused_rollout_log_probs"] == 0.0
+
+
+def test_lending_idle_cores_the_rollout_borrows_the_trainers_while_it_waits_for_samples(run):
+    """``lend_idle_cores`` with the thread count left to the split: the first batch is generated while
+    the trainer waits (the slow-decode engine makes that ~0.7 s), so the rollout's decode steps ran on
+    the trainer's cores too; the shared flags' file is gone after the run."""
+    before = set(glob.glob("/dev/shm/rlvr_cores_*"))
+    trainer, _ = run("lend", **MODES["one_step"], **SLOW_DECODE, **{
+        "trainer.num_threads": "null", "async_training.lend_idle_cores": True, "trainer.total_training_steps": 3})
+    steps = trainer.metrics_history[:3]
+    shares = [row["async/rollout_lent_core_share"] for row in steps]
+    assert steps[0]["async/rollout_lent_core_share"] > 0.5, shares
+    assert all(0.0 <= share <= 1.0 for share in shares)
+    assert all(0.0 <= row.get("async/trainer_lent_core_share", 0.0) <= 1.0 for row in steps)
+    assert set(glob.glob("/dev/shm/rlvr_cores_*")) == before
+    assert core_lending.ENV_VAR not in os.environ and core_lending.installed() is None
 
 
 def test_without_decoupled_ppo_the_engines_log_probs_are_the_old_ones(run):

@@ -132,11 +132,16 @@ def test_the_next_save_removes_what_an_interrupted_save_left(tmp_path, caplog):
     (tmp / "actor").mkdir()
     (tmp / "actor" / "model.pt").write_text("half of the weights")
     (tmp_path / "global_step_1.old").mkdir()  # and a folder renamed aside by an earlier commit
+    stray = tmp_path / f".{LATEST_FILE}.tmp-k1ll3d"  # and a kill while the latest step was written
+    stray.write_text("")
+    unrelated = tmp_path / "notes.tmp-1"
+    unrelated.write_text("the user's")
     with caplog.at_level(logging.WARNING):
         _save(manager, 3)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", "global_step_3", LATEST_FILE]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_1", "global_step_3", LATEST_FILE, unrelated.name]
     assert "global_step_2.tmp: removed what an interrupted save left" in caplog.text
     assert "global_step_1.old: removed what an interrupted save left" in caplog.text
+    assert f"{stray.name}: removed what an interrupted save left" in caplog.text
 
 
 def test_a_crash_while_replacing_a_step_keeps_that_step(tmp_path, monkeypatch, caplog):

@@ -4,11 +4,14 @@ temporary file behind (text through write_text_atomic, any writer through replac
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
 from rlvr.utils import files
-from rlvr.utils.files import replaced_atomically, write_text_atomic
+from rlvr.utils.files import leftover_temporaries, replaced_atomically, write_text_atomic
 
 
 def test_the_new_text_replaces_the_old_and_no_temporary_file_stays(tmp_path):
@@ -54,3 +57,21 @@ def test_any_writer_replaces_the_file_in_one_rename_and_a_failing_one_changes_no
         with open(tmp, "wb") as f:
             f.write(b"synced")
     assert path.read_bytes() == b"synced" and len(synced) == 1
+
+
+def test_a_writer_killed_inside_the_block_leaves_its_temporary_file_and_it_is_found(tmp_path):
+    path = tmp_path / "step [1].txt"  # glob's special characters in the name
+    path.write_text("old")
+    (tmp_path / "step 1.txt.tmp-x").write_text("")  # what the pattern must not take: not a temporary of it
+    killed = subprocess.run([sys.executable, "-c", (
+        "import os, signal, sys\n"
+        "from rlvr.utils.files import replaced_atomically\n"
+        "with replaced_atomically(sys.argv[1]) as tmp:\n"
+        "    open(tmp, 'w').write('half')\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"), str(path)], timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    assert path.read_text() == "old"
+    left = leftover_temporaries(path)
+    assert len(left) == 1 and left[0].name.startswith(".step [1].txt.tmp-") and left[0].read_text() == "half"
+    left[0].unlink()
+    assert leftover_temporaries(path) == []

@@ -32,12 +32,14 @@ deadline: ``async_training.queue_timeout_s`` for samples, ``weight_sync_timeout_
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from rlvr.protocol import DataProto
@@ -45,7 +47,10 @@ from rlvr.trainer.async_schedule.buffer import SampleBuffer
 from rlvr.trainer.async_schedule.prompts import PromptSource
 from rlvr.trainer.async_schedule.versions import check_staleness_bound, sample_staleness, staleness_metrics
 from rlvr.trainer.config.async_checks import decoupled_ppo, prox_from_update_blockers, staleness_bound
+from rlvr.utils import core_lending
+from rlvr.utils.core_lending import ROLLOUT, TRAINER, CoreLending
 from rlvr.workers.rollout.shared_weights import SharedWeightsWriter
+from rlvr.workers.worker_utils import cpu_workers
 
 __all__ = ["AsyncRollout", "decoupled_ppo", "prox_log_prob_from_update", "rollout_correction_config"]
 
@@ -108,6 +113,22 @@ class AsyncRollout:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.last_push_s = 0.0
+        self.lending = self._lend_idle_cores(config)
+
+    @staticmethod
+    def _lend_idle_cores(config: DictConfig) -> CoreLending | None:
+        """With ``lend_idle_cores`` on a CPU (the config checks ensure the local backend and no fixed
+        thread count): the shared waiting flags, installed for the trainer's side, their file named
+        to the rollout child in the environment it inherits (:mod:`rlvr.utils.core_lending`)."""
+        if not config.async_training.lend_idle_cores or config.trainer.device == "cuda" or (
+                config.trainer.device == "auto" and torch.cuda.is_available()):
+            return None
+        cores = len(os.sched_getaffinity(0))
+        lending = CoreLending.create(max(1, cores // cpu_workers(config)), cores)
+        lending.set_waiting(ROLLOUT, True)  # nothing generated yet
+        core_lending.install(lending)
+        os.environ[core_lending.ENV_VAR] = f"{lending.path}:{os.getpid()}"
+        return lending
 
     # ------------------------------------------------------------------ lifecycle
     @contextmanager
@@ -138,8 +159,13 @@ class AsyncRollout:
 
     def close(self) -> None:
         """Release the shared memory of the weight pushes (the end of the run; a later push would
-        make a new segment)."""
+        make a new segment) and the core-lending flags."""
         self._shared_weights.close()
+        if self.lending is not None:
+            core_lending.install(None)
+            os.environ.pop(core_lending.ENV_VAR, None)
+            self.lending.close()
+            self.lending = None
 
     def _join_previous(self) -> None:
         if self._thread is not None and self._thread.is_alive():
@@ -152,7 +178,7 @@ class AsyncRollout:
     def _loop(self, stop: threading.Event) -> None:
         """Draw, generate and buffer batches as long as the admission rule allows."""
         try:
-            while self.buffer.wait_for_admission():
+            while self._rollout_waits(self.buffer.wait_for_admission):
                 prompts = self.prompts.take(self.batch_size)
                 start = time.perf_counter()
                 output = self._generate(prompts.repeat(self.n, interleave=True))
@@ -171,12 +197,38 @@ class AsyncRollout:
             if not stop.is_set():
                 self.buffer.fail(err)
 
+    def _rollout_waits(self, wait: Callable[[], bool]) -> bool:
+        """``wait()`` with the rollout marked waiting (its cores lent to the trainer) meanwhile; it
+        stays marked when the rollout stops."""
+        lending = self.lending
+        if lending is None:
+            return wait()
+        lending.set_waiting(ROLLOUT, True)
+        admitted = wait()
+        lending.set_waiting(ROLLOUT, not admitted)
+        return admitted
+
+    @contextmanager
+    def trainer_waiting(self) -> Iterator[None]:
+        """The trainer waits on the rollout during the block (for samples, for a validation's
+        generations): with ``lend_idle_cores`` its cores are lent to the rollout meanwhile."""
+        lending = self.lending
+        if lending is None:
+            yield
+            return
+        lending.set_waiting(TRAINER, True)
+        try:
+            yield
+        finally:
+            lending.set_waiting(TRAINER, False)
+
     # ------------------------------------------------------------------ trainer side
     def next_batch(self) -> DataProto:
         """The next ``train_batch_size`` prompt groups (``rollout.n`` samples each), within the
         staleness bound, with the async metrics in ``meta_info["metrics"]`` and the policy version
         in ``meta_info["policy_version"]`` (the actor reuses exact log-probs of the current version)."""
-        groups, _ = self.buffer.take(self.queue_timeout_s, self.prompts.requeue)
+        with self.trainer_waiting():
+            groups, _ = self.buffer.take(self.queue_timeout_s, self.prompts.requeue)
         batch = DataProto.concat(groups)
         self.prompts.trained([g.non_tensor_batch["uid"][0] for g in groups])
         version = self.buffer.version
@@ -191,6 +243,8 @@ class AsyncRollout:
         metrics.update(staleness_metrics(versions, mask, version, self.bound))
         metrics.update(self.buffer.take_counters())
         metrics.update({"async/weight_push_s": self.last_push_s, "async/policy_version": float(version)})
+        if self.lending is not None:
+            metrics.update(self.lending.take_lent_share("trainer"))
         batch.meta_info.update(metrics=metrics, policy_version=version)
         if self.old_from_rollout:
             batch.meta_info["old_log_probs_from_rollout"] = True

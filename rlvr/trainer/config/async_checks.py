@@ -15,7 +15,7 @@ from rlvr.trainer.config.schema import ASYNC_MODES, STALENESS_POLICIES
 from rlvr.utils.errors import ConfigError
 
 __all__ = ["rollout_apart", "rollout_world_size", "staleness_bound", "decoupled_ppo", "prox_from_update_blockers",
-           "check_async_training"]
+           "lend_idle_cores_blockers", "check_async_training"]
 
 KEY = "async_training"
 
@@ -73,6 +73,20 @@ def prox_from_update_blockers(cfg: DictConfig, reads_old_log_prob: bool = False)
     return [reason for blocked, reason in checks if blocked]
 
 
+def lend_idle_cores_blockers(cfg: DictConfig) -> list[str]:
+    """Why ``async_training.lend_idle_cores`` cannot apply to ``cfg`` (empty: it can)."""
+    t, blockers = cfg.trainer, []
+    if not rollout_apart(cfg):
+        blockers.append("the rollout is colocated with the actor (set actor_rollout_ref.hybrid_engine=false)")
+    if t.backend != "local":
+        blockers.append(f"trainer.backend={t.backend} (Ray places the workers itself; use trainer.backend=local)")
+    if t.device not in ("cpu", "auto"):
+        blockers.append(f"trainer.device={t.device} (GPUs are not lent; use cpu)")
+    if t.num_threads is not None:
+        blockers.append(f"trainer.num_threads={t.num_threads} fixes the thread count (unset it)")
+    return blockers
+
+
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(key, message)
@@ -94,6 +108,11 @@ def check_async_training(cfg: DictConfig, needs_greedy_baseline: bool, reads_old
     _require(a.trigger_parameter_sync_step >= 1, f"{KEY}.trigger_parameter_sync_step", "must be >= 1 actor update")
     _require(a.queue_timeout_s > 0 and a.weight_sync_timeout_s > 0, f"{KEY}.queue_timeout_s",
              "queue_timeout_s and weight_sync_timeout_s must be > 0 seconds")
+    if a.lend_idle_cores:
+        blockers = lend_idle_cores_blockers(cfg)
+        _require(not blockers, f"{KEY}.lend_idle_cores",
+                 "it lends cores between the trainer and a rollout child process on one CPU machine, but "
+                 + "; ".join(blockers) + ". Change those settings or unset it")
     if not rollout_apart(cfg):
         _require(a.mode == "sync", f"{KEY}.mode",
                  f"mode={a.mode} overlaps generation and training, which needs a rollout of its own: set "

@@ -388,6 +388,7 @@ class AsyncTrainingConfig:
     trigger_parameter_sync_step: int = _f(1, "push the weights to the rollout every k actor updates (wait: k <= max_staleness + 1)")
     compute_prox_log_prob: Optional[bool] = _f(None, "decoupled PPO: the actor recomputes the proximal (old) log-probs and algorithm.rollout_correction weighs the behaviour/proximal ratio (token TIS if unset); false: the engine's log-probs are the old ones; None = on when samples can be stale")
     prox_log_prob_from_update: Optional[bool] = _f(None, "decoupled PPO with one optimizer step per batch: the proximal log-probs are the update's own forward pass (detached), the same policy, so the actor's separate log-prob pass is skipped; None = whenever that is exact (ppo_epochs 1, one mini-batch, an FSDP actor, no rollout_rs, no KL in the reward, an estimator that does not read old_log_prob); false: always recompute")
+    lend_idle_cores: bool = _f(False, "local backend on a CPU, rollout apart (hybrid_engine=false): while the trainer waits for samples the rollout uses all the cores, and while the rollout waits the trainer does (re-checked every decode step and actor forward); faster, but float rounding then depends on timing, so a run is not bit-for-bit repeatable; needs trainer.num_threads unset")
     queue_timeout_s: float = _f(3600.0, "longest wait of the trainer for generated samples before it raises naming the stage and the rollout worker group")
     weight_sync_timeout_s: float = _f(600.0, "time limit of one weight push to the rollout workers (a hung push raises naming the worker)")
 

@@ -41,7 +41,7 @@ __all__ = [
     "compute_rollout_correction_weights", "compute_rollout_rejection_mask",
     "compute_rollout_correction_and_rejection_mask", "compute_rollout_correction_and_add_to_batch",
     "compute_rollout_mismatch_metrics", "bypass_old_log_probs", "BYPASS_RS_KEY", "compute_bypass_rejection",
-    "PROX_FROM_UPDATE_KEY", "prox_from_update_settings", "prox_from_update_weights", "prox_from_update_metrics",
+    "PROX_FROM_UPDATE_KEY", "prox_from_update_settings", "ProxFromUpdate",
 ]
 
 BYPASS_RS_KEY = "bypass_rollout_rs"
@@ -111,24 +111,35 @@ def compute_rollout_correction_weights(log_ratio: torch.Tensor, response_mask: t
         ``rollout_is_ratio_fraction_high`` (share of tokens whose weight was capped) and
         ``rollout_is_eff_sample_size`` (``1 / mean((w / mean w)^2)``, as a fraction of the tokens).
     """
+    raw, weights = _truncated_is(log_ratio, response_mask, rollout_is, rollout_is_threshold)
+    return weights, _truncated_is_metrics(raw, weights, response_mask, rollout_is_threshold)
+
+
+def _truncated_is(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_is: str,
+                  rollout_is_threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rho before the cap, min(rho, cap) detached)``, both ``[B, R]`` float32 and 0 on padding."""
     if rollout_is_threshold <= 0:
         raise ValueError(f"rollout_is_threshold must be > 0, got {rollout_is_threshold}")
     mask = response_mask.float()
     level = get_rollout_ratio_level(rollout_is)(log_ratio.float(), mask)
     raw = torch.exp(level.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask
-    weights = raw.clamp(max=rollout_is_threshold).detach()
-    valid = mask > 0
-    raw_min, raw_max = _valid_min_max(raw, valid)
+    return raw, raw.clamp(max=rollout_is_threshold).detach()
+
+
+def _truncated_is_metrics(raw: torch.Tensor, weights: torch.Tensor, response_mask: torch.Tensor,
+                          rollout_is_threshold: float) -> dict[str, float]:
+    """The metrics of :func:`compute_rollout_correction_weights` from :func:`_truncated_is`'s tensors."""
+    mask = response_mask.float()
+    raw_min, raw_max = _valid_min_max(raw, mask > 0)
     mean = masked_mean(weights, mask)
     normalised = weights / mean.clamp(min=1e-8)
-    metrics = {
+    return {
         "rollout_is_mean": mean.item(),
         "rollout_is_min": raw_min,
         "rollout_is_max": raw_max,
         "rollout_is_ratio_fraction_high": masked_mean((raw > rollout_is_threshold).float(), mask).item(),
         "rollout_is_eff_sample_size": 1.0 / masked_mean(normalised.square(), mask).clamp(min=1e-8).item(),
     }
-    return weights, metrics
 
 
 def compute_rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str = "token",
@@ -312,7 +323,7 @@ def prox_from_update_settings(rollout_corr_config) -> dict:
     policy is the actor's weights at the start of the update, so the update's own forward pass,
     detached, gives exactly the log-probs a separate ``compute_log_prob`` call would (up to float
     rounding), and that call is skipped. The IS weights of the proximal/behaviour ratio are then formed
-    per micro-batch (:func:`prox_from_update_weights`); every ratio level is per row, so they equal
+    per micro-batch (:class:`ProxFromUpdate`); every ratio level is per row, so they equal
     the driver's. Rejection (``rollout_rs``) changes ``response_mask`` before the advantages and is
     refused with this mode by the config checks.
     """
@@ -323,36 +334,50 @@ def prox_from_update_settings(rollout_corr_config) -> dict:
             "log_prob_diff_threshold": float(rc.log_prob_diff_threshold)}
 
 
-def prox_from_update_weights(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-                             settings: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One micro-batch's proximal log-probs and IS weights in the update.
+class ProxFromUpdate:
+    """One update's proximal log-probs taken from its own forward pass (one optimizer step).
+
+    The actor calls :meth:`micro_batch` with every micro-batch's forward pass, which gives the PPO
+    loss its ``old_log_prob`` (that pass, detached) and IS weights of the proximal/behaviour ratio,
+    and keeps what :meth:`metrics` needs; after the update :meth:`metrics` gives, over the rows of the
+    whole batch, what the trainer's ``old_log_prob`` stage would have reported. Every ratio level is
+    per row, so weights formed per micro-batch equal the driver's on the whole batch.
 
     Args:
-        log_prob: ``[b, R]`` the update's forward pass (with its gradient).
-        rollout_log_prob: ``[b, R]`` the behaviour policy's (the rollout engine's).
-        response_mask: ``[b, R]``.
-        settings: :func:`prox_from_update_settings`.
-
-    Returns:
-        ``(old_log_prob [b, R] = log_prob detached, rollout_is_weights [b, R] or None)``.
+        settings: :func:`prox_from_update_settings` (``meta_info[PROX_FROM_UPDATE_KEY]``).
     """
-    old = log_prob.detach()
-    if settings["rollout_is"] is None:
-        return old, None
-    weights, _ = compute_rollout_correction_weights(old.float() - rollout_log_prob.float(), response_mask,
-                                                    settings["rollout_is"], settings["rollout_is_threshold"])
-    return old, weights
 
+    def __init__(self, settings: dict):
+        self.settings = settings
+        self._parts: list[tuple[torch.Tensor, ...]] = []
 
-def prox_from_update_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-                             settings: dict) -> dict[str, float]:
-    """The metrics the trainer's ``old_log_prob`` stage reports, from the update's proximal log-probs
-    (``[B, R]`` each, the rows of the whole batch): the rollout/actor mismatch, the IS weights'
-    ``rollout_corr/*`` and ``actor/prox_from_update`` = 1."""
-    metrics = compute_rollout_mismatch_metrics(old_log_prob, rollout_log_prob, response_mask,
-                                               settings["log_prob_diff_threshold"])
-    if settings["rollout_is"] is not None:
-        metrics.update(compute_rollout_correction_and_rejection_mask(
-            old_log_prob, rollout_log_prob, response_mask, rollout_is=settings["rollout_is"],
-            rollout_is_threshold=settings["rollout_is_threshold"])[2])
-    return {**metrics, "actor/prox_from_update": 1.0}
+    def micro_batch(self, log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One micro-batch: ``log_prob`` ``[b, R]`` is the update's forward pass (with its gradient),
+        ``rollout_log_prob`` ``[b, R]`` the behaviour policy's (the rollout engine's).
+
+        Returns:
+            ``(old_log_prob [b, R] = log_prob detached, rollout_is_weights [b, R] or None)``.
+        """
+        old = log_prob.detach()
+        part = (old.cpu(), rollout_log_prob.cpu(), response_mask.cpu())
+        weights = None
+        if self.settings["rollout_is"] is not None:
+            raw, weights = _truncated_is(old.float() - rollout_log_prob.float(), response_mask,
+                                         self.settings["rollout_is"], self.settings["rollout_is_threshold"])
+            part += (raw.cpu(), weights.cpu())
+        self._parts.append(part)
+        return old, weights
+
+    def metrics(self) -> dict[str, float]:
+        """The rollout/actor mismatch metrics, the IS weights' ``rollout_corr/*`` and
+        ``actor/prox_from_update`` = 1, over every micro-batch seen (none seen: ``{}``)."""
+        if not self._parts:
+            return {}
+        old, rollout, mask, *is_parts = (torch.cat(parts) for parts in zip(*self._parts))
+        metrics = compute_rollout_mismatch_metrics(old, rollout, mask, self.settings["log_prob_diff_threshold"])
+        if is_parts:
+            raw, weights = is_parts
+            is_metrics = _truncated_is_metrics(raw, weights, mask, self.settings["rollout_is_threshold"])
+            metrics.update({f"rollout_corr/{name}": value for name, value in is_metrics.items()})
+        return {**metrics, "actor/prox_from_update": 1.0}

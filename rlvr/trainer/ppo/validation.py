@@ -10,6 +10,7 @@ inserted spans marked, and their images) for the report's sample table.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,8 @@ class ValidationMixin:
         for start in range(0, len(self.val_dataset), size):
             items = [self.val_dataset[i] for i in range(start, min(start + size, len(self.val_dataset)))]
             batch = DataProto.from_single_dict(self.collate_fn(items)).repeat(val_n, interleave=True)
-            batch = self._generate(batch, validate=True)
+            with self.async_rollout.trainer_waiting() if self.async_rollout is not None else nullcontext():
+                batch = self._generate(batch, validate=True)
             self._score(batch, self.val_reward_fn)
             seq_scores = batch.batch["token_level_scores"].sum(-1).tolist()
             sources += batch.non_tensor_batch["data_source"].tolist()

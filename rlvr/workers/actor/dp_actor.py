@@ -44,9 +44,9 @@ from rlvr.trainer.ppo.rollout_correction import (
     BYPASS_RS_KEY,
     PROX_FROM_UPDATE_KEY,
     compute_bypass_rejection,
-    prox_from_update_metrics,
-    prox_from_update_weights,
+    ProxFromUpdate,
 )
+from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
@@ -205,6 +205,7 @@ class DataParallelPPOActor:
     def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                  entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
+        core_lending.fit_threads()  # the rollout's cores, while it waits (and for this pass's backward)
         if self.use_remove_padding:
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
                                     self.chunked_head, self.sp)
@@ -275,7 +276,8 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
-        bypass_rs, prox = data.meta_info.get(BYPASS_RS_KEY), data.meta_info.get(PROX_FROM_UPDATE_KEY)
+        bypass_rs, prox_settings = data.meta_info.get(BYPASS_RS_KEY), data.meta_info.get(PROX_FROM_UPDATE_KEY)
+        prox = ProxFromUpdate(prox_settings) if prox_settings is not None else None
         if prox is not None:
             keys.remove("old_log_probs")
             self._check_one_step(len(data))
@@ -286,15 +288,13 @@ class DataParallelPPOActor:
             data.non_tensor_batch, self.module, self.world_size, "update_actor",
             packed=self.use_remove_padding)
         self.module.train()
-        proximal: list[tuple[torch.Tensor, ...]] | None = [] if prox is not None else None
         metrics = run_ppo_epochs(
-            batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox, proximal),
+            batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox),
             epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size * self.sp.size,
             shuffle=self.config.shuffle, generator=shared_generator(self.sp) if self.config.shuffle else None,
         )
-        if proximal:
-            old, rollout, mask = (torch.cat(parts) for parts in zip(*proximal))
-            metrics.update({name: [value] for name, value in prox_from_update_metrics(old, rollout, mask, prox).items()})
+        if prox is not None:
+            metrics.update({name: [value] for name, value in prox.metrics().items()})
         return metrics
 
     def _check_one_step(self, rows: int) -> None:
@@ -308,19 +308,18 @@ class DataParallelPPOActor:
                 "recomputes them) or ppo_epochs=1 with ppo_mini_batch_size >= data.train_batch_size")
 
     def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None,
-                    prox: dict | None = None, proximal: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                    prox: ProxFromUpdate | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Loss of one micro-batch (aggregated over it) and its metrics ``[len(_METRICS)]``; in bypass
         mode with rejection (``bypass_rs``) the tokens whose ``pi_theta / pi_rollout`` leaves the band
         leave the loss; with ``prox`` (proximal log-probs from the update) the forward pass, detached,
-        is ``old_log_probs`` and ``(old, rollout, mask)`` of the micro-batch go to ``proximal``."""
+        is ``old_log_probs`` and ``prox`` gives the IS weights (and keeps the micro-batch for its metrics)."""
         config = self.config
         mask = micro["response_mask"]
         log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
         if bypass_rs is not None:
             mask = compute_bypass_rejection(log_prob, micro["rollout_log_probs"], mask, bypass_rs)
         if prox is not None:
-            old_log_prob, is_weights = prox_from_update_weights(log_prob, micro["rollout_log_probs"], mask, prox)
-            proximal.append((old_log_prob.cpu(), micro["rollout_log_probs"].cpu(), mask.cpu()))
+            old_log_prob, is_weights = prox.micro_batch(log_prob, micro["rollout_log_probs"], mask)
         else:
             old_log_prob, is_weights = micro["old_log_probs"], micro.get("rollout_is_weights")
         pg_loss, pg_metrics = self.policy_loss_fn(
@@ -339,14 +338,14 @@ class DataParallelPPOActor:
         return loss, torch.stack([v.detach().float().cpu() for v in values])
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None,
-                          prox: dict | None = None, proximal: list | None = None) -> dict[str, float]:
+                          prox: ProxFromUpdate | None = None) -> dict[str, float]:
         """Gradient accumulation over micro-batches, then one clipped optimizer step."""
         config = self.config
         micro_batches = self._micro_batches(mini, config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz,
                                             config.ppo_max_token_len_per_gpu)
         update = update_mini_batch(
             self.module, self.optimizer, mini, micro_batches,
-            lambda micro: self._micro_loss(micro, temperature, bypass_rs, prox, proximal),
+            lambda micro: self._micro_loss(micro, temperature, bypass_rs, prox),
             len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
             clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,

@@ -25,6 +25,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
+from rlvr.utils import core_lending
 from rlvr.utils.multimodal import (
     MULTI_MODAL_INPUTS, image_row_keys, model_inputs, position_offsets, with_multi_modal_rows,
 )
@@ -216,6 +217,7 @@ class HFRollout:
                 f"a prompt batch {input_ids.shape[1] - start} tokens wide plus {response_len} new tokens does not "
                 f"fit the static KV cache of {self.decoder.max_cache_len} columns (rollout.prompt_length + "
                 "rollout.response_length); ask for fewer tokens with meta_info['response_length']")
+        core_lending.fit_threads()
         logits, offsets = self._prefill(prompt, start)
         next_pos = position_ids[:, -1].to(self.device) + 1 + offsets  # M-RoPE: text after images goes on from them
         responses = torch.full((rows, response_len), pad_id, dtype=input_ids.dtype, device=self.device)
@@ -240,6 +242,7 @@ class HFRollout:
             if interrupt is not None and interrupt.is_set():
                 cut = (~done).nonzero().flatten().tolist()
                 break
+            core_lending.fit_threads()  # the trainer's cores, while it waits for samples
             logits = self.decoder.step(tokens, next_pos + step)
         self.decoder.finish()
         return response_tensors(input_ids, attention_mask, position_ids, responses.cpu(), response_mask.cpu(),

@@ -14,7 +14,9 @@ from rlvr.trainer.config.loader import load_config
 from rlvr.trainer.config.schema import RolloutCorrectionConfig
 from rlvr.trainer.ppo.rollout_correction import (
     PROX_FROM_UPDATE_KEY,
+    ProxFromUpdate,
     compute_rollout_correction_and_add_to_batch,
+    compute_rollout_correction_and_rejection_mask,
     compute_rollout_mismatch_metrics,
     prox_from_update_settings,
 )
@@ -116,3 +118,32 @@ def test_rejection_cannot_be_applied_from_the_update():
     rc = OmegaConf.structured(RolloutCorrectionConfig(rollout_is="token", rollout_rs="token"))
     with pytest.raises(ValueError, match="rollout_is only"):
         prox_from_update_settings(rc)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", None])
+def test_micro_batch_weights_and_whole_batch_metrics_equal_the_driver_on_the_whole_batch(level):
+    """Rows split 3 + 5 over two micro-batches: the weights of each equal the driver's rows, and the
+    metrics over both equal the driver's on all 8 (min/max/ESS are whole-batch statistics)."""
+    gen = torch.Generator().manual_seed(11)
+    old = -torch.rand(8, 6, generator=gen) * 3
+    rollout = old + torch.randn(8, 6, generator=gen) * 0.6  # several ratios above the cap of 1.5
+    mask = (torch.rand(8, 6, generator=gen) > 0.25).float()
+    rc = RolloutCorrectionConfig(rollout_is=level, rollout_is_threshold=1.5)
+    prox = ProxFromUpdate(prox_from_update_settings(rc))
+    log_prob = old.clone().requires_grad_(True)  # the update's forward pass, with its gradient
+    parts = [prox.micro_batch(log_prob[rows], rollout[rows], mask[rows]) for rows in (slice(0, 3), slice(3, 8))]
+    weights, _, expected = compute_rollout_correction_and_rejection_mask(old, rollout, mask, rollout_is=level,
+                                                                         rollout_is_threshold=1.5)
+    assert all(not part_old.requires_grad for part_old, _ in parts)
+    assert torch.equal(torch.cat([part_old for part_old, _ in parts]), old)
+    if level is None:
+        assert all(part_weights is None for _, part_weights in parts)
+    else:
+        assert torch.equal(torch.cat([part_weights for _, part_weights in parts]), weights)
+        assert expected["rollout_corr/rollout_is_ratio_fraction_high"] > 0
+    expected.update(compute_rollout_mismatch_metrics(old, rollout, mask, rc.log_prob_diff_threshold))
+    assert prox.metrics() == {**expected, "actor/prox_from_update": 1.0}
+
+
+def test_no_micro_batch_seen_gives_no_metrics():
+    assert ProxFromUpdate(prox_from_update_settings(RolloutCorrectionConfig(rollout_is="token"))).metrics() == {}

@@ -1,0 +1,110 @@
+"""rlvr.utils.core_lending: the trainer's and the rollout's waiting flags in one shared file; a side
+takes all the cores while the other waits and gives them back when it computes again, also across
+two real processes (the rollout child finds the file through the environment)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rlvr.utils import core_lending
+from rlvr.utils.core_lending import ENV_VAR, ROLLOUT, TRAINER, CoreLending
+
+
+@pytest.fixture(autouse=True)
+def threads_restored():
+    threads = torch.get_num_threads()
+    yield
+    core_lending.install(None)
+    torch.set_num_threads(threads)
+
+
+def test_a_side_takes_the_cores_only_while_the_other_waits():
+    trainer = CoreLending.create(own_threads=1, all_threads=3)
+    rollout = CoreLending(trainer.path, ROLLOUT, own_threads=1, all_threads=3)
+    try:
+        assert trainer.path.startswith("/dev/shm/rlvr_cores_") or not os.path.isdir("/dev/shm")
+        assert rollout.fit_threads() == 1 and torch.get_num_threads() == 1  # both compute at first
+        trainer.set_waiting(TRAINER, True)  # the trainer waits for samples
+        assert rollout.waiting(TRAINER) and rollout.fit_threads() == 3 and torch.get_num_threads() == 3
+        assert trainer.fit_threads() == 1  # the rollout does not wait: the trainer keeps its share
+        trainer.set_waiting(TRAINER, False)
+        trainer.set_waiting(ROLLOUT, True)  # the rollout waits for the next weights
+        assert rollout.fit_threads() == 1 and trainer.fit_threads() == 3
+        assert rollout.take_lent_share("rollout") == {"async/rollout_lent_core_share": pytest.approx(1 / 3)}
+        assert rollout.take_lent_share("rollout") == {}  # counted afresh after each take
+        assert trainer.take_lent_share("trainer") == {"async/trainer_lent_core_share": 0.5}
+    finally:
+        rollout.close()
+        trainer.close()
+    assert not os.path.exists(trainer.path)  # the owner removes the file; the other side only unmaps
+    trainer.set_waiting(TRAINER, True)  # a late mark after close (a stopping rollouter) does nothing
+
+
+def test_without_an_installed_lending_the_hooks_change_nothing():
+    torch.set_num_threads(1)
+    core_lending.fit_threads()
+    assert torch.get_num_threads() == 1 and core_lending.take_lent_share("rollout") == {}
+
+
+def test_bad_thread_counts_and_sides_are_refused(tmp_path):
+    lending = CoreLending.create(1, 2)
+    try:
+        with pytest.raises(ValueError, match="need 1 <= own_threads <= all_threads, got 3 and 2"):
+            CoreLending(lending.path, ROLLOUT, 3, 2)
+        with pytest.raises(ValueError, match="side must be TRAINER"):
+            CoreLending(lending.path, 2, 1, 2)
+    finally:
+        lending.close()
+
+
+CHILD = """
+import sys
+import torch
+from rlvr.utils import core_lending
+lending = core_lending.attach_rollout_from_env(1)
+print("attached" if lending is core_lending.installed() and lending is not None else "none", flush=True)
+for line in sys.stdin:
+    core_lending.fit_threads()
+    print(torch.get_num_threads(), flush=True)
+"""
+
+
+def test_the_rollout_child_borrows_the_trainers_cores_while_it_waits():
+    cores = len(os.sched_getaffinity(0))
+    trainer = CoreLending.create(max(1, cores // 2), cores)
+    env = {**os.environ, ENV_VAR: f"{trainer.path}:{os.getpid()}"}
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+    try:
+        assert child.stdout.readline().strip() == "attached"
+
+        def child_threads() -> int:
+            child.stdin.write("step\n")
+            child.stdin.flush()
+            return int(child.stdout.readline())
+
+        assert child_threads() == 1
+        trainer.set_waiting(TRAINER, True)
+        assert child_threads() == cores
+        trainer.set_waiting(TRAINER, False)
+        assert child_threads() == 1
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+        trainer.close()
+    assert child.returncode == 0
+
+
+def test_no_lending_in_the_driver_itself_or_when_the_file_is_gone(tmp_path, monkeypatch, caplog):
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert core_lending.attach_rollout_from_env(1) is None
+    monkeypatch.setenv(ENV_VAR, f"/dev/shm/whatever:{os.getpid()}")  # the driver's own process
+    assert core_lending.attach_rollout_from_env(1) is None
+    monkeypatch.setenv(ENV_VAR, f"{tmp_path / 'gone'}:1")
+    assert core_lending.attach_rollout_from_env(1) is None and core_lending.installed() is None
+    assert "cannot open the trainer's flags" in caplog.text
