@@ -14,7 +14,8 @@ then the tool-use job (``--preset tool_job``, long multi-turn generations) in th
 the staleness-4 ablation (bounded, ``max_staleness=4``, with and without the decoupled-PPO
 correction) and a one-thread calibration of the synchronous trainer, from which
 :mod:`benchmarks.async_simulator` predicts the asynchronous speedups before they are compared with
-the measured ones. Every run is a fresh ``rlvr`` command in its own process.
+the measured ones; with ``--lend`` also ``one_step_lend`` (``one_step`` with
+``async_training.lend_idle_cores=true``) on both jobs. Every run is a fresh ``rlvr`` command in its own process.
 
 Reported per schedule: steps per hour (training steps over the summed step times; validation is
 the same work in every schedule and is left out), the speedup over ``sync``, held-out greedy
