@@ -164,6 +164,8 @@ CASES = [
      r"the rollout is colocated with the actor \(set actor_rollout_ref.hybrid_engine=false\)"),
     ({**APART, "async_training.lend_idle_cores": True, "trainer.num_threads": 2}, "async_training.lend_idle_cores",
      r"trainer.num_threads=2 fixes the thread count \(unset it\)"),
+    ({**APART, "async_training.lend_idle_cores": True, "trainer.backend": "ray"}, "async_training.lend_idle_cores",
+     r"trainer.backend=ray \(Ray places the workers itself; use trainer.backend=local\)"),
     ({**APART, "async_training.mode": "bounded", "async_training.partial_rollout": True,
       "actor_rollout_ref.rollout.name": "test_uninterruptible"}, "async_training.partial_rollout",
      "cannot be interrupted in the middle of a generation"),
