@@ -92,6 +92,11 @@ class _Call:
     died: str | None = None
 
 
+_GONE_WAIT_S = 10.0
+"""How long a call that could not be sent waits for the receiver to learn how the process ended
+(it waits up to 5 s for the exit code)."""
+
+
 @dataclass
 class _Child:
     """A worker process, its end of the pipe and the calls it has not answered."""
@@ -100,7 +105,10 @@ class _Child:
     conn: Connection
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     calls: dict[int, _Call] = field(default_factory=dict)
+    calls_lock: threading.Lock = field(default_factory=threading.Lock)
     exit_reason: str | None = None
+    gone: str | None = None  # why the process ended, once its receiver has failed its calls
+    gone_event: threading.Event = field(default_factory=threading.Event)
 
 
 class ProcessWorkerGroup(WorkerGroup):
@@ -163,7 +171,8 @@ class ProcessWorkerGroup(WorkerGroup):
                 call_id, ok, value = pickle.loads(child.conn.recv_bytes())
             except (EOFError, OSError):
                 break
-            call = child.calls.pop(call_id)
+            with child.calls_lock:
+                call = child.calls.pop(call_id)
             call.ok, call.value = ok, value
             call.done.set()
         try:
@@ -173,25 +182,36 @@ class ProcessWorkerGroup(WorkerGroup):
         reason = child.exit_reason or (f"the worker process died (exit code {code}"
                                        + (f", signal {signal.Signals(-code).name})" if code is not None and code < 0
                                           else ")"))
-        running = sorted({call.method for call in child.calls.values()})
-        if running:  # several calls may be in flight: each names all of them, whichever is awaited first
-            reason += f" while it ran {', '.join(running)}"
-        for call in list(child.calls.values()):
-            call.died = reason
-            call.done.set()
-        child.calls.clear()
+        with child.calls_lock:
+            running = sorted({call.method for call in child.calls.values()})
+            if running:  # several calls may be in flight: each names all of them, whichever is awaited first
+                reason += f" while it ran {', '.join(running)}"
+            for call in child.calls.values():
+                call.died = reason
+                call.done.set()
+            child.calls.clear()
+            child.gone = reason
+        child.gone_event.set()
 
     def _submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> _Call:
         child = self._workers[rank]
         call_id, call = next(self._ids), _Call(rank, method)
         data = cloudpickle.dumps((call_id, method, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
-        child.calls[call_id] = call
+        with child.calls_lock:
+            if child.gone is None:
+                child.calls[call_id] = call
+        if child.gone is not None:  # a call after the process ended: the same reason, nothing sent
+            call.died = f"{child.gone}; the call was not sent"
+            call.done.set()
+            return call
         try:
             with child.send_lock:
                 child.conn.send_bytes(data)
-        except OSError as err:  # the child is gone: its receiver fails the call
-            child.calls.pop(call_id, None)
-            call.died = f"the worker process is gone ({err})"
+        except OSError as err:  # the process ended meanwhile: say how (its receiver learns it) and what it ran
+            with child.calls_lock:
+                child.calls.pop(call_id, None)
+            child.gone_event.wait(timeout=_GONE_WAIT_S)
+            call.died = f"{child.gone or 'the worker process is gone'}; the call could not be sent ({err})"
             call.done.set()
         return call
 

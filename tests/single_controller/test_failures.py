@@ -81,6 +81,30 @@ def test_a_child_that_dies_names_every_call_it_was_running(make_group):
     assert str(slept.value).endswith("while it ran exit_on, sleep")
 
 
+@pytest.mark.parametrize("race", ["ended_before", "ends_during_the_send"])
+def test_a_call_to_a_killed_child_says_how_it_ended_even_when_the_send_fails(make_group, monkeypatch, race):
+    """A call submitted after the child was killed (or whose send hits the closed pipe) names the
+    signal and what the child ran, not only the broken pipe (a weight push that follows a killed
+    generation must still say SIGKILL)."""
+    group = make_group("process", ClassWithInitArgs(DemoWorker), name_prefix="killed", call_timeout_s=60)
+    child = group._workers[1]
+    child.process.kill()
+    if race == "ended_before":
+        assert child.gone_event.wait(timeout=30)
+    else:  # the send fails before the receiver has learned the exit code
+        def broken_pipe(data: bytes) -> None:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        monkeypatch.setattr(child.conn, "send_bytes", broken_pipe)
+    with pytest.raises(WorkerDiedError) as info:
+        group.add_rank(1)
+    assert (info.value.method, info.value.rank) == ("add_rank", 1)
+    message = str(info.value)
+    assert "the worker process died (exit code -9, signal SIGKILL)" in message
+    expected = "the call was not sent" if race == "ended_before" else "the call could not be sent ([Errno 32] Broken pipe)"
+    assert message.endswith(expected)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_constructor_failure_raises_at_group_creation(backend, make_group):
     with pytest.raises(WorkerError, match="deliberate constructor failure") as info:
