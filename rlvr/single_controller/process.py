@@ -198,10 +198,11 @@ class ProcessWorkerGroup(WorkerGroup):
         call_id, call = next(self._ids), _Call(rank, method)
         data = cloudpickle.dumps((call_id, method, args, kwargs), protocol=pickle.HIGHEST_PROTOCOL)
         with child.calls_lock:
-            if child.gone is None:
+            gone = child.gone
+            if gone is None:
                 child.calls[call_id] = call
-        if child.gone is not None:  # a call after the process ended: the same reason, nothing sent
-            call.died = f"{child.gone}; the call was not sent"
+        if gone is not None:  # a call after the process ended: the same reason, nothing sent
+            call.died = f"{gone}; the call was not sent"
             call.done.set()
             return call
         try:

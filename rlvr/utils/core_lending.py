@@ -56,7 +56,6 @@ class CoreLending:
         self.own_threads, self.all_threads = own_threads, all_threads
         with open(path, "r+b") as f:
             self._flags = mmap.mmap(f.fileno(), _SIZE)
-        self._threads = torch.get_num_threads()
         self.lent_checks = 0  # checks that found the other side waiting
         self.checks = 0
 
@@ -85,9 +84,8 @@ class CoreLending:
         threads = self.all_threads if lent else self.own_threads
         self.checks += 1
         self.lent_checks += lent
-        if threads != self._threads or torch.get_num_threads() != threads:
+        if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-            self._threads = threads
         return threads
 
     def take_lent_share(self, name: str) -> dict[str, float]:

@@ -51,9 +51,9 @@ import torch
 
 from rlvr.agent import AgentLoopManager
 from rlvr.protocol import DataProto
-from rlvr.utils import core_lending
 from rlvr.single_controller.base.decorator import Dispatch, register
 from rlvr.single_controller.base.worker import Worker
+from rlvr.utils import core_lending
 from rlvr.utils.model import load_tokenizer
 from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
 from rlvr.utils.tokenizer import hf_processor

@@ -15,7 +15,8 @@ from rlvr.utils.errors import ConfigError
 from rlvr.workers.collectives import all_reduce_max
 from rlvr.workers.fsdp import move_module, move_optimizer_state
 
-__all__ = ["cpu_workers", "set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement", "peak_memory_metrics"]
+__all__ = ["cpu_workers", "cpu_thread_share", "set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement",
+           "peak_memory_metrics"]
 
 
 def cpu_workers(config) -> int:
@@ -30,10 +31,14 @@ def cpu_workers(config) -> int:
     return trainer + (1 if local else config.rollout.nnodes * config.rollout.n_gpus_per_node)
 
 
+def cpu_thread_share(num_threads: int | None, world_size: int) -> int:
+    """A worker's intra-op threads: ``num_threads``, else this process's cores // ``world_size`` (at least 1)."""
+    return int(num_threads) if num_threads else max(1, len(os.sched_getaffinity(0)) // world_size)
+
+
 def set_cpu_threads(num_threads: int | None, world_size: int) -> int:
-    """``torch.set_num_threads(num_threads or cores // world_size)`` (at least 1); returns it."""
-    cores = len(os.sched_getaffinity(0))
-    threads = int(num_threads) if num_threads else max(1, cores // world_size)
+    """``torch.set_num_threads`` to :func:`cpu_thread_share`; returns it."""
+    threads = cpu_thread_share(num_threads, world_size)
     torch.set_num_threads(threads)
     return threads
 

@@ -50,7 +50,7 @@ from rlvr.trainer.config.async_checks import decoupled_ppo, prox_from_update_blo
 from rlvr.utils import core_lending
 from rlvr.utils.core_lending import ROLLOUT, TRAINER, CoreLending
 from rlvr.workers.rollout.shared_weights import SharedWeightsWriter
-from rlvr.workers.worker_utils import cpu_workers
+from rlvr.workers.worker_utils import cpu_thread_share, cpu_workers
 
 __all__ = ["AsyncRollout", "decoupled_ppo", "prox_log_prob_from_update", "rollout_correction_config"]
 
@@ -123,8 +123,8 @@ class AsyncRollout:
         if not config.async_training.lend_idle_cores or config.trainer.device == "cuda" or (
                 config.trainer.device == "auto" and torch.cuda.is_available()):
             return None
-        cores = len(os.sched_getaffinity(0))
-        lending = CoreLending.create(max(1, cores // cpu_workers(config)), cores)
+        own = cpu_thread_share(None, cpu_workers(config))  # the split a worker makes (num_threads is unset)
+        lending = CoreLending.create(own, len(os.sched_getaffinity(0)))
         lending.set_waiting(ROLLOUT, True)  # nothing generated yet
         core_lending.install(lending)
         os.environ[core_lending.ENV_VAR] = f"{lending.path}:{os.getpid()}"

@@ -43,8 +43,8 @@ from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
 from rlvr.trainer.ppo.rollout_correction import (
     BYPASS_RS_KEY,
     PROX_FROM_UPDATE_KEY,
-    compute_bypass_rejection,
     ProxFromUpdate,
+    compute_bypass_rejection,
 )
 from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
