@@ -14,8 +14,9 @@ then the tool-use job (``--preset tool_job``, long multi-turn generations) in th
 the staleness-4 ablation (bounded, ``max_staleness=4``, with and without the decoupled-PPO
 correction) and a one-thread calibration of the synchronous trainer, from which
 :mod:`benchmarks.async_simulator` predicts the asynchronous speedups before they are compared with
-the measured ones; with ``--lend`` also ``one_step_lend`` (``one_step`` with
-``async_training.lend_idle_cores=true``) on both jobs. Every run is a fresh ``rlvr`` command in its own process.
+the measured ones; with ``--lend`` also ``one_step_lend`` and ``bounded_lend`` (with
+``async_training.lend_idle_cores=true``) on both jobs, and with ``--lend-only`` just those beside
+``sync``. Every run is a fresh ``rlvr`` command in its own process.
 
 Reported per schedule: steps per hour (training steps over the summed step times; validation is
 the same work in every schedule and is left out), the speedup over ``sync``, held-out greedy
@@ -25,6 +26,7 @@ stage times, the staleness and the idle time of trainer and rollout. The load av
 is recorded before and after every run: compare runs only on an idle machine.
 
     python -m benchmarks.bench_async                                  # everything (hours on 2 cores)
+    python -m benchmarks.bench_async --lend-only --tool-steps 0       # sync against the lent schedules
     python -m benchmarks.bench_async --steps 4 --seeds 1 --test-freq 2 --tool-steps 0 --no-ablation \
         --override data.val_max_samples=16                           # a quick check
 """
@@ -51,8 +53,9 @@ SCHEDULES = {
     "bounded": [*APART, "async_training.mode=bounded", "async_training.max_staleness=2",
                 "async_training.partial_rollout=true"],
 }
-LENDING = {"one_step_lend": [*SCHEDULES["one_step"], "async_training.lend_idle_cores=true"]}
-"""``--lend``: ``one_step`` with the idle cores lent between the trainer and the rollout."""
+LENDING = {"one_step_lend": [*SCHEDULES["one_step"], "async_training.lend_idle_cores=true"],
+           "bounded_lend": [*SCHEDULES["bounded"], "async_training.lend_idle_cores=true"]}
+"""``--lend``: ``one_step`` and ``bounded`` with the idle cores lent between the trainer and the rollout."""
 ABLATION = {
     "bounded_s4_corrected": [*APART, "async_training.mode=bounded", "async_training.max_staleness=4"],
     "bounded_s4_uncorrected": [*APART, "async_training.mode=bounded", "async_training.max_staleness=4",
@@ -247,7 +250,10 @@ def main() -> None:
                         help="steps of the one-thread calibration run for the simulator check (0: skip both)")
     parser.add_argument("--no-ablation", action="store_true", help="skip the staleness-4 correction ablation")
     parser.add_argument("--lend", action="store_true",
-                        help="also one_step with async_training.lend_idle_cores=true (main job and tool job, their seeds)")
+                        help="also one_step and bounded with async_training.lend_idle_cores=true (main job and "
+                             "tool job, their seeds)")
+    parser.add_argument("--lend-only", action="store_true",
+                        help="only sync and the --lend schedules (no unlent schedules, calibration or ablation)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_async"))
     parser.add_argument("--json", type=Path, help="also write the report (bench_async.json) here")
     parser.add_argument("--override", nargs="*", default=[], help="key=value overrides for every run")
@@ -258,6 +264,28 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
                               "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}}
+    sections = [] if args.lend_only else unlent_sections(args, report)
+    if args.lend or args.lend_only:
+        jobs = [("main_job", "main job", args.steps, args.seeds, args.test_freq),
+                ("tool_job", "tool-use job", args.tool_steps, args.tool_seeds, args.tool_steps)]
+        for preset, title, steps, seeds, test_freq in jobs:
+            lent = (run_schedules(preset, {"sync": [], **LENDING}, args.out, steps, seeds, test_freq, args.report_only)
+                    if steps > 0 else {})
+            if lent.get("sync"):
+                report[f"{preset}_lend"] = {"table": compare(lent), "runs": lent}
+                sections.append(markdown(f"{title}, idle cores lent", report[f"{preset}_lend"]["table"], lent))
+    if args.lend_only and not sections:
+        raise SystemExit(f"no seed of the main job finished in sync and every lent schedule in {args.out}")
+    text = "\n\n".join(sections)
+    for path in filter(None, [args.out / "bench_async.json", args.json]):
+        path.write_text(json.dumps(report, indent=1))
+    (args.out / "bench_async.md").write_text(text + "\n")
+    print(text)
+
+
+def unlent_sections(args: argparse.Namespace, report: dict[str, Any]) -> list[str]:
+    """The schedules without lending: the main job (and the simulator check against its calibration),
+    the tool-use job and the staleness-4 ablation; fills ``report`` and returns the markdown tables."""
     only = args.report_only
     main_job = run_schedules("main_job", SCHEDULES, args.out, args.steps, args.seeds, args.test_freq, only)
     if not main_job["sync"]:
@@ -280,14 +308,6 @@ def main() -> None:
         if tools["sync"]:
             report["tool_job"] = {"table": compare(tools), "runs": tools}
             sections.append(markdown("tool-use job", report["tool_job"]["table"], tools))
-    if args.lend:
-        jobs = [("main_job", "main job", args.steps, args.seeds, args.test_freq),
-                ("tool_job", "tool-use job", args.tool_steps, args.tool_seeds, args.tool_steps)]
-        for preset, title, steps, seeds, test_freq in jobs:
-            lent = run_schedules(preset, {"sync": [], **LENDING}, args.out, steps, seeds, test_freq, only) if steps > 0 else {}
-            if lent.get("sync"):
-                report[f"{preset}_lend"] = {"table": compare(lent), "runs": lent}
-                sections.append(markdown(f"{title}, idle cores lent", report[f"{preset}_lend"]["table"], lent))
     if not args.no_ablation:
         ablation = run_schedules("main_job", ABLATION, args.out, args.steps, args.seeds[:1], args.test_freq, only)
         if next(iter(ablation.values())):
@@ -295,11 +315,7 @@ def main() -> None:
             report["ablation"] = {"table": compare(ablation), "runs": ablation}
             sections.append(markdown("staleness 4, with and without the decoupled-PPO correction",
                                      report["ablation"]["table"], ablation))
-    text = "\n\n".join(sections)
-    for path in filter(None, [args.out / "bench_async.json", args.json]):
-        path.write_text(json.dumps(report, indent=1))
-    (args.out / "bench_async.md").write_text(text + "\n")
-    print(text)
+    return sections
 
 
 if __name__ == "__main__":

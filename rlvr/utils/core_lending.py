@@ -5,8 +5,9 @@ rollout (one child process) each get half the cores, so that they compute at the
 one side waits for the other (the trainer for samples, the rollout for admission or the next
 weights), its cores idle. With ``async_training.lend_idle_cores`` the side that computes takes them
 for as long as the other waits: the rollout re-checks before every decode step, the trainer before
-every forward pass of its actor. A side that stops waiting gets its cores back at the other's next
-check (one decode step, one micro-batch).
+every decoder layer of its actor, forward and backward (:func:`check_per_layer`), and before each
+optimizer step. A side that stops waiting gets its cores back at the other's next check (one decode
+step, one layer).
 
 The two processes share one small file (in ``/dev/shm`` where it exists): byte ``TRAINER`` is 1
 while the trainer waits, byte ``ROLLOUT`` while the rollout does. The driver writes both (its
@@ -25,9 +26,10 @@ import os
 import tempfile
 
 import torch
+from torch import nn
 
 __all__ = ["TRAINER", "ROLLOUT", "ENV_VAR", "CoreLending", "install", "installed", "fit_threads",
-           "take_lent_share", "attach_rollout_from_env"]
+           "check_per_layer", "take_lent_share", "attach_rollout_from_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ class CoreLending:
             self._flags = mmap.mmap(f.fileno(), _SIZE)
         self.lent_checks = 0  # checks that found the other side waiting
         self.checks = 0
+        self._hooked: dict[int, list] = {}  # id(module) -> the hooks of check_layers on its layers
 
     @classmethod
     def create(cls, own_threads: int, all_threads: int) -> CoreLending:
@@ -88,6 +91,32 @@ class CoreLending:
             torch.set_num_threads(threads)
         return threads
 
+    def check_layers(self, module: nn.Module) -> None:
+        """Fit the threads before every repeated block of ``module`` (the children of each
+        ``nn.ModuleList`` with two or more entries: a transformer's decoder layers), in the forward
+        pass and, through a gradient hook on the block's output, before the block's backward. Once
+        per module; :meth:`close` removes the hooks."""
+        if id(module) in self._hooked:
+            return
+        handles = []
+        for blocks in module.modules():
+            if isinstance(blocks, nn.ModuleList) and len(blocks) > 1:
+                for block in blocks:
+                    handles.append(block.register_forward_pre_hook(self._before_forward))
+                    handles.append(block.register_forward_hook(self._before_backward))
+        self._hooked[id(module)] = handles
+
+    def _before_forward(self, _module: nn.Module, _args) -> None:
+        self.fit_threads()
+
+    def _before_backward(self, _module: nn.Module, _args, output) -> None:
+        hidden = output[0] if isinstance(output, (tuple, list)) and output else output
+        if isinstance(hidden, torch.Tensor) and hidden.requires_grad:
+            hidden.register_hook(self._fit_threads_for_grad)
+
+    def _fit_threads_for_grad(self, grad: torch.Tensor) -> None:
+        self.fit_threads()  # returns None: the gradient passes unchanged
+
     def take_lent_share(self, name: str) -> dict[str, float]:
         """``{"async/<name>_lent_core_share": share}``: the share of the checks since the last call
         that found the other side waiting (so ran on its cores too); ``{}`` after no check."""
@@ -96,7 +125,11 @@ class CoreLending:
         return {f"async/{name}_lent_core_share": lent / checks} if checks else {}
 
     def close(self) -> None:
-        """Unmap; the owner removes the file."""
+        """Remove the layer hooks and unmap; the owner removes the file."""
+        for handles in self._hooked.values():
+            for handle in handles:
+                handle.remove()
+        self._hooked.clear()
         self._flags.close()
         if self.owner:
             try:
@@ -123,6 +156,15 @@ def fit_threads() -> None:
     whether the other side waits; nothing without an installed :class:`CoreLending`."""
     if _INSTALLED is not None:
         _INSTALLED.fit_threads()
+
+
+def check_per_layer(module: nn.Module) -> None:
+    """Fit the threads now and, with an installed :class:`CoreLending`, before every layer of
+    ``module`` from now on (:meth:`CoreLending.check_layers`): a wait that starts or ends in the middle
+    of a forward or backward pass moves the cores at the next layer."""
+    if _INSTALLED is not None:
+        _INSTALLED.fit_threads()
+        _INSTALLED.check_layers(module)
 
 
 def take_lent_share(name: str) -> dict[str, float]:

@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlvr.utils import core_lending
 from rlvr.workers.collectives import all_reduce_sum
 from rlvr.workers.fsdp import clip_grad_norm
 
@@ -128,6 +129,7 @@ def optimizer_step(module: nn.Module, optimizer: torch.optim.Optimizer, grad_cli
                    clip_grad_norm_fn: ClipGradNorm = clip_grad_norm) -> tuple[float, bool]:
     """Clip the global gradient norm to ``grad_clip`` and step, or skip the step when the norm is
     not finite; the gradients are cleared either way. Returns ``(norm before clipping, stepped)``."""
+    core_lending.fit_threads()  # the step runs on the rollout's cores too while it waits
     grad_norm = clip_grad_norm_fn(module, grad_clip)
     finite = bool(torch.isfinite(torch.tensor(grad_norm)))
     if finite:

@@ -73,10 +73,10 @@ def test_report_only_tabulates_the_seeds_that_finished_every_schedule(tmp_path, 
     assert "### main job (1 seed)" in (tmp_path / "bench_async.md").read_text()
 
 
-def test_lend_tabulates_one_step_with_lent_cores_beside_the_same_sync_runs(tmp_path, monkeypatch):
+def test_lend_tabulates_the_lent_schedules_beside_the_same_sync_runs(tmp_path, monkeypatch):
     from benchmarks import bench_async
 
-    step_s = {"sync": 10.0, "one_step": 8.0, "bounded": 5.0, "one_step_lend": 6.4}
+    step_s = {"sync": 10.0, "one_step": 8.0, "bounded": 5.0, "one_step_lend": 6.4, "bounded_lend": 4.0}
     for mode, seconds in step_s.items():
         run_dir = tmp_path / f"main_job_{mode}_seed1"
         run_dir.mkdir()
@@ -86,10 +86,36 @@ def test_lend_tabulates_one_step_with_lent_cores_beside_the_same_sync_runs(tmp_p
                                      "--seeds", "1", "--tool-steps", "0", "--no-ablation", "--lend"])
     bench_async.main()
     report = json.loads((tmp_path / "bench_async.json").read_text())
-    assert list(report["main_job_lend"]["table"]) == ["sync", "one_step_lend"] and "tool_job_lend" not in report
+    assert list(report["main_job_lend"]["table"]) == ["sync", "one_step_lend", "bounded_lend"]
+    assert "tool_job_lend" not in report and report["main_job"]["table"]["bounded"]["speedup"] == pytest.approx(2.0)
     assert report["main_job_lend"]["table"]["one_step_lend"]["speedup"] == pytest.approx(10.0 / 6.4)
+    assert report["main_job_lend"]["table"]["bounded_lend"]["speedup"] == pytest.approx(10.0 / 4.0)
     assert "### main job, idle cores lent" in (tmp_path / "bench_async.md").read_text()
-    assert bench_async.LENDING["one_step_lend"][-1] == "async_training.lend_idle_cores=true"
+    assert all(overrides[-1] == "async_training.lend_idle_cores=true" for overrides in bench_async.LENDING.values())
+
+
+def test_lend_only_runs_sync_and_the_lent_schedules_alone(tmp_path, monkeypatch):
+    from benchmarks import bench_async
+
+    ran = []
+
+    def fake_run_job(preset, name, overrides, out, steps, seed, test_freq):
+        ran.append(name)
+        return run({"sync": 10.0, "one_step_lend": 8.0, "bounded_lend": 7.0}[name.split("_", 2)[2].rsplit("_", 1)[0]],
+                   {0: 0.1, 4: 0.5})
+
+    monkeypatch.setattr(bench_async, "run_job", fake_run_job)
+    monkeypatch.setattr("sys.argv", ["bench_async", "--lend-only", "--out", str(tmp_path), "--steps", "4",
+                                     "--seeds", "1", "2", "--tool-steps", "0"])
+    bench_async.main()
+    assert ran == [f"main_job_{mode}_seed{seed}" for seed in (1, 2) for mode in ("sync", "one_step_lend", "bounded_lend")]
+    report = json.loads((tmp_path / "bench_async.json").read_text())
+    assert "main_job" not in report and "ablation" not in report and "simulator" not in report
+    assert report["main_job_lend"]["table"]["bounded_lend"]["speedup"] == pytest.approx(10.0 / 7.0)
+    empty = tmp_path / "empty"
+    monkeypatch.setattr("sys.argv", ["bench_async", "--lend-only", "--report-only", "--out", str(empty), "--steps", "4"])
+    with pytest.raises(SystemExit, match="no seed of the main job finished in sync and every lent schedule"):
+        bench_async.main()
 
 
 def test_the_simulator_check_compares_the_same_first_steps_of_sync_and_the_calibration():

@@ -108,3 +108,69 @@ def test_no_lending_in_the_driver_itself_or_when_the_file_is_gone(tmp_path, monk
     monkeypatch.setenv(ENV_VAR, f"{tmp_path / 'gone'}:1")
     assert core_lending.attach_rollout_from_env(1) is None and core_lending.installed() is None
     assert "cannot open the trainer's flags" in caplog.text
+
+
+def _tiny_llama(layers: int = 3):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    return LlamaForCausalLM(config)
+
+
+def test_the_trainer_moves_cores_at_the_next_layer_forward_and_backward():
+    """A wait that starts in the middle of a forward pass (after layer 0) gives layers 1-2 all the
+    cores; one that ends in the middle of the backward pass (during layer 1's) gives them back before
+    layer 0's backward. The optimizer step checks too; close removes the hooks."""
+    from rlvr.workers.ppo_update import optimizer_step
+
+    model = _tiny_llama()
+    trainer = CoreLending.create(own_threads=1, all_threads=2)
+    core_lending.install(trainer)
+    seen: list[tuple[str, int, int]] = []
+
+    def record(stage: str, index: int):
+        return lambda *_: seen.append((stage, index, torch.get_num_threads()))
+
+    def on_backward(hook):  # a forward hook that hooks the layer's output gradient (returns None)
+        return lambda module, args, out: [out.register_hook(hook), None][1]
+
+    try:
+        core_lending.check_per_layer(model)
+        core_lending.check_per_layer(model)  # once per module: no second set of hooks
+        layers = model.model.layers
+        for index, layer in enumerate(layers):
+            layer.register_forward_pre_hook(record("forward", index))
+            layer.register_forward_hook(on_backward(record("backward", index)))
+        layers[0].register_forward_hook(lambda *_: trainer.set_waiting(ROLLOUT, True))  # the rollout waits now
+        layers[1].register_forward_hook(on_backward(lambda _: trainer.set_waiting(ROLLOUT, False)))  # and ends
+        ids = torch.tensor([[1, 2, 3, 4]])
+        model(input_ids=ids, labels=ids).loss.backward()
+        assert seen == [("forward", 0, 1), ("forward", 1, 2), ("forward", 2, 2),
+                        ("backward", 2, 2), ("backward", 1, 2), ("backward", 0, 1)]
+        trainer.set_waiting(ROLLOUT, True)
+        optimizer_step(model, torch.optim.SGD(model.parameters(), lr=0.1), grad_clip=1.0)
+        assert torch.get_num_threads() == 2
+    finally:
+        core_lending.install(None)
+        trainer.close()
+    assert [len(layer._forward_pre_hooks) for layer in layers] == [1, 1, 1]  # only the test's own are left
+
+
+def test_the_layer_checks_leave_the_gradients_unchanged():
+    ids = torch.tensor([[5, 1, 7, 3, 2]])
+    plain = _tiny_llama()
+    plain(input_ids=ids, labels=ids).loss.backward()
+    hooked = _tiny_llama()
+    lending = CoreLending.create(own_threads=1, all_threads=1)  # same threads: the grads must match bitwise
+    core_lending.install(lending)
+    try:
+        core_lending.check_per_layer(hooked)
+        hooked(input_ids=ids, labels=ids).loss.backward()
+        assert lending.checks == 1 + 2 * 3  # the call itself, then each layer's forward and backward
+    finally:
+        core_lending.install(None)
+        lending.close()
+    for (name, a), (_, b) in zip(plain.named_parameters(), hooked.named_parameters()):
+        assert torch.equal(a.grad, b.grad), name

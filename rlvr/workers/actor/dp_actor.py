@@ -205,7 +205,7 @@ class DataParallelPPOActor:
     def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                  entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
-        core_lending.fit_threads()  # the rollout's cores, while it waits (and for this pass's backward)
+        core_lending.check_per_layer(self.module)  # the rollout's cores, while it waits
         if self.use_remove_padding:
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
                                     self.chunked_head, self.sp)
