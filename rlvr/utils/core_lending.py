@@ -24,6 +24,7 @@ import logging
 import mmap
 import os
 import tempfile
+import weakref
 
 import torch
 from torch import nn
@@ -60,7 +61,8 @@ class CoreLending:
             self._flags = mmap.mmap(f.fileno(), _SIZE)
         self.lent_checks = 0  # checks that found the other side waiting
         self.checks = 0
-        self._hooked: dict[int, list] = {}  # id(module) -> the hooks of check_layers on its layers
+        # module -> the hooks of check_layers on its layers (weak: a collected module's id may be reused)
+        self._hooked: weakref.WeakKeyDictionary[nn.Module, list] = weakref.WeakKeyDictionary()
 
     @classmethod
     def create(cls, own_threads: int, all_threads: int) -> CoreLending:
@@ -96,7 +98,7 @@ class CoreLending:
         ``nn.ModuleList`` with two or more entries: a transformer's decoder layers), in the forward
         pass and, through a gradient hook on the block's output, before the block's backward. Once
         per module; :meth:`close` removes the hooks."""
-        if id(module) in self._hooked:
+        if module in self._hooked:
             return
         handles = []
         for blocks in module.modules():
@@ -104,7 +106,7 @@ class CoreLending:
                 for block in blocks:
                     handles.append(block.register_forward_pre_hook(self._before_forward))
                     handles.append(block.register_forward_hook(self._before_backward))
-        self._hooked[id(module)] = handles
+        self._hooked[module] = handles
 
     def _before_forward(self, _module: nn.Module, _args) -> None:
         self.fit_threads()
@@ -126,7 +128,7 @@ class CoreLending:
 
     def close(self) -> None:
         """Remove the layer hooks and unmap; the owner removes the file."""
-        for handles in self._hooked.values():
+        for handles in list(self._hooked.values()):
             for handle in handles:
                 handle.remove()
         self._hooked.clear()
