@@ -24,6 +24,9 @@ On the 2-core CPU a "worker" is a core: the synchronous trainer runs both phases
 threads), the asynchronous ones one phase per core. :func:`predict_from_stages` predicts their speed
 from stage times measured by synchronous runs alone, with two threads and with one (the benchmark's
 calibration), which ``benchmarks/bench_async.py`` then checks against the asynchronous runs.
+:func:`predict_lent_run` does the same step by step for a whole run with the idle cores lent (the
+side that finishes its stage first gives its core to the other): with two threads a stage is only
+``one_thread / two_threads`` faster (1.2-1.6 on the CPU), which caps what overlap plus lending gains.
 ``python -m benchmarks.async_simulator --scale`` shows, for 8, 64 and 512 GPUs of a fixed global
 batch, where the synchronous trainer stops scaling: the longest sample's decode steps do not shrink
 with more GPUs.
@@ -38,7 +41,8 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Workload", "sample_lengths", "generation_s", "step_s", "predict", "scaling_table", "predict_from_stages"]
+__all__ = ["Workload", "sample_lengths", "generation_s", "step_s", "predict", "scaling_table", "predict_from_stages",
+           "lent_overlap_s", "thread_factors", "predict_lent_run"]
 
 MODES = ("sync", "one_step", "bounded")
 
@@ -204,6 +208,67 @@ def predict_from_stages(two_threads: dict[str, float], one_thread: dict[str, flo
     out = {"sync/step_s": sync, "one_step/step_s": overlapped, "bounded/step_s": overlapped}
     for mode in MODES:
         out[f"{mode}/speedup"] = sync / out[f"{mode}/step_s"]
+    return out
+
+
+def lent_overlap_s(rollout: tuple[float, float], trainer: tuple[float, float]) -> float:
+    """Seconds for two stages that start together, each on one core, where the first to finish lends
+    its core to the other (``lend_idle_cores``), which then runs at its two-core speed.
+
+    Args:
+        rollout, trainer: each stage's ``(seconds on one core, seconds on two cores)``.
+    """
+    (short_one, _), (long_one, long_two) = sorted([rollout, trainer])
+    if long_one <= 0.0:
+        return 0.0
+    return short_one + (1.0 - short_one / long_one) * long_two
+
+
+def thread_factors(two_threads: list[tuple[float, float]], one_thread: list[tuple[float, float]]
+                   ) -> tuple[float, float]:
+    """How much slower generation and the rest of a step run on one thread than on two: the ratios
+    of their sums over the steps both runs have (``(gen_s, rest_s)`` per step, same seed)."""
+    steps = min(len(two_threads), len(one_thread))
+    if steps == 0:
+        raise ValueError("thread_factors needs at least one step of each run")
+    sums = [sum(run[i][k] for i in range(steps)) for run in (two_threads, one_thread) for k in (0, 1)]
+    two_gen, two_rest, one_gen, one_rest = sums
+    if two_gen <= 0.0 or two_rest <= 0.0:
+        raise ValueError(f"the two-thread run's stages must take time, got generation {two_gen} s, rest {two_rest} s")
+    return one_gen / two_gen, one_rest / two_rest
+
+
+def predict_lent_run(sync_steps: list[tuple[float, float]], gen_factor: float, rest_factor: float,
+                     push_s: float) -> dict[str, float]:
+    """Steps per hour of ``one_step`` with and without lent cores, predicted step by step from a
+    synchronous run on two cores.
+
+    ``one_step`` step k trains batch k (its rest of the step, then the weight push) while the rollout
+    generates batch k+1 (the last step pairs with its own batch's generation), each on one core:
+    their two-thread times times ``rest_factor`` and ``gen_factor`` (:func:`thread_factors`). Without
+    lending a step takes the longer of the two; with lending :func:`lent_overlap_s`. Nothing else is
+    charged (no variance in a stage's speed, no cost of switching threads): an upper bound.
+
+    Args:
+        sync_steps: ``(gen_s, rest_s)`` of every step of the synchronous run (two threads).
+
+    Returns:
+        ``sync``, ``one_step`` and ``one_step_lend``: ``/steps_per_hour`` and ``/speedup`` (over sync).
+    """
+    if not sync_steps:
+        raise ValueError("predict_lent_run needs at least one synchronous step")
+    totals = {"sync": 0.0, "one_step": 0.0, "one_step_lend": 0.0}
+    for k, (_, rest) in enumerate(sync_steps):
+        gen_next = sync_steps[min(k + 1, len(sync_steps) - 1)][0]
+        rollout = (gen_next * gen_factor, gen_next)
+        trainer = (rest * rest_factor + push_s, rest + push_s)
+        totals["sync"] += sync_steps[k][0] + rest
+        totals["one_step"] += max(rollout[0], trainer[0])
+        totals["one_step_lend"] += lent_overlap_s(rollout, trainer)
+    out = {}
+    for mode, total in totals.items():
+        out[f"{mode}/steps_per_hour"] = 3600.0 * len(sync_steps) / total
+        out[f"{mode}/speedup"] = totals["sync"] / total
     return out
 
 

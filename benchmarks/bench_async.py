@@ -16,7 +16,8 @@ correction) and a one-thread calibration of the synchronous trainer, from which
 :mod:`benchmarks.async_simulator` predicts the asynchronous speedups before they are compared with
 the measured ones; with ``--lend`` also ``one_step_lend`` and ``bounded_lend`` (with
 ``async_training.lend_idle_cores=true``) on both jobs, and with ``--lend-only`` just those beside
-``sync``. Every run is a fresh ``rlvr`` command in its own process.
+``sync`` (and the calibration, from which the simulator bounds what lending can gain, step by step).
+Every run is a fresh ``rlvr`` command in its own process.
 
 Reported per schedule: steps per hour (training steps over the summed step times; validation is
 the same work in every schedule and is left out), the speedup over ``sync``, held-out greedy
@@ -44,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.async_simulator import predict_from_stages
+from benchmarks.async_simulator import predict_from_stages, predict_lent_run, thread_factors
 
 APART = ["actor_rollout_ref.hybrid_engine=false"]
 SCHEDULES = {
@@ -215,6 +216,46 @@ def simulator_check(main_job: dict[str, list[dict]], calibration: dict, measured
             "predicted": predict_from_stages(two, one, push, proximal), "measured": measured}
 
 
+def calibration_run(args: argparse.Namespace) -> dict | None:
+    """The one-thread calibration (run, or read back when an earlier benchmark finished it; with
+    ``--report-only`` only read back), or None with ``--calibration-steps 0``."""
+    if args.calibration_steps <= 0:
+        return None
+    if args.report_only:
+        return finished_run(args.out / CALIBRATION, args.calibration_steps)
+    return run_job(*calibration_job(args.out, args.calibration_steps))
+
+
+def stage_pairs(summary: dict) -> list[tuple[float, float]]:
+    """``(generation, rest of the step)`` seconds of every step of a run."""
+    return [(gen, step - gen) for gen, step in summary["gen_and_step_s"]]
+
+
+def lending_check(lent: dict[str, list[dict]], calibration: dict) -> dict:
+    """The simulator's ``one_step`` with and without lent cores, predicted step by step from each
+    seed's synchronous run (:func:`predict_lent_run`), beside the measured speedups. The one-thread
+    factors come from the calibration (seed 1) against the first seed's synchronous run over the
+    same first steps, its first left out (the calibration does not validate before training, so its
+    first generation also warms the engine up); the push is the lent runs' median."""
+    gen_factor, rest_factor = thread_factors(stage_pairs(lent["sync"][0])[1:], stage_pairs(calibration)[1:])
+    push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in lent["one_step_lend"]])
+    seeds = [{"predicted": predict_lent_run(stage_pairs(sync), gen_factor, rest_factor, push),
+              "measured": lend["steps_per_hour"] / sync["steps_per_hour"]}
+             for sync, lend in zip(lent["sync"], lent["one_step_lend"])]
+    return {"gen_factor": gen_factor, "rest_factor": rest_factor, "push_s": push, "seeds": seeds}
+
+
+def lending_sentence(check: dict) -> str:
+    """The lending check in one paragraph of the report."""
+    def per_seed(key: str) -> str:
+        return ", ".join(f"{seed['predicted'][key]:.2f}" for seed in check["seeds"])
+    return ("Simulator, step by step from each seed's synchronous run (one thread: generation "
+            f"{check['gen_factor']:.2f}x, the rest {check['rest_factor']:.2f}x slower than two; push "
+            f"{check['push_s']:.2f} s): one_step_lend at most {per_seed('one_step_lend/speedup')} "
+            f"(one_step unlent {per_seed('one_step/speedup')}); measured one_step_lend "
+            + ", ".join(f"{seed['measured']:.2f}" for seed in check["seeds"]) + ".")
+
+
 def run_schedules(preset: str, schedules: dict[str, list[str]], out: Path, steps: int, seeds: list[int],
                   test_freq: int, report_only: bool = False) -> dict[str, list[dict]]:
     """Every schedule for every seed (seeds outer, so an interrupted benchmark has whole seeds);
@@ -253,7 +294,8 @@ def main() -> None:
                         help="also one_step and bounded with async_training.lend_idle_cores=true (main job and "
                              "tool job, their seeds)")
     parser.add_argument("--lend-only", action="store_true",
-                        help="only sync and the --lend schedules (no unlent schedules, calibration or ablation)")
+                        help="only sync and the --lend schedules, and the calibration for their simulator check (no "
+                             "unlent schedules or ablation)")
     parser.add_argument("--out", type=Path, default=Path("runs/bench_async"))
     parser.add_argument("--json", type=Path, help="also write the report (bench_async.json) here")
     parser.add_argument("--override", nargs="*", default=[], help="key=value overrides for every run")
@@ -274,6 +316,10 @@ def main() -> None:
             if lent.get("sync"):
                 report[f"{preset}_lend"] = {"table": compare(lent), "runs": lent}
                 sections.append(markdown(f"{title}, idle cores lent", report[f"{preset}_lend"]["table"], lent))
+                calibration = calibration_run(args) if preset == "main_job" else None
+                if calibration is not None:
+                    report["lending_simulator"] = lending_check(lent, summarize(calibration))
+                    sections.append(lending_sentence(report["lending_simulator"]))
     if args.lend_only and not sections:
         raise SystemExit(f"no seed of the main job finished in sync and every lent schedule in {args.out}")
     text = "\n\n".join(sections)
@@ -293,9 +339,7 @@ def unlent_sections(args: argparse.Namespace, report: dict[str, Any]) -> list[st
     report["main_job"] = {"table": compare(main_job), "runs": main_job}
     seeds = len(main_job["sync"])
     sections = [markdown(f"main job ({seeds} seed{'s' if seeds > 1 else ''})", report["main_job"]["table"], main_job)]
-    calibration = (finished_run(args.out / CALIBRATION, args.calibration_steps) if only
-                   else run_job(*calibration_job(args.out, args.calibration_steps)) if args.calibration_steps > 0
-                   else None)
+    calibration = calibration_run(args)
     if calibration is not None:
         report["simulator"] = simulator_check(main_job, summarize(calibration),
                                               {m: report["main_job"]["table"][m]["speedup"] for m in SCHEDULES})

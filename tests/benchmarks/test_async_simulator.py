@@ -6,7 +6,17 @@ import random
 
 import pytest
 
-from benchmarks.async_simulator import LARGE, Workload, generation_s, predict, predict_from_stages, scaling_table
+from benchmarks.async_simulator import (
+    LARGE,
+    Workload,
+    generation_s,
+    lent_overlap_s,
+    predict,
+    predict_from_stages,
+    predict_lent_run,
+    scaling_table,
+    thread_factors,
+)
 
 
 def test_a_static_batch_decodes_until_its_longest_sample_and_streaming_keeps_seats_full():
@@ -51,6 +61,44 @@ def test_predict_from_stages_overlaps_one_core_each():
     slower = {"gen_s": 9.0, "train_s": 7.5}  # 7.5 + 2.5 + 0.5: now the trainer's side is the step
     assert predict_from_stages(two, slower, push_s=0.5)["one_step/step_s"] == pytest.approx(10.5)
     assert predict_from_stages(two, slower, push_s=0.5, proximal=False)["one_step/step_s"] == pytest.approx(9.0)
+
+
+def test_the_side_that_finishes_first_lends_its_core_to_the_other():
+    # the rollout (6 s on one core) finishes first; the trainer has done 6 / 8.5 of its work and does
+    # the rest at its two-core speed (5.5 s for all of it)
+    assert lent_overlap_s((6.0, 5.0), (8.5, 5.5)) == pytest.approx(6.0 + (1.0 - 6.0 / 8.5) * 5.5)
+    # the trainer finishes first: the rollout's remaining 60% runs at its two-core 8 s
+    assert lent_overlap_s((10.0, 8.0), (4.0, 3.0)) == pytest.approx(4.0 + 0.6 * 8.0)
+    assert lent_overlap_s((5.0, 4.0), (5.0, 3.0)) == pytest.approx(5.0)  # both finish together: nothing to lend
+    assert lent_overlap_s((0.0, 0.0), (0.0, 0.0)) == 0.0
+
+
+def test_thread_factors_are_ratios_of_sums_over_the_common_steps():
+    two = [(4.0, 6.0), (2.0, 2.0), (99.0, 99.0)]  # the third step has no one-thread partner
+    one = [(5.0, 9.0), (2.5, 3.0)]
+    assert thread_factors(two, one) == pytest.approx((7.5 / 6.0, 12.0 / 8.0))
+    with pytest.raises(ValueError, match="at least one step"):
+        thread_factors([], one)
+    with pytest.raises(ValueError, match="must take time"):
+        thread_factors([(0.0, 1.0)], one)
+
+
+def test_a_lent_run_is_predicted_step_by_step_pairing_each_update_with_the_next_generation():
+    # step 1 trains batch 1 (rest 6 s on two threads) while batch 2 generates (2 s on two threads);
+    # step 2 pairs with its own batch's generation (the last one)
+    out = predict_lent_run([(4.0, 6.0), (2.0, 2.0)], gen_factor=1.25, rest_factor=1.5, push_s=0.0)
+    unlent = max(2.5, 9.0) + max(2.5, 3.0)
+    lent = (2.5 + (1.0 - 2.5 / 9.0) * 6.0) + (2.5 + (1.0 - 2.5 / 3.0) * 2.0)
+    assert out["sync/steps_per_hour"] == pytest.approx(3600.0 * 2 / 14.0)
+    assert out["one_step/speedup"] == pytest.approx(14.0 / unlent)
+    assert out["one_step_lend/speedup"] == pytest.approx(14.0 / lent)
+    assert out["one_step_lend/steps_per_hour"] == pytest.approx(3600.0 * 2 / lent)
+    # the push sits on the trainer's side, on one core and on two
+    pushed = predict_lent_run([(4.0, 6.0)], gen_factor=1.25, rest_factor=1.5, push_s=1.0)
+    assert pushed["one_step/speedup"] == pytest.approx(10.0 / 10.0)
+    assert pushed["one_step_lend/speedup"] == pytest.approx(10.0 / (5.0 + (1.0 - 5.0 / 10.0) * 7.0))
+    with pytest.raises(ValueError, match="at least one synchronous step"):
+        predict_lent_run([], 1.0, 1.0, 0.0)
 
 
 def test_lengths_are_drawn_from_the_measured_ones_or_the_lognormal():

@@ -10,12 +10,14 @@ import pytest
 from benchmarks.bench_async import accuracy_at, compare, summarize
 
 
-def run(step_s: float, accuracies: dict[int, float]) -> dict:
-    """A run of 4 steps of ``step_s`` seconds with validations at the given steps."""
+def run(step_s: float, accuracies: dict[int, float], gen_s: float | None = None, extra: dict | None = None) -> dict:
+    """A run of 4 steps of ``step_s`` seconds (``gen_s`` of them generating, else half) with
+    validations at the given steps; ``extra`` metrics in every step's row."""
     rows = []
     for step in range(5):
         if step > 0:
-            rows.append({"step": step, "timing/step": step_s, "timing/gen": step_s / 2})
+            rows.append({"step": step, "timing/step": step_s, "timing/gen": step_s / 2 if gen_s is None else gen_s,
+                         **(extra or {})})
         if step in accuracies:
             rows.append({"step": step, "val/acc": accuracies[step]})
     return {"rows": rows, "wall_s": 5 * step_s, "load_before": (1.0, 1.0, 1.0), "load_after": (2.0, 1.0, 1.0)}
@@ -101,17 +103,39 @@ def test_lend_only_runs_sync_and_the_lent_schedules_alone(tmp_path, monkeypatch)
 
     def fake_run_job(preset, name, overrides, out, steps, seed, test_freq):
         ran.append(name)
+        if name == bench_async.CALIBRATION:  # one thread: generation 6 s (1.2x), the rest 8 s (1.6x)
+            assert overrides[0] == "trainer.num_threads=1"
+            calibration = run(14.0, {}, gen_s=6.0)
+            calibration["rows"][0].update({"timing/gen": 20.0, "timing/step": 28.0})  # warming up: left out
+            return calibration
         return run({"sync": 10.0, "one_step_lend": 8.0, "bounded_lend": 7.0}[name.split("_", 2)[2].rsplit("_", 1)[0]],
-                   {0: 0.1, 4: 0.5})
+                   {0: 0.1, 4: 0.5}, extra={"async/weight_push_s": 0.5} if "lend" in name else None)
 
     monkeypatch.setattr(bench_async, "run_job", fake_run_job)
     monkeypatch.setattr("sys.argv", ["bench_async", "--lend-only", "--out", str(tmp_path), "--steps", "4",
-                                     "--seeds", "1", "2", "--tool-steps", "0"])
+                                     "--seeds", "1", "2", "--tool-steps", "0", "--calibration-steps", "4"])
     bench_async.main()
-    assert ran == [f"main_job_{mode}_seed{seed}" for seed in (1, 2) for mode in ("sync", "one_step_lend", "bounded_lend")]
+    assert ran == [*(f"main_job_{mode}_seed{seed}" for seed in (1, 2) for mode in ("sync", "one_step_lend", "bounded_lend")),
+                   bench_async.CALIBRATION]
     report = json.loads((tmp_path / "bench_async.json").read_text())
     assert "main_job" not in report and "ablation" not in report and "simulator" not in report
     assert report["main_job_lend"]["table"]["bounded_lend"]["speedup"] == pytest.approx(10.0 / 7.0)
+    # every step: generation 5 s and the rest 5 s on two threads; one thread 6 s and 8 s + the 0.5 s push
+    check = report["lending_simulator"]
+    assert (check["gen_factor"], check["rest_factor"], check["push_s"]) == pytest.approx((1.2, 1.6, 0.5))
+    lent_step = 6.0 + (1.0 - 6.0 / 8.5) * 5.5
+    for seed in check["seeds"]:
+        assert seed["predicted"]["one_step_lend/speedup"] == pytest.approx(10.0 / lent_step)
+        assert seed["predicted"]["one_step/speedup"] == pytest.approx(10.0 / 8.5)
+        assert seed["measured"] == pytest.approx(10.0 / 8.0)
+    assert (f"one_step_lend at most {10.0 / lent_step:.2f}, {10.0 / lent_step:.2f} (one_step unlent 1.18, 1.18); "
+            "measured one_step_lend 1.25, 1.25.") in (tmp_path / "bench_async.md").read_text()
+    ran.clear()
+    monkeypatch.setattr("sys.argv", ["bench_async", "--lend-only", "--out", str(tmp_path / "nocal"), "--steps", "4",
+                                     "--seeds", "1", "--tool-steps", "0", "--calibration-steps", "0"])
+    bench_async.main()
+    assert bench_async.CALIBRATION not in ran
+    assert "lending_simulator" not in json.loads((tmp_path / "nocal" / "bench_async.json").read_text())
     empty = tmp_path / "empty"
     monkeypatch.setattr("sys.argv", ["bench_async", "--lend-only", "--report-only", "--out", str(empty), "--steps", "4"])
     with pytest.raises(SystemExit, match="no seed of the main job finished in sync and every lent schedule"):
