@@ -16,7 +16,7 @@ correction) and a one-thread calibration of the synchronous trainer, from which
 :mod:`benchmarks.async_simulator` predicts the asynchronous speedups before they are compared with
 the measured ones; with ``--lend`` also ``one_step_lend`` and ``bounded_lend`` (with
 ``async_training.lend_idle_cores=true``) on both jobs, and with ``--lend-only`` just those beside
-``sync`` (and the calibration, from which the simulator bounds what lending can gain, step by step).
+``sync`` (and the calibration, from which the simulator estimates what lending can gain, batch by batch).
 Every run is a fresh ``rlvr`` command in its own process.
 
 Reported per schedule: steps per hour (training steps over the summed step times; validation is
@@ -232,8 +232,9 @@ def stage_pairs(summary: dict) -> list[tuple[float, float]]:
 
 
 def lending_check(lent: dict[str, list[dict]], calibration: dict) -> dict:
-    """The simulator's ``one_step`` with and without lent cores, predicted step by step from each
-    seed's synchronous run (:func:`predict_lent_run`), beside the measured speedups. The one-thread
+    """The simulator's ``one_step`` with and without lent cores and ``bounded_lend``, predicted batch
+    by batch from each seed's synchronous run (:func:`predict_lent_run`), beside the measured
+    speedups. The one-thread
     factors come from the calibration (seed 1) against the first seed's synchronous run over the
     same first steps, its first left out (the calibration does not validate before training, so its
     first generation also warms the engine up); the push is the lent runs' median."""
@@ -249,10 +250,11 @@ def lending_sentence(check: dict) -> str:
     """The lending check in one paragraph of the report."""
     def per_seed(key: str) -> str:
         return ", ".join(f"{seed['predicted'][key]:.2f}" for seed in check["seeds"])
-    return ("Simulator, step by step from each seed's synchronous run (one thread: generation "
+    return ("Simulator, batch by batch from each seed's synchronous run (one thread: generation "
             f"{check['gen_factor']:.2f}x, the rest {check['rest_factor']:.2f}x slower than two; push "
-            f"{check['push_s']:.2f} s): one_step_lend at most {per_seed('one_step_lend/speedup')} "
-            f"(one_step unlent {per_seed('one_step/speedup')}); measured one_step_lend "
+            f"{check['push_s']:.2f} s): predicted one_step_lend {per_seed('one_step_lend/speedup')} "
+            f"(one_step unlent {per_seed('one_step/speedup')}; bounded_lend "
+            f"{per_seed('bounded_lend/speedup')}); measured one_step_lend "
             + ", ".join(f"{seed['measured']:.2f}" for seed in check["seeds"]) + ".")
 
 

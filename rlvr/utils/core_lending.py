@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 __all__ = ["TRAINER", "ROLLOUT", "ENV_VAR", "CoreLending", "install", "installed", "fit_threads",
-           "check_per_layer", "take_lent_share", "attach_rollout_from_env"]
+           "check_per_layer", "repeated_blocks", "take_lent_share", "attach_rollout_from_env"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,18 +94,16 @@ class CoreLending:
         return threads
 
     def check_layers(self, module: nn.Module) -> None:
-        """Fit the threads before every repeated block of ``module`` (the children of each
-        ``nn.ModuleList`` with two or more entries: a transformer's decoder layers), in the forward
-        pass and, through a gradient hook on the block's output, before the block's backward. Once
-        per module; :meth:`close` removes the hooks."""
+        """Fit the threads before every repeated block of ``module`` (:func:`repeated_blocks`: a
+        transformer's decoder layers, a vision tower's), in the forward pass and, through a gradient
+        hook on the block's output, before the block's backward. Once per module; :meth:`close`
+        removes the hooks."""
         if module in self._hooked:
             return
         handles = []
-        for blocks in module.modules():
-            if isinstance(blocks, nn.ModuleList) and len(blocks) > 1:
-                for block in blocks:
-                    handles.append(block.register_forward_pre_hook(self._before_forward))
-                    handles.append(block.register_forward_hook(self._before_backward))
+        for block in repeated_blocks(module):
+            handles.append(block.register_forward_pre_hook(self._before_forward))
+            handles.append(block.register_forward_hook(self._before_backward))
         self._hooked[module] = handles
 
     def _before_forward(self, _module: nn.Module, _args) -> None:
@@ -141,6 +139,15 @@ class CoreLending:
 
 
 _INSTALLED: CoreLending | None = None
+
+
+def repeated_blocks(module: nn.Module) -> list[nn.Module]:
+    """The entries of the outermost ``nn.ModuleList``s of two or more entries in ``module`` (a
+    transformer's layers), not of lists nested inside those entries (an MoE layer's experts): one
+    check per layer is enough."""
+    if isinstance(module, nn.ModuleList) and len(module) > 1:
+        return list(module)
+    return [block for child in module.children() for block in repeated_blocks(child)]
 
 
 def install(lending: CoreLending | None) -> None:

@@ -10,10 +10,10 @@ from benchmarks.async_simulator import (
     LARGE,
     Workload,
     generation_s,
-    lent_overlap_s,
     predict,
     predict_from_stages,
     predict_lent_run,
+    run_two_sides_s,
     scaling_table,
     thread_factors,
 )
@@ -63,14 +63,31 @@ def test_predict_from_stages_overlaps_one_core_each():
     assert predict_from_stages(two, slower, push_s=0.5, proximal=False)["one_step/step_s"] == pytest.approx(9.0)
 
 
-def test_the_side_that_finishes_first_lends_its_core_to_the_other():
-    # the rollout (6 s on one core) finishes first; the trainer has done 6 / 8.5 of its work and does
-    # the rest at its two-core speed (5.5 s for all of it)
-    assert lent_overlap_s((6.0, 5.0), (8.5, 5.5)) == pytest.approx(6.0 + (1.0 - 6.0 / 8.5) * 5.5)
-    # the trainer finishes first: the rollout's remaining 60% runs at its two-core 8 s
-    assert lent_overlap_s((10.0, 8.0), (4.0, 3.0)) == pytest.approx(4.0 + 0.6 * 8.0)
-    assert lent_overlap_s((5.0, 4.0), (5.0, 3.0)) == pytest.approx(5.0)  # both finish together: nothing to lend
-    assert lent_overlap_s((0.0, 0.0), (0.0, 0.0)) == 0.0
+def test_the_side_that_waits_lends_its_core_to_the_other():
+    # batch 1 generates (6 s on one core) while batch 0 trains (8.5 s on one core, 5.5 s on two);
+    # then the trainer has done 6 / 8.5 of its update and does the rest on both cores; the last
+    # update (2 s, 1 s on two cores) runs alone
+    gens, updates = [(0.0, 0.0), (6.0, 5.0)], [(8.5, 5.5), (2.0, 1.0)]
+    lent = run_two_sides_s(gens, updates, max_staleness=1, lend=True)
+    assert lent == pytest.approx(6.0 + (1.0 - 6.0 / 8.5) * 5.5 + 1.0)
+    assert run_two_sides_s(gens, updates, max_staleness=1, lend=False) == pytest.approx(8.5 + 2.0)
+    # the rollout is the long side: after the 4 s update it generates on both cores (4 s on two)
+    assert run_two_sides_s([(0.0, 0.0), (10.0, 8.0)], [(4.0, 3.0), (0.0, 0.0)], 1, lend=True) == pytest.approx(
+        4.0 + 0.6 * 8.0)
+
+
+def test_a_larger_staleness_lets_the_rollout_run_ahead():
+    # a long update first, a long generation later (one core = two here: lending changes nothing)
+    gens = [(0.0, 0.0), (1.0, 1.0), (4.0, 4.0)]
+    updates = [(4.0, 4.0), (1.0, 1.0), (1.0, 1.0)]
+    # staleness 1: batch 2 may start only after update 0 (t=4), so update 2 waits for it until t=8
+    assert run_two_sides_s(gens, updates, 1, lend=True) == pytest.approx(4.0 + 4.0 + 1.0)
+    # staleness 2: batch 2 generates at t=1-5, during update 0
+    assert run_two_sides_s(gens, updates, 2, lend=True) == pytest.approx(4.0 + 1.0 + 1.0)
+    with pytest.raises(ValueError, match="one generation per update"):
+        run_two_sides_s(gens[:2], updates, 1, lend=True)
+    with pytest.raises(ValueError, match="max_staleness must be at least 1"):
+        run_two_sides_s(gens, updates, 0, lend=True)
 
 
 def test_thread_factors_are_ratios_of_sums_over_the_common_steps():
@@ -83,20 +100,21 @@ def test_thread_factors_are_ratios_of_sums_over_the_common_steps():
         thread_factors([(0.0, 1.0)], one)
 
 
-def test_a_lent_run_is_predicted_step_by_step_pairing_each_update_with_the_next_generation():
-    # step 1 trains batch 1 (rest 6 s on two threads) while batch 2 generates (2 s on two threads);
-    # step 2 pairs with its own batch's generation (the last one)
+def test_a_lent_run_is_predicted_from_the_synchronous_stage_times():
+    # two steps: generation 4 and 2 s, the rest 6 and 2 s on two threads; one thread 1.25x and 1.5x.
+    # Batch 1 generates (2.5 s) beside update 0 (9 s), which then finishes on both cores
+    # ((1 - 2.5 / 9) x 6 s); update 1 runs alone (3 s, or 2 s lent)
     out = predict_lent_run([(4.0, 6.0), (2.0, 2.0)], gen_factor=1.25, rest_factor=1.5, push_s=0.0)
-    unlent = max(2.5, 9.0) + max(2.5, 3.0)
-    lent = (2.5 + (1.0 - 2.5 / 9.0) * 6.0) + (2.5 + (1.0 - 2.5 / 3.0) * 2.0)
+    lent = 2.5 + (1.0 - 2.5 / 9.0) * 6.0 + 2.0
     assert out["sync/steps_per_hour"] == pytest.approx(3600.0 * 2 / 14.0)
-    assert out["one_step/speedup"] == pytest.approx(14.0 / unlent)
+    assert out["one_step/speedup"] == pytest.approx(14.0 / (9.0 + 3.0))
     assert out["one_step_lend/speedup"] == pytest.approx(14.0 / lent)
     assert out["one_step_lend/steps_per_hour"] == pytest.approx(3600.0 * 2 / lent)
+    assert out["bounded_lend/speedup"] == pytest.approx(14.0 / lent)  # no third batch to run ahead to
     # the push sits on the trainer's side, on one core and on two
-    pushed = predict_lent_run([(4.0, 6.0)], gen_factor=1.25, rest_factor=1.5, push_s=1.0)
-    assert pushed["one_step/speedup"] == pytest.approx(10.0 / 10.0)
-    assert pushed["one_step_lend/speedup"] == pytest.approx(10.0 / (5.0 + (1.0 - 5.0 / 10.0) * 7.0))
+    pushed = predict_lent_run([(4.0, 6.0), (2.0, 0.0)], gen_factor=1.25, rest_factor=1.5, push_s=1.0)
+    assert pushed["one_step/speedup"] == pytest.approx(12.0 / (10.0 + 1.0))
+    assert pushed["one_step_lend/speedup"] == pytest.approx(12.0 / (2.5 + (1.0 - 2.5 / 10.0) * 7.0 + 1.0))
     with pytest.raises(ValueError, match="at least one synchronous step"):
         predict_lent_run([], 1.0, 1.0, 0.0)
 

@@ -158,6 +158,35 @@ def test_the_trainer_moves_cores_at_the_next_layer_forward_and_backward():
     assert [len(layer._forward_pre_hooks) for layer in layers] == [1, 1, 1]  # only the test's own are left
 
 
+def test_only_the_outermost_repeated_blocks_are_checked():
+    """Decoder layers and a vision tower's layers are checked; the experts inside a layer (a list
+    nested in a listed block) and a one-entry list are not."""
+    from torch import nn
+
+    from rlvr.utils.core_lending import repeated_blocks
+
+    class MoeLayer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.experts = nn.ModuleList(nn.Linear(2, 2) for _ in range(4))
+
+    model = nn.Module()
+    model.layers = nn.ModuleList(MoeLayer() for _ in range(3))
+    model.vision = nn.Module()
+    model.vision.blocks = nn.ModuleList(nn.Linear(2, 2) for _ in range(2))
+    model.head = nn.ModuleList([nn.Linear(2, 2)])
+    assert repeated_blocks(model) == [*model.layers, *model.vision.blocks]
+    assert repeated_blocks(model.layers[0]) == list(model.layers[0].experts)  # a layer alone: its experts
+    lending = CoreLending.create(own_threads=1, all_threads=1)
+    try:
+        lending.check_layers(model)
+        hooked = [m for m in model.modules() if m._forward_pre_hooks]
+        assert hooked == [*model.layers, *model.vision.blocks]
+    finally:
+        lending.close()
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in model.modules())
+
+
 def test_the_layer_checks_leave_the_gradients_unchanged():
     ids = torch.tensor([[5, 1, 7, 3, 2]])
     plain = _tiny_llama()
