@@ -304,6 +304,9 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: the tables from the runs in --out that finished (whole seeds only)")
     args = parser.parse_args()
+    if (args.lend or args.lend_only) and args.calibration_steps == 1:
+        parser.error("--calibration-steps 1 leaves the lending check no step (the calibration's first step warms "
+                     "the engine up and is left out): use 0 (no check) or 2 and more")
     EXTRA.extend(args.override)
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),

@@ -96,7 +96,7 @@ def test_lend_tabulates_the_lent_schedules_beside_the_same_sync_runs(tmp_path, m
     assert all(overrides[-1] == "async_training.lend_idle_cores=true" for overrides in bench_async.LENDING.values())
 
 
-def test_lend_only_runs_sync_and_the_lent_schedules_alone(tmp_path, monkeypatch):
+def test_lend_only_runs_sync_and_the_lent_schedules_alone(tmp_path, monkeypatch, capsys):
     from benchmarks import bench_async
 
     ran = []
@@ -138,6 +138,11 @@ def test_lend_only_runs_sync_and_the_lent_schedules_alone(tmp_path, monkeypatch)
     bench_async.main()
     assert bench_async.CALIBRATION not in ran
     assert "lending_simulator" not in json.loads((tmp_path / "nocal" / "bench_async.json").read_text())
+    ran.clear()
+    monkeypatch.setattr("sys.argv", ["bench_async", "--lend-only", "--out", str(tmp_path / "one"), "--calibration-steps", "1"])
+    with pytest.raises(SystemExit):
+        bench_async.main()
+    assert "--calibration-steps 1 leaves the lending check no step" in capsys.readouterr().err and not ran
     empty = tmp_path / "empty"
     monkeypatch.setattr("sys.argv", ["bench_async", "--lend-only", "--report-only", "--out", str(empty), "--steps", "4"])
     with pytest.raises(SystemExit, match="no seed of the main job finished in sync and every lent schedule"):
