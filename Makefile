@@ -138,7 +138,7 @@ bench-long: setup
 # once cost each other on the cores (docs/PERFORMANCE.md);
 # several hours on 2 cores: run it on an idle machine
 bench-async: setup data/arith/test.jsonl data/tools/test.jsonl
-	$(PY) -m benchmarks.bench_async --out runs/bench_async --lend $(ARGS)
+	$(PY) -m benchmarks.bench_async --out runs/bench_async --lend --ablation-seeds 3 $(ARGS)
 	$(PY) -m benchmarks.async_simulator --scale --json runs/bench_async/scaling.json
 	$(PY) -m benchmarks.core_contention --json runs/bench_async/core_contention.json
 

@@ -12,7 +12,7 @@ runs in each schedule, one after the other on the same machine, for every seed:
 
 then the tool-use job (``--preset tool_job``, long multi-turn generations) in the three schedules,
 the staleness-4 ablation (bounded, ``max_staleness=4``, with and without the decoupled-PPO
-correction) and a one-thread calibration of the synchronous trainer, from which
+correction, on the first ``--ablation-seeds`` seeds) and a one-thread calibration of the synchronous trainer, from which
 :mod:`benchmarks.async_simulator` predicts the asynchronous speedups before they are compared with
 the measured ones; with ``--lend`` also ``one_step_lend`` and ``bounded_lend`` (with
 ``async_training.lend_idle_cores=true``) on both jobs, and with ``--lend-only`` just those beside
@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.async_simulator import predict_from_stages, predict_lent_run, thread_factors
+from benchmarks.async_simulator import corun_factor, overlap_ceiling, predict_from_stages, predict_lent_run, thread_factors
 
 APART = ["actor_rollout_ref.hybrid_engine=false"]
 SCHEDULES = {
@@ -129,6 +129,8 @@ def summarize(run: dict) -> dict[str, Any]:
             "async/weight_push_s", "async/interrupted_generations", "response_length/mean")
     return {"steps": len(steps), "train_s": train_s, "steps_per_hour": 3600.0 * len(steps) / train_s,
             "gen_and_step_s": [[r.get("timing/gen", 0.0), r["timing/step"]] for r in steps],
+            # an asynchronous run's own generations: seconds, and the share of their decode steps on lent cores
+            "rollout_gen_s": [[r.get("async/rollout_gen_s"), r.get("async/rollout_lent_core_share")] for r in steps],
             "accuracy": accuracy, "accuracy_clock": {step: clock.get(step) for step in accuracy},
             "medians": {key: median(key) for key in keys}, "wall_s": run["wall_s"],
             "load": [run["load_before"], run["load_after"]]}
@@ -196,9 +198,9 @@ def calibration_job(out: Path, steps: int) -> tuple:
 
 def stages(summary: dict, steps: int | None = None) -> dict[str, float]:
     """Median generation and rest-of-step seconds over the run's first ``steps`` steps (all: None)."""
-    pairs = summary["gen_and_step_s"][:steps]
+    pairs = stage_pairs(summary)[:steps]
     return {"gen_s": statistics.median(gen for gen, _ in pairs),
-            "train_s": statistics.median(step - gen for gen, step in pairs)}
+            "train_s": statistics.median(rest for _, rest in pairs)}
 
 
 def simulator_check(main_job: dict[str, list[dict]], calibration: dict, measured: dict[str, float]) -> dict:
@@ -231,31 +233,55 @@ def stage_pairs(summary: dict) -> list[tuple[float, float]]:
     return [(gen, step - gen) for gen, step in summary["gen_and_step_s"]]
 
 
+def corun_pairs(lent_runs: list[dict], calibration: dict) -> tuple[list[float], list[float]]:
+    """The generations of the lent ``one_step`` runs that ran on one core beside a computing trainer
+    all along (none of their decode steps on lent cores), with the calibration's generation of the
+    same step (one thread, alone); its first step is left out (it warms the engine up)."""
+    alone, together = [], []
+    for run in lent_runs:
+        for step in range(1, min(len(run["rollout_gen_s"]), len(calibration["gen_and_step_s"]))):
+            seconds, lent_share = run["rollout_gen_s"][step]
+            if seconds is not None and lent_share == 0.0:
+                alone.append(calibration["gen_and_step_s"][step][0])
+                together.append(seconds)
+    return alone, together
+
+
 def lending_check(lent: dict[str, list[dict]], calibration: dict) -> dict:
     """The simulator's ``one_step`` with and without lent cores and ``bounded_lend``, predicted batch
     by batch from each seed's synchronous run (:func:`predict_lent_run`), beside the measured
-    speedups. The one-thread
-    factors come from the calibration (seed 1) against the first seed's synchronous run over the
-    same first steps, its first left out (the calibration does not validate before training, so its
-    first generation also warms the engine up); the push is the lent runs' median."""
+    speedups. The one-thread factors come from the calibration (seed 1) against the first seed's
+    synchronous run over the same first steps, its first left out (the calibration does not validate
+    before training, so its first generation also warms the engine up); the co-running slowdown from
+    the lent ``one_step`` runs' generations beside a computing trainer against the calibration's
+    (:func:`corun_pairs`; 1 when there are none); the push is the lent runs' median. Also the
+    ceiling of overlap on these cores (:func:`overlap_ceiling`) and the prediction without the
+    co-running slowdown."""
     gen_factor, rest_factor = thread_factors(stage_pairs(lent["sync"][0])[1:], stage_pairs(calibration)[1:])
+    alone, together = corun_pairs(lent["one_step_lend"], calibration)
+    corun = corun_factor(alone, together) if alone else 1.0
     push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in lent["one_step_lend"]])
-    seeds = [{"predicted": predict_lent_run(stage_pairs(sync), gen_factor, rest_factor, push),
+    seeds = [{"predicted": predict_lent_run(stage_pairs(sync), gen_factor, rest_factor, push, corun=corun),
+              "predicted_no_corun": predict_lent_run(stage_pairs(sync), gen_factor, rest_factor, push),
               "measured": lend["steps_per_hour"] / sync["steps_per_hour"]}
              for sync, lend in zip(lent["sync"], lent["one_step_lend"])]
-    return {"gen_factor": gen_factor, "rest_factor": rest_factor, "push_s": push, "seeds": seeds}
+    return {"gen_factor": gen_factor, "rest_factor": rest_factor, "corun": corun, "corun_generations": len(alone),
+            "push_s": push, "ceiling": overlap_ceiling(gen_factor, rest_factor, corun), "seeds": seeds}
 
 
 def lending_sentence(check: dict) -> str:
     """The lending check in one paragraph of the report."""
-    def per_seed(key: str) -> str:
-        return ", ".join(f"{seed['predicted'][key]:.2f}" for seed in check["seeds"])
+    def per_seed(key: str, prediction: str = "predicted") -> str:
+        return ", ".join(f"{seed[prediction][key]:.2f}" for seed in check["seeds"])
     return ("Simulator, batch by batch from each seed's synchronous run (one thread: generation "
-            f"{check['gen_factor']:.2f}x, the rest {check['rest_factor']:.2f}x slower than two; push "
-            f"{check['push_s']:.2f} s): predicted one_step_lend {per_seed('one_step_lend/speedup')} "
-            f"(one_step unlent {per_seed('one_step/speedup')}; bounded_lend "
-            f"{per_seed('bounded_lend/speedup')}); measured one_step_lend "
-            + ", ".join(f"{seed['measured']:.2f}" for seed in check["seeds"]) + ".")
+            f"{check['gen_factor']:.2f}x, the rest {check['rest_factor']:.2f}x slower than two; one core beside "
+            f"the other computing: {check['corun']:.2f}x slower again, from {check['corun_generations']} "
+            f"generations; push {check['push_s']:.2f} s): predicted one_step_lend {per_seed('one_step_lend/speedup')} "
+            f"(one_step unlent {per_seed('one_step/speedup')}; bounded_lend {per_seed('bounded_lend/speedup')}; "
+            f"one_step_lend without the co-running slowdown "
+            f"{per_seed('one_step_lend/speedup', 'predicted_no_corun')}); measured one_step_lend "
+            + ", ".join(f"{seed['measured']:.2f}" for seed in check["seeds"])
+            + f". Ceiling of overlap on these cores (balanced sides, no waits, no push): {check['ceiling']:.2f}x.")
 
 
 def run_schedules(preset: str, schedules: dict[str, list[str]], out: Path, steps: int, seeds: list[int],
@@ -275,7 +301,7 @@ def run_schedules(preset: str, schedules: dict[str, list[str]], out: Path, steps
             runs = {mode: run_job(preset, names[mode], schedules[mode], out, steps, seed, test_freq)
                     for mode in schedules}
         for mode, run in runs.items():
-            summary = summarize(run)
+            summary = {**summarize(run), "seed": seed}
             summaries[mode].append(summary)
             print(f"{names[mode]}: {summary['steps_per_hour']:.0f} steps/h, accuracy {summary['accuracy']}, "
                   f"load {summary['load']}", flush=True)
@@ -292,6 +318,8 @@ def main() -> None:
     parser.add_argument("--calibration-steps", type=int, default=10,
                         help="steps of the one-thread calibration run for the simulator check (0: skip both)")
     parser.add_argument("--no-ablation", action="store_true", help="skip the staleness-4 correction ablation")
+    parser.add_argument("--ablation-seeds", type=int, default=1,
+                        help="run the ablation on the first this many of --seeds (beside their sync runs)")
     parser.add_argument("--lend", action="store_true",
                         help="also one_step and bounded with async_training.lend_idle_cores=true (main job and "
                              "tool job, their seeds)")
@@ -311,7 +339,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
                               "args": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}}
-    sections = [] if args.lend_only else unlent_sections(args, report)
+    calibration = calibration_run(args)
+    sections = [] if args.lend_only else unlent_sections(args, report, calibration)
     if args.lend or args.lend_only:
         jobs = [("main_job", "main job", args.steps, args.seeds, args.test_freq),
                 ("tool_job", "tool-use job", args.tool_steps, args.tool_seeds, args.tool_steps)]
@@ -321,8 +350,7 @@ def main() -> None:
             if lent.get("sync"):
                 report[f"{preset}_lend"] = {"table": compare(lent), "runs": lent}
                 sections.append(markdown(f"{title}, idle cores lent", report[f"{preset}_lend"]["table"], lent))
-                calibration = calibration_run(args) if preset == "main_job" else None
-                if calibration is not None:
+                if preset == "main_job" and calibration is not None:
                     report["lending_simulator"] = lending_check(lent, summarize(calibration))
                     sections.append(lending_sentence(report["lending_simulator"]))
     if args.lend_only and not sections:
@@ -334,9 +362,10 @@ def main() -> None:
     print(text)
 
 
-def unlent_sections(args: argparse.Namespace, report: dict[str, Any]) -> list[str]:
-    """The schedules without lending: the main job (and the simulator check against its calibration),
-    the tool-use job and the staleness-4 ablation; fills ``report`` and returns the markdown tables."""
+def unlent_sections(args: argparse.Namespace, report: dict[str, Any], calibration: dict | None) -> list[str]:
+    """The schedules without lending: the main job (and the simulator check against ``calibration``,
+    the one-thread run, when there is one), the tool-use job and the staleness-4 ablation; fills
+    ``report`` and returns the markdown tables."""
     only = args.report_only
     main_job = run_schedules("main_job", SCHEDULES, args.out, args.steps, args.seeds, args.test_freq, only)
     if not main_job["sync"]:
@@ -344,7 +373,6 @@ def unlent_sections(args: argparse.Namespace, report: dict[str, Any]) -> list[st
     report["main_job"] = {"table": compare(main_job), "runs": main_job}
     seeds = len(main_job["sync"])
     sections = [markdown(f"main job ({seeds} seed{'s' if seeds > 1 else ''})", report["main_job"]["table"], main_job)]
-    calibration = calibration_run(args)
     if calibration is not None:
         report["simulator"] = simulator_check(main_job, summarize(calibration),
                                               {m: report["main_job"]["table"][m]["speedup"] for m in SCHEDULES})
@@ -358,12 +386,18 @@ def unlent_sections(args: argparse.Namespace, report: dict[str, Any]) -> list[st
             report["tool_job"] = {"table": compare(tools), "runs": tools}
             sections.append(markdown("tool-use job", report["tool_job"]["table"], tools))
     if not args.no_ablation:
-        ablation = run_schedules("main_job", ABLATION, args.out, args.steps, args.seeds[:1], args.test_freq, only)
-        if next(iter(ablation.values())):
-            ablation = {"sync": main_job["sync"][:1], **ablation}
+        seeds = args.seeds[:args.ablation_seeds]
+        ablation = run_schedules("main_job", ABLATION, args.out, args.steps, seeds, args.test_freq, only)
+        done = [summary["seed"] for summary in next(iter(ablation.values()))]  # report-only: those that finished
+        sync = [summary for summary in main_job["sync"] if summary["seed"] in done]
+        if done and len(sync) < len(done):
+            print(f"ablation: left out, seeds {sorted(set(done) - {summary['seed'] for summary in sync})} have no "
+                  "synchronous run to compare with", flush=True)
+        elif done:
+            ablation = {"sync": sync, **ablation}
             report["ablation"] = {"table": compare(ablation), "runs": ablation}
-            sections.append(markdown("staleness 4, with and without the decoupled-PPO correction",
-                                     report["ablation"]["table"], ablation))
+            sections.append(markdown(f"staleness 4, with and without the decoupled-PPO correction ({len(done)} "
+                                     f"seed{'s' if len(done) > 1 else ''})", report["ablation"]["table"], ablation))
     return sections
 
 

@@ -12,6 +12,8 @@ from benchmarks.async_simulator import (
     generation_s,
     predict,
     predict_from_stages,
+    corun_factor,
+    overlap_ceiling,
     predict_lent_run,
     run_two_sides_s,
     scaling_table,
@@ -74,6 +76,45 @@ def test_the_side_that_waits_lends_its_core_to_the_other():
     # the rollout is the long side: after the 4 s update it generates on both cores (4 s on two)
     assert run_two_sides_s([(0.0, 0.0), (10.0, 8.0)], [(4.0, 3.0), (0.0, 0.0)], 1, lend=True) == pytest.approx(
         4.0 + 0.6 * 8.0)
+
+
+def test_two_sides_that_compute_together_slow_each_other_down():
+    # corun 1.2: batch 1 generates in 7.2 s beside update 0 (10.2 s), which has done 7.2 / 10.2 of
+    # its work by then; lent, the rest runs on both cores (5.5 s whole), unlent on one alone (8.5 s)
+    gens, updates = [(0.0, 0.0), (6.0, 5.0)], [(8.5, 5.5), (2.0, 1.0)]
+    assert run_two_sides_s(gens, updates, 1, lend=True, corun=1.2) == pytest.approx(
+        7.2 + (1.0 - 7.2 / 10.2) * 5.5 + 1.0)
+    assert run_two_sides_s(gens, updates, 1, lend=False, corun=1.2) == pytest.approx(
+        7.2 + (1.0 - 7.2 / 10.2) * 8.5 + 2.0)
+    with pytest.raises(ValueError, match="at least 1"):
+        run_two_sides_s(gens, updates, 1, lend=True, corun=0.9)
+    # predict_lent_run hands it on: the lent prediction of the test below, with the overlap 1.2x slower
+    out = predict_lent_run([(4.0, 6.0), (2.0, 2.0)], gen_factor=1.25, rest_factor=1.5, push_s=0.0, corun=1.2)
+    assert out["one_step_lend/speedup"] == pytest.approx(14.0 / (3.0 + (1.0 - 3.0 / 10.8) * 6.0 + 2.0))
+
+
+def test_corun_factor_is_the_ratio_of_sums_of_the_same_stages():
+    assert corun_factor([8.0, 6.0], [9.0, 7.1]) == pytest.approx(16.1 / 14.0)
+    with pytest.raises(ValueError, match="the same stages"):
+        corun_factor([8.0], [9.0, 7.0])
+    with pytest.raises(ValueError, match="the same stages"):
+        corun_factor([], [])
+    with pytest.raises(ValueError, match="must take time"):
+        corun_factor([0.0], [1.0])
+
+
+def test_the_overlap_ceiling_is_what_a_perfectly_balanced_run_reaches():
+    # the main job's factors on the 2-core CPU: two threads 1.41x and 1.40x faster, together 1.13x slower
+    assert overlap_ceiling(1.41, 1.40, 1.13) == pytest.approx((1 / 1.41 + 1 / 1.40) / 1.13)
+    assert overlap_ceiling(2.0, 2.0) == pytest.approx(1.0)  # perfect thread scaling: nothing to gain
+    # generation 4 s and the rest 6 s on two threads, 1.5x and 1.0x on one: both sides take 6 s on one
+    # core, 7.2 s together; 1000 steps of the simulator approach (1 / 1.5 + 1) / 1.2
+    steps = 1000
+    gens, updates = [(6.0, 4.0)] * steps, [(6.0, 6.0)] * steps
+    speedup = 10.0 * steps / run_two_sides_s(gens, updates, 1, lend=True, corun=1.2)
+    assert speedup == pytest.approx(overlap_ceiling(1.5, 1.0, 1.2), rel=1e-3)
+    with pytest.raises(ValueError, match="positive"):
+        overlap_ceiling(0.0, 1.0)
 
 
 def test_a_larger_staleness_lets_the_rollout_run_ahead():
