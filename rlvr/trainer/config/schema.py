@@ -114,12 +114,13 @@ class PolicyLossConfig:
     """The loss-specific knobs of the registered policy losses; the clip ratios they share are
     fields of the actor section (a loss is called with ``config`` = the whole actor section)."""
 
-    loss_mode: str = _f("vanilla", "policy loss from the registry: vanilla | gspo | gpg | cispo | clip_cov | kl_cov | geo_mean, or pkg.module:fn")
+    loss_mode: str = _f("vanilla", "policy loss from the registry: vanilla | gspo | gpg | cispo | clip_cov | kl_cov | geo_mean | dppo_tv | dppo_kl | sapo | dro, or pkg.module:fn")
     clip_cov_ratio: float = _f(0.0002, "clip_cov: fraction of valid tokens whose gradient is cut (> 0)")
     clip_cov_lb: float = _f(1.0, "clip_cov: lower covariance bound of the candidate tokens")
     clip_cov_ub: float = _f(5.0, "clip_cov: upper covariance bound of the candidate tokens")
     kl_cov_ratio: float = _f(0.0002, "kl_cov: fraction of valid tokens that get the |log-ratio| penalty (> 0)")
     ppo_kl_coef: float = _f(0.1, "kl_cov: coefficient of the per-token |log-ratio| penalty")
+    dro_beta: Optional[float] = _f(None, "dro: coefficient of the quadratic log-ratio penalty 0.5 * beta * (log pi - log pi_old)^2 (required, > 0)")
 
 
 STRATEGIES = ("fsdp", "fsdp2", "megatron")
@@ -153,6 +154,9 @@ class ActorConfig:
     clip_ratio_c: float = _f(3.0, "dual-clip lower bound for negative advantages (> 1)")
     loss_agg_mode: str = _f("token-mean", "token-mean | token-sum | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm")
     entropy_coeff: float = _f(0.0, "entropy bonus coefficient")
+    tau_pos: float = _f(1.0, "sapo: temperature of the soft gate on tokens with a positive advantage (> 0)")
+    tau_neg: float = _f(1.05, "sapo: temperature of the soft gate on tokens with a non-positive advantage (> 0)")
+    calculate_sum_pi_squared: bool = _f(False, "also compute sum_v pi(v)^2 per response token in the old-log-prob pass (needed by optimal_token_baseline)")
     use_kl_loss: bool = _f(False, "add a KL(actor || ref) term to the loss (GRPO style); needs the reference")
     kl_loss_coef: float = _f(0.001, "coefficient of the KL loss")
     kl_loss_type: str = _f("low_var_kl", "KL estimator of the loss: kl | abs | mse | low_var_kl (k1 | k2 | k3, '+' = k2 gradient)")
@@ -360,6 +364,8 @@ class AlgorithmConfig:
     egpo_beta: float = _f(0.1, "EGPO: magnitude of the signal recovered from all-equal groups")
     egpo_correct_threshold: float = _f(0.5, "EGPO: a scalar reward >= this counts as correct")
     egpo_uncertainty_norm: str = _f("group", "EGPO: standardise the entropy proxy within the 'group' or the 'batch'")
+    gdpo_reward_keys: Optional[list] = _f(None, "GDPO: the reward function's extra-info keys (its compute_score dict) normalised one by one within each group")
+    gdpo_reward_weights: Optional[list] = _f(None, "GDPO: weight of each gdpo_reward_keys entry in the sum (None = all 1)")
 
 
 # ------------------------------------------------------------------------- rollout apart, async
