@@ -332,21 +332,27 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs [B, R]`` (and ``entropys`` when ``meta_info["calculate_entropy"]``)."""
+        """``old_log_probs [B, R]`` (and ``entropys`` when ``meta_info["calculate_entropy"]``,
+        ``sum_pi_squared`` when ``meta_info["calculate_sum_pi_squared"]``: those need the actor's
+        forward even where the rollout's log-probs are reused as the old ones)."""
         self._require(self._is_actor, "compute_log_prob", "actor")
         timer = self._timer()
         temperature = self._temperature(data)
         calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+        calculate_sum_pi_squared = bool(data.meta_info.get("calculate_sum_pi_squared", False))
         reuse = self._reuse_rollout_log_probs(data, temperature, calculate_entropy)
         with timer.stage("old_log_prob"):
-            if reuse:
-                tensors = {"old_log_probs": data.batch["rollout_log_probs"].clone()}
-            else:
+            tensors = {}
+            if not reuse or calculate_sum_pi_squared:
                 self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
-                log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=calculate_entropy)
-                tensors = {"old_log_probs": log_probs}
-                if entropys is not None:
-                    tensors["entropys"] = entropys
+                stats = self.actor.compute_log_prob_stats(data, calculate_entropy, calculate_sum_pi_squared)
+                tensors = {"old_log_probs": stats["log_probs"]}
+                if calculate_entropy:
+                    tensors["entropys"] = stats["entropy"]
+                if calculate_sum_pi_squared:
+                    tensors["sum_pi_squared"] = stats["sum_pi_squared"]
+            if reuse:
+                tensors["old_log_probs"] = data.batch["rollout_log_probs"].clone()
         return self._reply(tensors, {"actor/reused_rollout_log_probs": float(reuse)}, timer, "old_log_prob")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

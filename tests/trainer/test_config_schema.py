@@ -19,18 +19,20 @@ import rlvr
 from rlvr.trainer.config import ActorConfig, AlgorithmConfig, PolicyLossConfig, RlvrConfig, help_config, load_config
 from rlvr.trainer.config.schema import CriticConfig
 from rlvr.trainer.config.suggest import schema_keys
-from rlvr.trainer.ppo import advantage, policy_loss
+from rlvr.trainer.ppo import advantage, grpo_variants, optimal_baseline, policy_loss, trust_region_losses
 from rlvr.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 from rlvr.utils.errors import ConfigError
 
 PACKAGE = Path(rlvr.__file__).parent
 CONFIG_PACKAGE = PACKAGE / "trainer" / "config"
 ESTIMATOR_DATA_INPUTS = {"token_level_rewards", "response_mask", "index", "values", "reward_baselines",
-                         "old_log_prob", "rollout_log_prob", "config", "kwargs"}
+                         "old_log_prob", "old_log_probs", "rollout_log_prob", "sum_pi_squared", "rollout_is_weights",
+                         "non_tensor_batch", "batch", "config", "kwargs"}
 VERL_SIGNATURE_ONLY = {
     "epsilon": "numerical guard of the std / length divisions, a constant as in verl",
     "f_norm": "verl's GPG argument that its trainer never passes (the paper's optional std scaling)",
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
+    "handle_zero_tail": "verl's optimal-token-baseline argument that its trainer never passes (default on)",
 }
 VALIDATED_VERL_KEYS: dict[str, str] = {}
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
@@ -145,8 +147,8 @@ class _Recorder:
         return _Recorder(value, f"{self._path}.{name}", self._log) if dataclasses.is_dataclass(value) else value
 
 
-def _builtin(registry: dict, module) -> dict:
-    return {name: fn for name, fn in registry.items() if fn.__module__ == module.__name__}
+def _builtin(registry: dict, *modules) -> dict:
+    return {name: fn for name, fn in registry.items() if fn.__module__ in {module.__name__ for module in modules}}
 
 
 def test_every_policy_loss_knob_is_a_field_of_the_actor_section():
@@ -154,30 +156,36 @@ def test_every_policy_loss_knob_is_a_field_of_the_actor_section():
     old = -torch.rand(4, 6, generator=gen) * 2
     new, adv = old + 0.1 * torch.randn(4, 6, generator=gen), torch.randn(4, 6, generator=gen)
     read: set[str] = set()
-    for name, loss in _builtin(POLICY_LOSS_REGISTRY, policy_loss).items():
+    # (bypass_mode reads verl's rollout_correction section, which verl's trainer puts in policy_loss and a run
+    # config refuses: rlvr applies bypass mode with any loss)
+    for name, loss in _builtin(POLICY_LOSS_REGISTRY, policy_loss, trust_region_losses).items():
         assert list(inspect.signature(loss).parameters) == [  # verl 0.9's positional order
             "old_log_prob", "log_prob", "advantages", "response_mask", "loss_agg_mode", "config", "rollout_is_weights"]
-        loss(old, new, adv, torch.ones(4, 6), "token-mean", _Recorder(ActorConfig(), "actor", read), None)
+        config = ActorConfig(policy_loss=PolicyLossConfig(dro_beta=0.1))
+        loss(old, new, adv, torch.ones(4, 6), "token-mean", _Recorder(config, "actor", read), None)
     assert {key for key in read if key.startswith("actor.policy_loss.")} == {
         f"actor.policy_loss.{key}" for key in schema_keys(PolicyLossConfig) if key != "loss_mode"}
     assert {"actor.clip_ratio", "actor.clip_ratio_low", "actor.clip_ratio_high", "actor.clip_ratio_c",
-            "actor.global_batch_info"} <= read
+            "actor.global_batch_info", "actor.tau_pos", "actor.tau_neg"} <= read
 
 
 def test_every_estimator_knob_is_a_field_of_the_algorithm_section():
     gen = torch.Generator().manual_seed(0)
     rewards, mask = torch.rand(6, 4, generator=gen), torch.ones(6, 4)
+    old_log_prob = -torch.rand(6, 4, generator=gen)
     inputs = dict(token_level_rewards=rewards, response_mask=mask, values=torch.rand(6, 4, generator=gen),
-                  index=np.array(["a", "a", "b", "b", "b", "c"], dtype=object), reward_baselines=torch.rand(6),
-                  old_log_prob=-torch.rand(6, 4, generator=gen), rollout_log_prob=None)
+                  index=np.array(["a", "a", "b", "b", "c", "c"], dtype=object), reward_baselines=torch.rand(6),
+                  old_log_prob=old_log_prob, old_log_probs=old_log_prob, rollout_log_prob=None,
+                  sum_pi_squared=old_log_prob.exp().square(), rollout_is_weights=None,
+                  non_tensor_batch={"format": np.arange(6.0)}, batch={})
     fields = {f.name for f in dataclasses.fields(AlgorithmConfig)}
     read: set[str] = set()
-    for name, estimator in _builtin(ADV_ESTIMATOR_REGISTRY, advantage).items():
+    for name, estimator in _builtin(ADV_ESTIMATOR_REGISTRY, advantage, grpo_variants, optimal_baseline).items():
         for param in inspect.signature(estimator).parameters:
             assert param in ESTIMATOR_DATA_INPUTS | fields | set(VERL_SIGNATURE_ONLY), (name, param)
-        estimator(**inputs, config=_Recorder(AlgorithmConfig(), "algorithm", read))
+        estimator(**inputs, config=_Recorder(AlgorithmConfig(gdpo_reward_keys=["format"]), "algorithm", read))
     knobs = {"gamma", "lam", "norm_adv_by_std_in_grpo", "singleton_advantage", "gpg_alpha_count", "egpo_alpha",
-             "egpo_beta", "egpo_correct_threshold", "egpo_uncertainty_norm"}
+             "egpo_beta", "egpo_correct_threshold", "egpo_uncertainty_norm", "gdpo_reward_keys", "gdpo_reward_weights"}
     assert {key.split(".", 1)[1] for key in read} == knobs
 
 

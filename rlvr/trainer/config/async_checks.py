@@ -69,6 +69,7 @@ def prox_from_update_blockers(cfg: DictConfig, reads_old_log_prob: bool = False)
         (bool(rc.bypass_mode), "algorithm.rollout_correction.bypass_mode (the rollout's log-probs are the old ones)"),
         (bool(algo.use_kl_in_reward), "algorithm.use_kl_in_reward (the KL penalty reads them before the update)"),
         (reads_old_log_prob, f"algorithm.adv_estimator={algo.adv_estimator} reads old_log_prob"),
+        (bool(actor.calculate_sum_pi_squared), "actor.calculate_sum_pi_squared (the old-log-prob pass computes it)"),
     ]
     return [reason for blocked, reason in checks if blocked]
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlvr.trainer.config.algorithm_checks import check_new_algorithm_settings
 from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
@@ -499,6 +500,7 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     _check_data(cfg, require_data_files)
     _check_rollout(cfg)
     _check_algorithm(cfg, needs)
+    check_new_algorithm_settings(cfg, needs)
     check_async_training(cfg, needs is not None and needs.needs_greedy_baseline,
                          needs is not None and needs.reads_old_log_prob)
     _check_actor(cfg)

@@ -22,6 +22,7 @@ from rlvr.trainer.ppo.advantage import (
     _singleton_policy,
     register_adv_est,
 )
+from rlvr.trainer.config.schema import AlgorithmConfig
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.torch_functional import masked_whiten
 
@@ -49,8 +50,8 @@ def gdpo_reward_scores(non_tensor_batch: dict[str, Any], keys: list[str], batch_
     return scores
 
 
-def _gdpo_weights(config: Any, count: int) -> list[float]:
-    weights = _algo(config).gdpo_reward_weights
+def _gdpo_weights(algo: AlgorithmConfig, count: int) -> list[float]:
+    weights = algo.gdpo_reward_weights
     if weights is None:
         return [1.0] * count
     if len(weights) != count:
@@ -100,7 +101,7 @@ def compute_gdpo_outcome_advantage(token_level_rewards, response_mask, index, ep
     singleton = _singleton_policy(config, "score")
     mask = response_mask.float()
     total = torch.zeros(rows, device=mask.device)
-    for weight, scores in zip(_gdpo_weights(config, len(dimensions)), dimensions):
+    for weight, scores in zip(_gdpo_weights(algo, len(dimensions)), dimensions):
         total = total + weight * _grpo_scalar(scores.float().to(mask.device), group_ids, norm, epsilon, singleton)
     adv = masked_whiten(_broadcast(total, mask), mask) * mask
     return adv, adv

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from rlvr.protocol import DataProto
+from rlvr.utils.torch_functional import masked_mean, masked_sum
 
 ACC_THRESHOLD = 1.0
 """Without an ``acc`` from the reward manager, a sample counts as correct when its score is >= 1."""
@@ -118,6 +119,44 @@ def compute_throughput_metrics(batch: DataProto, timing_raw: dict[str, float], n
     step = timing_raw["step"]
     return {"perf/total_num_tokens": tokens, "perf/time_per_step": step,
             "perf/throughput": tokens / step, "perf/throughput_per_worker": tokens / step / n_workers}
+
+
+def compute_variance_proxy_metrics(batch: DataProto, gradient_norm: float | None = None) -> dict[str, float]:
+    """verl's gradient-variance proxies of a trained batch that has ``sum_pi_squared``
+    (``actor.calculate_sum_pi_squared``), from the logit-gradient proxy of the optimal token baseline
+    (Li et al. 2026, arXiv:2602.07078): a response's squared score-function norm is about
+    ``W = sum_t (1 - 2 pi_t + sum_v pi_t(v)^2)`` (times ``rho_t^2`` with IS weights), and its
+    gradient's about ``A^2 W`` with ``A`` the response's mean advantage. Empty without the inputs.
+
+    Returns:
+        ``variance_proxy/proxy1_signal_strength`` (``gradient_norm^2`` of the update, 0 without it),
+        ``/proxy2_total_power`` (``mean(A^2 W)``; with IS weights ``mean(rho^2 A^2 W)``, ``rho`` the
+        response's mean weight and ``W`` unweighted), ``/proxy3_pure_noise``
+        (``max(0, (proxy2 - proxy1) / (N - 1))`` over ``N`` responses, 0 without a gradient norm),
+        ``/expected_a_squared`` and ``/expected_w``.
+    """
+    tensors = batch.batch
+    if not all(key in tensors.keys() for key in ("sum_pi_squared", "old_log_probs", "advantages")):
+        return {}
+    mask = tensors["response_mask"].float()
+    energy = 1.0 - 2.0 * tensors["old_log_probs"].float().exp() + tensors["sum_pi_squared"].float()
+    weights = tensors["rollout_is_weights"].float() if "rollout_is_weights" in tensors.keys() else None
+    if weights is not None:
+        energy = energy * weights.square()
+    advantage = masked_mean(tensors["advantages"].float(), mask, axis=-1)
+    path = masked_sum(energy, mask, axis=-1)
+    if weights is None:
+        total_power = (advantage.square() * path.clamp(min=0.0)).mean()
+    else:
+        unweighted = masked_sum(energy / weights.square().clamp(min=1e-10), mask, axis=-1).clamp(min=0.0)
+        total_power = (masked_mean(weights, mask, axis=-1).square() * advantage.square() * unweighted).mean()
+    signal = gradient_norm ** 2 if gradient_norm is not None else 0.0
+    rows = advantage.shape[0]
+    noise = max(0.0, (total_power.item() - signal) / (rows - 1)) if gradient_norm is not None and rows > 1 else 0.0
+    return {"variance_proxy/proxy1_signal_strength": float(signal),
+            "variance_proxy/proxy2_total_power": total_power.item(), "variance_proxy/proxy3_pure_noise": noise,
+            "variance_proxy/expected_a_squared": advantage.square().mean().item(),
+            "variance_proxy/expected_w": path.mean().item()}
 
 
 def reduce_metrics(metrics: dict[str, Any]) -> dict[str, float]:

@@ -72,6 +72,7 @@ from rlvr.trainer.ppo.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    compute_variance_proxy_metrics,
     reduce_metrics,
     sample_accuracy,
 )
@@ -370,6 +371,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if batch is None:
             return {**metrics, "train/skipped_step": 1.0, **{f"timing/{k}": v for k, v in timing.items()}}
         metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
         metrics.update(_tool_use_metrics("train", batch))
         metrics.update(compute_timing_metrics(batch, timing))
         metrics.update(compute_throughput_metrics(batch, timing, world_size(self.config)))
@@ -467,6 +469,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         ``acc`` is the task scorer's verdict alone: tool and environment rewards of a multi-turn
         rollout (``turn_scores``) are added to the scores after it, so they never make an answer right."""
         reward_tensor, extra = compute_reward(batch, reward_fn)
+        for key in self.config.algorithm.gdpo_reward_keys or ():  # GDPO's reward components, per sample
+            if key in extra:
+                batch.non_tensor_batch[key] = np.array(extra[key], dtype=object)
         acc = sample_accuracy(reward_tensor.sum(-1), extra)
         if "turn_scores" in batch.batch.keys():  # rewards of tools / environments during a multi-turn rollout
             reward_tensor = reward_tensor + batch.batch["turn_scores"]
@@ -486,10 +491,14 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if self.prox_from_update:  # decoupled PPO, one optimizer step: the update's forward is the proximal policy
             batch.meta_info[PROX_FROM_UPDATE_KEY] = prox_from_update_settings(rc)
             return
+        if self.config.actor_rollout_ref.actor.calculate_sum_pi_squared:
+            batch.meta_info["calculate_sum_pi_squared"] = True
         with _timer("old_log_prob", timing):
             output = self.actor_rollout_wg.compute_log_prob(batch)
         mask = batch.batch["response_mask"]
         batch.batch["old_log_probs"] = output.batch["old_log_probs"]
+        if "sum_pi_squared" in output.batch.keys():
+            batch.batch["sum_pi_squared"] = output.batch["sum_pi_squared"]
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
         if "entropys" in output.batch.keys():
             loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
@@ -519,12 +528,15 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             else:
                 tensors["token_level_rewards"] = tensors["token_level_scores"]
             optional = {key: tensors[key] if key in tensors.keys() else None
-                        for key in ("values", "reward_baselines", "old_log_probs", "rollout_log_probs")}
+                        for key in ("values", "reward_baselines", "old_log_probs", "rollout_log_probs",
+                                    "sum_pi_squared", "rollout_is_weights")}
             advantages, returns = get_adv_estimator_fn(self.config.algorithm.adv_estimator)(
                 token_level_rewards=tensors["token_level_rewards"], response_mask=tensors["response_mask"],
                 index=batch.non_tensor_batch["uid"], values=optional["values"],
                 reward_baselines=optional["reward_baselines"], old_log_prob=optional["old_log_probs"],
-                rollout_log_prob=optional["rollout_log_probs"], config=self.config.algorithm)
+                old_log_probs=optional["old_log_probs"], rollout_log_prob=optional["rollout_log_probs"],
+                sum_pi_squared=optional["sum_pi_squared"], rollout_is_weights=optional["rollout_is_weights"],
+                non_tensor_batch=batch.non_tensor_batch, batch=tensors, config=self.config.algorithm)
             tensors["advantages"], tensors["returns"] = advantages, returns
 
     def _apply_kl_penalty(self, batch: DataProto) -> dict[str, float]:

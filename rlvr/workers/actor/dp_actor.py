@@ -48,10 +48,10 @@ from rlvr.trainer.ppo.rollout_correction import (
 )
 from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
-from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
-from rlvr.workers.actor.linear_log_probs import linear_log_probs
+from rlvr.workers.actor.linear_log_probs import linear_token_stats
 from rlvr.workers.actor.packed_log_probs import packed_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
+from rlvr.workers.actor.token_stats import logits_token_stats
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
@@ -202,62 +202,70 @@ class DataParallelPPOActor:
         order = prompt_grouped_order(batch["input_ids"][:, :prompt_len], batch["attention_mask"][:, :prompt_len])
         return [[order[i] for i in part] for part in parts]
 
-    def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
-                 entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
+    def _forward_stats(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
+                       entropy_grad: bool, calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """``{"log_probs": [b, R]}`` (float32, 0 past the last response column) and, when asked,
+        ``"entropy"`` and ``"sum_pi_squared"`` ``[b, R]`` of each token's (tempered) distribution."""
         core_lending.check_per_layer(self.module)  # the rollout's cores, while it waits
         if self.use_remove_padding:
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
-                                    self.chunked_head, self.sp)
+                                    self.chunked_head, self.sp, calculate_sum_pi_squared)
         response_len = batch["responses"].shape[1]
         if self.chunked_head and not (calculate_entropy and entropy_grad):
             hidden, weight = response_hidden(self.module, batch, self.share_prompts)
             labels = batch["responses"][:, : hidden.shape[1]]
-            log_probs, entropy = linear_log_probs(hidden, weight, labels, temperature, with_entropy=calculate_entropy)
-            entropy = _pad_right(entropy, response_len) if calculate_entropy else None
-            return _pad_right(log_probs, response_len), entropy
-        logits = response_logits(self.module, batch, temperature)
-        labels = batch["responses"][:, : logits.shape[1]]
-        log_probs = _pad_right(logprobs_from_logits(logits, labels), response_len)
-        if not calculate_entropy:
-            return log_probs, None
-        if entropy_grad:
-            entropy = entropy_from_logits(logits)
+            stats = linear_token_stats(hidden, weight, labels, temperature, with_entropy=calculate_entropy,
+                                       with_sum_pi_squared=calculate_sum_pi_squared)
         else:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
-        return log_probs, _pad_right(entropy, response_len)
+            logits = response_logits(self.module, batch, temperature)
+            labels = batch["responses"][:, : logits.shape[1]]
+            stats = logits_token_stats(logits, labels, calculate_entropy, entropy_grad, calculate_sum_pi_squared)
+        return {name: _pad_right(values, response_len) for name, values in stats.items()}
+
+    def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
+                 entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
+        stats = self._forward_stats(batch, temperature, calculate_entropy, entropy_grad)
+        return stats["log_probs"], stats.get("entropy")
 
     @torch.no_grad()
-    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
-                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probability of each response token under the current policy.
+    def compute_log_prob_stats(self, data: DataProto, calculate_entropy: bool = False,
+                               calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """Log-probability of each response token under the current policy, and its statistics.
 
         Args:
             data: ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``;
                 ``meta_info["temperature"]``.
-            calculate_entropy: also return the per-token entropy of the (tempered) policy.
+            calculate_entropy: also the per-token entropy of the (tempered) policy.
+            calculate_sum_pi_squared: also the per-token ``sum_v pi(v)^2`` of the (tempered) policy.
 
         Returns:
-            ``(log_probs [B, R], entropys [B, R] or None)``, float32 on CPU.
+            ``{"log_probs": [B, R]}`` plus ``"entropy"`` / ``"sum_pi_squared"`` ``[B, R]`` when
+            asked, float32 on CPU.
         """
         temperature = float(data.meta_info["temperature"])
         batch = multi_modal_batch(gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp),
                                   data.non_tensor_batch, self.module, self.world_size,
                                   "compute_log_prob", packed=self.use_remove_padding)
         rows, response_len = batch["responses"].shape
-        log_probs = torch.zeros(rows, response_len)
-        entropys = torch.zeros(rows, response_len) if calculate_entropy else None
+        names = ["log_probs", *(["entropy"] if calculate_entropy else []),
+                 *(["sum_pi_squared"] if calculate_sum_pi_squared else [])]
+        out = {name: torch.zeros(rows, response_len) for name in names}
         self.module.eval()
         for idx in self._micro_batches(batch, self.log_prob_micro_batch_size, self.log_prob_use_dynamic_bsz,
                                        self.log_prob_max_token_len):
             index = torch.tensor(idx)
             micro = {key: value[index].to(self.device) for key, value in batch.items()}
-            lp, ent = self._forward(micro, temperature, calculate_entropy, entropy_grad=False)
-            log_probs[index] = lp.cpu()
-            if entropys is not None:
-                entropys[index] = ent.cpu()
-        return own_rows(log_probs, self.sp), own_rows(entropys, self.sp) if entropys is not None else None
+            stats = self._forward_stats(micro, temperature, calculate_entropy, False, calculate_sum_pi_squared)
+            for name in names:
+                out[name][index] = stats[name].cpu()
+        return {name: own_rows(values, self.sp) for name, values in out.items()}
+
+    def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(log_probs [B, R], entropys [B, R] or None)`` of :meth:`compute_log_prob_stats`."""
+        stats = self.compute_log_prob_stats(data, calculate_entropy)
+        return stats["log_probs"], stats.get("entropy")
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.

@@ -8,7 +8,7 @@ gradient finishing:
 
 - the forward runs this rank's pipeline stage; on the last stage the vocabulary-parallel LM head
   gives each tensor-parallel rank the logits of its vocabulary slice, and log-probs and entropy
-  come from :func:`~rlvr.workers.megatron.vocab_parallel.vocab_parallel_log_probs` (the full
+  come from :func:`~rlvr.workers.megatron.vocab_parallel.vocab_parallel_token_stats` (the full
   ``[b, r, vocab]`` logits are never gathered); the last stage broadcasts them to the other stages
   (:mod:`~rlvr.workers.megatron.pipeline`);
 - batch sizes and the loss shares count data-parallel ranks, and the gradients are averaged over
@@ -28,7 +28,7 @@ from rlvr.workers.megatron.grads import clip_grad_norm
 from rlvr.workers.megatron.model import MegatronPolicy, MegatronStage, MegatronValueModel
 from rlvr.workers.megatron.parallel import broadcast_rng_state
 from rlvr.workers.megatron.pipeline import broadcast_from_last_stage
-from rlvr.workers.megatron.vocab_parallel import vocab_parallel_log_probs
+from rlvr.workers.megatron.vocab_parallel import vocab_parallel_token_stats
 
 __all__ = ["MegatronPPOActor", "MegatronPPOCritic", "policy_log_probs"]
 
@@ -44,31 +44,32 @@ def _share_with_stages(model: MegatronStage, tensors: list, shapes: list, link: 
 
 
 def policy_log_probs(model: MegatronPolicy, batch: dict[str, torch.Tensor], temperature: float,
-                     with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the response tokens (and the entropy) under ``softmax(logits / temperature)``.
+                     with_entropy: bool, with_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+    """Log-probs of the response tokens (and the entropy, and ``sum_v p_v^2``) under
+    ``softmax(logits / temperature)``.
 
     Args:
         batch: ``input_ids``/``attention_mask``/``position_ids`` ``[b, P+R]``, ``responses`` ``[b, R]``.
 
     Returns:
-        ``(log_probs [b, R], entropy [b, R] or None)`` float32, 0 past the last response column
-        that is not padding in every row; the same on every rank of the model.
+        ``{"log_probs": [b, R]}`` plus ``"entropy"`` / ``"sum_pi_squared"`` when asked, float32, 0
+        past the last response column that is not padding in every row; the same on every rank of
+        the model.
     """
     start, stop, num_response = response_window(batch)
     window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
     hidden, link = model(**window)
     rows, response_len = batch["responses"].shape
-    outputs: list[torch.Tensor | None] = [None, None] if with_entropy else [None]
+    names = ["log_probs", *(["entropy"] if with_entropy else []), *(["sum_pi_squared"] if with_sum_pi_squared else [])]
+    outputs: list[torch.Tensor | None] = [None] * len(names)
     if hidden is not None:
         logits = model.logits(hidden[-(num_response + 1) : -1]).transpose(0, 1)  # [b, r, vocab / tp]
         labels = batch["responses"][:, :num_response]
-        log_probs, entropy = vocab_parallel_log_probs(
-            logits, labels, model.vocab_start, model.shape.vocab_size, model.parallel.tp_group, temperature,
-            with_entropy)
-        outputs = [log_probs, entropy] if with_entropy else [log_probs]
+        stats = vocab_parallel_token_stats(logits, labels, model.vocab_start, model.shape.vocab_size,
+                                           model.parallel.tp_group, temperature, with_entropy, with_sum_pi_squared)
+        outputs = [stats[name] for name in names]
     shared = _share_with_stages(model, outputs, [(rows, num_response)] * len(outputs), link)
-    padded = [torch.nn.functional.pad(t, (0, response_len - num_response)) for t in shared]
-    return padded[0], padded[1] if with_entropy else None
+    return {name: torch.nn.functional.pad(t, (0, response_len - num_response)) for name, t in zip(names, shared)}
 
 
 class MegatronPPOActor(DataParallelPPOActor):
@@ -91,13 +92,14 @@ class MegatronPPOActor(DataParallelPPOActor):
         self.clip_grad_norm_fn = clip_grad_norm
         self.dp_group = p.dp_group
 
-    def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
-                 entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs ``[b, R]`` and optional entropy (with its gradient only when ``entropy_grad``)."""
-        log_probs, entropy = policy_log_probs(self.module, batch, temperature, calculate_entropy)
-        if entropy is not None and not entropy_grad:
-            entropy = entropy.detach()
-        return log_probs, entropy
+    def _forward_stats(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
+                       entropy_grad: bool, calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+        """Log-probs ``[b, R]`` and, when asked, the entropy (with its gradient only when
+        ``entropy_grad``) and ``sum_pi_squared``."""
+        stats = policy_log_probs(self.module, batch, temperature, calculate_entropy, calculate_sum_pi_squared)
+        if "entropy" in stats and not entropy_grad:
+            stats["entropy"] = stats["entropy"].detach()
+        return stats
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """The PPO update of :class:`DataParallelPPOActor`, after aligning the RNG of the model's ranks."""

@@ -12,6 +12,7 @@ from rlvr.trainer.ppo.metrics import (
     compute_data_metrics,
     compute_throughput_metrics,
     compute_timing_metrics,
+    compute_variance_proxy_metrics,
     per_source_metrics,
     reduce_metrics,
     sample_accuracy,
@@ -96,3 +97,35 @@ def test_group_accumulator_keeps_informative_groups_over_batches():
     taken = acc.take(2, group_size=2)
     assert taken.non_tensor_batch["uid"].tolist() == ["v1", "v1", "u0", "u0"]
     assert GroupAccumulator("acc").take(2, 2) is None
+
+
+def _variance_batch(with_weights: bool) -> DataProto:
+    """Two responses, mask (1, 1, 0) and (1, 0, 0); pi of the sampled tokens and sum_v pi^2 chosen
+    so that the per-token energies w = 1 - 2 pi + sum pi^2 are (0.5, 0.25, -) and (1.0, -, -)."""
+    pi = torch.tensor([[0.5, 0.5, 0.9], [0.25, 0.9, 0.9]])
+    energy = torch.tensor([[0.5, 0.25, 0.0], [1.0, 0.0, 0.0]])
+    tensors = {"response_mask": torch.tensor([[1, 1, 0], [1, 0, 0]]), "old_log_probs": pi.log(),
+               "sum_pi_squared": energy - 1 + 2 * pi, "advantages": torch.tensor([[1.0, 3.0, 7.0], [-2.0, 5.0, 5.0]])}
+    if with_weights:
+        tensors["rollout_is_weights"] = torch.tensor([[2.0, 1.0, 1.0], [0.5, 1.0, 1.0]])
+    return DataProto.from_dict(tensors=tensors)
+
+
+def test_variance_proxy_metrics_by_hand():
+    """Mean advantages A = (2, -2); path energies W = (0.75, 1.0): E[A^2] = 4, E[W] = 0.875,
+    total power mean(A^2 W) = (3 + 4) / 2 = 3.5, noise (3.5 - 0.5^2) / 1."""
+    metrics = compute_variance_proxy_metrics(_variance_batch(False), gradient_norm=0.5)
+    assert metrics == pytest.approx({
+        "variance_proxy/proxy1_signal_strength": 0.25, "variance_proxy/proxy2_total_power": 3.5,
+        "variance_proxy/proxy3_pure_noise": 3.25, "variance_proxy/expected_a_squared": 4.0,
+        "variance_proxy/expected_w": 0.875})
+    assert compute_variance_proxy_metrics(_variance_batch(False))["variance_proxy/proxy3_pure_noise"] == 0.0
+    assert compute_variance_proxy_metrics(DataProto.from_dict(tensors={"advantages": torch.zeros(1, 1)})) == {}
+
+
+def test_variance_proxy_metrics_with_is_weights_by_hand():
+    """Weights (2, 1) and (0.5): W scaled by rho^2 = (2.0 + 0.25, 0.25) for E[W]; the total power
+    uses the unweighted W (0.75, 1.0) times the square of each response's mean weight (1.5, 0.5)."""
+    metrics = compute_variance_proxy_metrics(_variance_batch(True))
+    assert metrics["variance_proxy/expected_w"] == pytest.approx((2.25 + 0.25) / 2)
+    assert metrics["variance_proxy/proxy2_total_power"] == pytest.approx((1.5**2 * 4 * 0.75 + 0.5**2 * 4 * 1.0) / 2)
