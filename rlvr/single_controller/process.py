@@ -44,7 +44,7 @@ import cloudpickle
 from rlvr.single_controller.base.worker import free_port
 from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, check_device_name
 from rlvr.utils.errors import ProtocolError, WorkerDiedError, WorkerError, WorkerTimeoutError
-from rlvr.utils.user_code import current_user_code
+from rlvr.utils.registrations import user_code_for_workers
 
 __all__ = ["ProcessResourcePool", "ProcessWorkerGroup"]
 
@@ -138,7 +138,7 @@ class ProcessWorkerGroup(WorkerGroup):
         self._ids = itertools.count(_INIT_CALL + 1)
         worker = cloudpickle.dumps(ClassWithInitArgs(cls, *ray_cls_with_init.args, **ray_cls_with_init.kwargs))
         port = str(free_port())
-        user_code = current_user_code().to_env()  # the children import the user's modules the driver imported
+        user_code = user_code_for_workers().to_env()  # the driver's modules and its own registrations
         try:
             for rank in range(resource_pool.world_size):
                 env = {"RANK": str(rank), "WORLD_SIZE": str(resource_pool.world_size), "LOCAL_RANK": str(rank),

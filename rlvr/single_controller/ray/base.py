@@ -29,7 +29,7 @@ from rlvr.single_controller.base.colocate import create_colocated_worker_cls, cr
 from rlvr.single_controller.base.worker import free_port, node_ip
 from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, check_device_name
 from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
-from rlvr.utils.user_code import current_user_code
+from rlvr.utils.registrations import user_code_for_workers
 
 __all__ = [
     "RayClassWithInitArgs",
@@ -229,7 +229,7 @@ class RayWorkerGroup(WorkerGroup):
         share = 1.0 / pool.max_colocate_count
         pgs = pool.get_placement_groups("STRICT_PACK" if bin_pack else "PACK")
         master = _master_env_on_driver_node(pgs[0])
-        user_code = current_user_code().to_env()  # the workers import the user's modules the driver imported
+        user_code = user_code_for_workers().to_env()  # the driver's modules and its own registrations
         rank = 0
         for pg, n_local in zip(pgs, pool.store):
             for local_rank in range(n_local):

@@ -17,7 +17,9 @@ and a misspelt one still gets a suggestion.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -431,30 +433,39 @@ def _check_partial_rollout_engine(cfg: DictConfig) -> None:
              "interruptible=False), so it cannot run partial rollouts; use rollout.name=hf or partial_rollout=false")
 
 
-def registered_names() -> dict[str, Collection[str]]:
-    """Config key -> the registry behind it, as it is now (imports the registries, hence torch);
-    the KL estimators are a plain set of names."""
-    from rlvr.agent import AGENT_LOOPS, ENVIRONMENTS, TOOL_PARSERS
-    from rlvr.reward.managers import REWARD_MANAGER_REGISTRY
-    from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
-    from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
-    from rlvr.trainer.ppo.policy_loss import POLICY_LOSS_REGISTRY
-    from rlvr.trainer.ppo.rollout_correction import ROLLOUT_RATIO_LEVELS
-    from rlvr.workers.rollout import ROLLOUT_ENGINES
+REGISTRIES = {
+    "algorithm.adv_estimator": ("rlvr.trainer.ppo.advantage", "ADV_ESTIMATOR_REGISTRY"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ("rlvr.trainer.ppo.policy_loss", "POLICY_LOSS_REGISTRY"),
+    "actor_rollout_ref.rollout.name": ("rlvr.workers.rollout.base", "ROLLOUT_ENGINES"),
+    "reward_model.reward_manager": ("rlvr.reward.managers.registry", "REWARD_MANAGER_REGISTRY"),
+    "actor_rollout_ref.actor.kl_loss_type": ("rlvr.trainer.ppo.kl", "TOKEN_KL_PENALTY_NAMES"),
+    "algorithm.kl_penalty": ("rlvr.trainer.ppo.kl", "TOKEN_KL_PENALTY_NAMES"),
+    "algorithm.rollout_correction.rollout_is": ("rlvr.trainer.ppo.rollout_correction", "ROLLOUT_RATIO_LEVELS"),
+    "algorithm.rollout_correction.rollout_rs": ("rlvr.trainer.ppo.rollout_correction", "ROLLOUT_RATIO_LEVELS"),
+    "actor_rollout_ref.rollout.agent.default_agent_loop": ("rlvr.agent.loop", "AGENT_LOOPS"),
+    "actor_rollout_ref.rollout.multi_turn.format": ("rlvr.agent.tool_parser", "TOOL_PARSERS"),
+    "actor_rollout_ref.rollout.multi_turn.env_name": ("rlvr.agent.env_agent", "ENVIRONMENTS"),
+}
+"""Config key -> ``(module, attribute)`` of the registry behind it (the KL estimators are a plain
+set of names)."""
 
-    return {
-        "algorithm.adv_estimator": ADV_ESTIMATOR_REGISTRY,
-        "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_REGISTRY,
-        "actor_rollout_ref.rollout.name": ROLLOUT_ENGINES,
-        "reward_model.reward_manager": REWARD_MANAGER_REGISTRY,
-        "actor_rollout_ref.actor.kl_loss_type": TOKEN_KL_PENALTY_NAMES,
-        "algorithm.kl_penalty": TOKEN_KL_PENALTY_NAMES,
-        "algorithm.rollout_correction.rollout_is": ROLLOUT_RATIO_LEVELS,
-        "algorithm.rollout_correction.rollout_rs": ROLLOUT_RATIO_LEVELS,
-        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOPS,
-        "actor_rollout_ref.rollout.multi_turn.format": TOOL_PARSERS,
-        "actor_rollout_ref.rollout.multi_turn.env_name": ENVIRONMENTS,
-    }
+
+def registered_names() -> dict[str, Collection[str]]:
+    """Config key -> the registry behind it, as it is now (imports the registries, hence torch)."""
+    import rlvr.agent  # noqa: F401 - the agent package registers its loops, parsers and environments
+
+    return {key: vars(importlib.import_module(module))[attribute] for key, (module, attribute) in REGISTRIES.items()}
+
+
+def registered_in_process() -> bool:
+    """Whether this process registered names of its own before the run, without the config naming
+    any code: a registry already imported here holds a name that is not built in (a launcher script
+    that imports its extensions, or defines them, and then calls ``main``). Imports nothing."""
+    for key, (module, attribute) in REGISTRIES.items():
+        loaded = sys.modules.get(module)
+        if loaded is not None and attribute in vars(loaded) and set(vars(loaded)[attribute]) - set(BUILTIN_NAMES[key]):
+            return True
+    return False
 
 
 def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
@@ -478,14 +489,15 @@ def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
 
 
 def uses_user_code(cfg: DictConfig) -> bool:
-    """Whether the config names code of the user's: modules to import (``trainer.user_modules``,
-    verl's ``model.external_lib``) or an object path where a registry name goes. Then the
-    registry-backed values are checked against the registries (which hold the user's names), not
+    """Whether the run uses code of the user's: the config names modules to import
+    (``trainer.user_modules``, verl's ``model.external_lib``) or an object path where a registry name
+    goes, or this process registered names of its own before (:func:`registered_in_process`). Then
+    the registry-backed values are checked against the registries (which hold the user's names), not
     against the built-in names."""
     from rlvr.trainer.user_code import user_module_entries
 
     values = [OmegaConf.select(cfg, key) for key in BUILTIN_NAMES] + list(cfg.reward.routes.values())
-    return bool(user_module_entries(cfg)) or any(is_object_path(value) for value in values)
+    return bool(user_module_entries(cfg)) or any(is_object_path(value) for value in values) or registered_in_process()
 
 
 def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_needs: EstimatorNeeds | None = None
