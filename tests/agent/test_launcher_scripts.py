@@ -4,8 +4,8 @@ listing the project in ``trainer.user_modules``:
 
 - ``launch_main.py``: ``import guess_number`` (its import registers the environment, estimator, loss
   and reward manager), then rlvr's ``main()``;
-- ``launch_run_ppo.py``: an environment and a policy loss defined in the script itself (``__main__``)
-  and registered there, then ``load_config`` and ``run_ppo``.
+- ``launch_run_ppo.py``: an environment, an advantage estimator and a policy loss defined in the
+  script itself (``__main__``) and registered there, then ``load_config`` and ``run_ppo``.
 
 Each trains one step on the local backend and on Ray, where the environment runs in the rollout
 worker and the loss in the actor worker: the names reach them without ``trainer.user_modules``. The
@@ -41,14 +41,14 @@ if __name__ == "__main__":
 '''
 
 LAUNCH_RUN_PPO = '''
-"""Launch with an environment and a policy loss of the script's own, registered here."""
+"""Launch with an environment, an estimator and a policy loss of the script's own, registered here."""
 import sys
 
 import guess_number  # noqa: F401 - the estimator, reward manager and tool of the preset
 from rlvr.agent import register_environment
 from rlvr.trainer.config import load_config
 from rlvr.trainer.main_ppo import run_ppo
-from rlvr.trainer.ppo.core_algos import agg_loss, register_policy_loss
+from rlvr.trainer.ppo.core_algos import agg_loss, register_adv_est, register_policy_loss
 
 
 @register_environment("script_countdown")
@@ -64,6 +64,18 @@ class Countdown:
     def step(self, text):
         self.turns += 1
         return "Once more.", -0.25, self.turns >= 2, {"script_turns": float(self.turns)}
+
+
+@register_adv_est("script_leave_one_out", needs_groups=True)
+def script_leave_one_out(token_level_rewards, response_mask, index, **kwargs):
+    """Each score minus the mean of the other samples of its prompt (every group has 2 here)."""
+    scores = token_level_rewards.sum(-1)
+    advantages = scores.clone()
+    for i, uid in enumerate(index):
+        others = [scores[j] for j, other in enumerate(index) if other == uid and j != i]
+        advantages[i] = scores[i] - sum(others) / len(others)
+    advantages = advantages[:, None] * response_mask
+    return advantages, advantages
 
 
 @register_policy_loss("script_reinforce")
@@ -121,7 +133,7 @@ def _step(run_dir: Path) -> dict:
     return step
 
 
-BACKENDS = ["local", pytest.param("ray", marks=pytest.mark.ray)]
+BACKENDS = ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])]  # Ray: a minute each
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -140,10 +152,10 @@ def test_script_registrations_then_run_ppo(backend, project, eos_prone_model_dir
     run_dir = tmp_path / "run"
     args = _overrides(backend, eos_prone_model_dir, run_dir)[2:] + [
         "actor_rollout_ref.rollout.multi_turn.env_name=script_countdown",
-        "actor_rollout_ref.actor.policy_loss.loss_mode=script_reinforce"]
+        "algorithm.adv_estimator=script_leave_one_out", "actor_rollout_ref.actor.policy_loss.loss_mode=script_reinforce"]
     result = _run(project, "launch_run_ppo.py", args)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
-    assert "trained steps: 1" in result.stdout
+    assert "trained steps: 1" in result.stdout  # with the script's estimator (the driver's own)
     step = _step(run_dir)
     assert step["agent/env/script_turns"] > 0  # the script's environment, sent by value, stepped
     assert step["actor/pg_clipfrac"] == 0.0  # the script's loss ran in the actor
