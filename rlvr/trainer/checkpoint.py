@@ -107,6 +107,12 @@ def checkpoint_problem(folder: str | os.PathLike, checksums: bool = True) -> str
         return f"{MANIFEST_FILE} is unreadable ({err})"
     if TRAINER_STATE_FILE not in files:
         return f"the manifest lists no {TRAINER_STATE_FILE}"
+    return _files_problem(folder, files, checksums)
+
+
+def _files_problem(folder: Path, files: dict[str, Any], checksums: bool) -> str | None:
+    """The first of ``files`` (manifest entries: name -> size and SHA-256) that is missing or does not
+    match, said in words; None when all match."""
     for name, expected in files.items():
         path = folder / name
         if not path.is_file():
@@ -117,6 +123,23 @@ def checkpoint_problem(folder: str | os.PathLike, checksums: bool = True) -> str
         if checksums and _sha256(path) != expected["sha256"]:
             return f"{name} does not match its SHA-256 in the manifest (corrupted)"
     return None
+
+
+def manifest_problem(folder: str | os.PathLike, subfolder: str) -> str | None:
+    """What is wrong with the files under ``subfolder`` of the checkpoint ``folder`` (a
+    ``global_step_<k>`` directory) against its manifest (sizes and SHA-256), or None when they match
+    or the folder has no manifest (nothing to check against). Reads only those files: a tool that
+    needs one worker's files (the model merger) need not hash the others."""
+    folder = Path(folder)
+    manifest_path = folder / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return None
+    try:
+        files = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST_FILE} is unreadable ({err})"
+    prefix = f"{subfolder.strip('/')}/"
+    return _files_problem(folder, {n: e for n, e in files.items() if n.startswith(prefix)}, checksums=True)
 
 
 class CheckpointManager:
