@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,10 +213,14 @@ class CheckpointManager:
             logger.warning("checkpoint %s: removed what an interrupted save left", path)
         _fsync_dir(self.root)
 
+    def tmp_dir(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is written before :meth:`commit` renames it."""
+        return self.root / f"global_step_{step}.tmp"
+
     def begin(self, step: int) -> Path:
         """A fresh temporary directory for the checkpoint of ``step``, after :meth:`tidy`."""
         self.tidy()
-        tmp = self.root / f"global_step_{step}.tmp"
+        tmp = self.tmp_dir(step)
         tmp.mkdir(parents=True)
         return tmp
 
@@ -295,14 +300,26 @@ class RunCheckpoints:
         self.manager = CheckpointManager(root, max_to_keep)
         self.restore_points: list[Path] = []  # written or resumed from by this run, oldest first
 
-    def save(self, step: int, groups: dict[str, Any], driver_state: dict[str, Any]) -> Path:
-        """Write ``global_step_<step>``: every group's state and RNG states, the driver state, the manifest."""
-        tmp = self.manager.begin(step)
+    def save(self, step: int, groups: dict[str, Any], driver_state: dict[str, Any], lead: bool = True,
+             barrier: Callable[[], None] | None = None) -> Path:
+        """Write ``global_step_<step>``: every group's state and RNG states, the driver state, the manifest.
+
+        Args:
+            lead: this process does the driver's file work (False on the other processes of a torchrun
+                job, which run the same driver code: they make only the worker calls).
+            barrier: lines a torchrun job's processes up around the lead's file work (None: one driver).
+        """
+        tmp = self.manager.begin(step) if lead else self.manager.tmp_dir(step)
+        if barrier is not None:
+            barrier()
         worker_rng = {}
         for name, group in groups.items():
             group.save_checkpoint(str(tmp / name))
             worker_rng[name] = group.get_rng_state()
-        path = self.manager.commit(tmp, step, {**driver_state, "worker_rng": worker_rng})
+        path = self.manager.commit(tmp, step, {**driver_state, "worker_rng": worker_rng}) if lead \
+            else self.manager.step_dir(step)
+        if barrier is not None:
+            barrier()
         self.restore_points.append(path)
         return path
 
