@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import os
 import traceback
+from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from rlvr.single_controller.base.worker_group import ClassWithInitArgs, WorkerGroup
@@ -35,6 +37,18 @@ def launched_by_torchrun() -> int | None:
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return None
     return int(os.environ["WORLD_SIZE"])
+
+
+def _join(device: str, timeout_s: float) -> None:
+    """Join torchrun's process group through its store (``env://``: torchrun's agent holds the store
+    at ``MASTER_PORT``, which a worker's own ``tcp://`` rendezvous would try to bind again); the
+    worker's ``init_process_group`` then finds it joined."""
+    if dist.is_initialized():
+        return
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", init_method="env://",
+                            timeout=timedelta(seconds=timeout_s))
 
 
 class SPMDWorkerGroup(WorkerGroup):
@@ -52,7 +66,7 @@ class SPMDWorkerGroup(WorkerGroup):
         super().__init__(name_prefix or f"{cls.__name__}_spmd", cls, call_timeout_s)
         worker = ray_cls_with_init()
         self.rank = worker.rank
-        worker.init_process_group(timeout_s=call_timeout_s)  # the gathers below need it before any call
+        _join(worker.device, call_timeout_s)  # the gathers below need it before any call
         self._workers = [None] * dist.get_world_size()
         self._workers[self.rank] = worker
         self._bind_worker_methods(cls)

@@ -284,8 +284,9 @@ class _WithHFCopy:
 def run_sft(config: DictConfig, launched_ranks: int | None = None) -> SFTTrainer:
     """Check ``config``, train, shut the workers down; returns the trainer (its ``val_losses``)."""
     notes = check_sft_config(config, launched_ranks)
-    for note in notes:
-        logger.info("note: %s", note)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, once
+        for note in notes:
+            logger.info("note: %s", note)
     if config.trainer.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # the workers pick a GPU whenever one is visible
     from rlvr.utils.user_code import import_user_modules

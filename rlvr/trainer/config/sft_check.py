@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from rlvr.trainer.config.sft_schema import SFTConfig
+from rlvr.trainer.config.sft_schema import TURBO_DEFAULTS, SFTConfig
 from rlvr.trainer.config.suggest import did_you_mean, schema_keys
 from rlvr.utils.errors import ConfigError
 
@@ -43,10 +43,10 @@ def _group(key: str, option: Any, origin: str) -> None:
 def _update(cfg: DictConfig, key: str, value: Any, origin: str) -> None:
     try:
         OmegaConf.update(cfg, key, value, merge=True)
+    except (ConfigKeyError, ConfigAttributeError):
+        raise ConfigError(key, f"unknown key (from {origin}){did_you_mean(key, schema_keys(SFTConfig))}; "
+                          "`python -m rlvr.trainer.sft_trainer --help-config` lists every key") from None
     except OmegaConfBaseException as err:
-        if key not in schema_keys(SFTConfig) and not OmegaConf.select(cfg, key.rpartition(".")[0] or key):
-            raise ConfigError(key, f"unknown key (from {origin}){did_you_mean(key, schema_keys(SFTConfig))}; "
-                              "`python -m rlvr.trainer.sft_trainer --help-config` lists every key") from None
         raise ConfigError(key, f"wrong value (from {origin}): {str(err).splitlines()[0]}") from None
 
 
@@ -152,6 +152,8 @@ def _refused(cfg: DictConfig) -> None:
         (not d.balance_dp_token, "data.balance_dp_token", "verl does not implement it either; use data.use_dynamic_bsz"),
         (d.pad_mode in ("no_padding", "right"), "data.pad_mode", f"{d.pad_mode!r}: use no_padding or right"),
         (d.truncation in ("error", "left", "right"), "data.truncation", f"{d.truncation!r}: use error, left or right"),
+        (d.enable_thinking_default in (None, "none", True, False), "data.enable_thinking_default",
+         f"{d.enable_thinking_default!r}: use true, false or none"),
         (t.default_hdfs_dir is None, "trainer.default_hdfs_dir", "rlvr does not copy to HDFS; copy "
          "trainer.default_local_dir yourself"),
         (not cfg.profiler.enable, "profiler.enable", "profiling the SFT trainer is not available yet"),
@@ -195,7 +197,7 @@ def _notes(cfg: DictConfig) -> list[str]:
         value = OmegaConf.select(cfg, key)
         if value != quiet:
             notes.append(f"{key}={value}: no effect in rlvr ({why})")
-    if cfg.engine.turbo_config:
+    if OmegaConf.to_container(cfg.engine.turbo_config) != TURBO_DEFAULTS:
         notes.append("engine.turbo_config: settings of another FSDP implementation; no effect in rlvr")
     if cfg.optim.warmup_style is not None:
         notes.append(f"optim.warmup_style={cfg.optim.warmup_style}: verl's deprecated name, taken as lr_scheduler_type")

@@ -35,7 +35,7 @@ class SFTDataConfig:
     messages_key: str = _f("messages", "column with each row's chat messages [{'role', 'content'}, ...]")
     tools_key: str = _f("tools", "column with each row's tool schemas, passed to the chat template (absent column = none)")
     enable_thinking_key: str = _f("enable_thinking", "column with each row's enable_thinking flag for the chat template")
-    enable_thinking_default: Optional[bool] = _f(None, "enable_thinking of rows without the column (None = the template's default)")
+    enable_thinking_default: Any = _f(None, "enable_thinking of rows without the column: true | false | none (verl's default; the template decides)")
     pad_mode: str = _f("no_padding", "no_padding: each micro-batch padded to its longest row (packed with model.use_remove_padding) | right: every row padded to max_length")
     max_length: int = _f(1024, "longest conversation in tokens (see truncation)")
     truncation: str = _f("error", "a longer conversation: error (names the row) | left | right (cut from that side)")
@@ -79,6 +79,14 @@ class SFTModelConfig:
     lora: dict = _f({"rank": 0}, "verl: Megatron's LoRA section (rank 0 only; FSDP LoRA is model.lora_rank); its other keys are accepted")
 
 
+TURBO_DEFAULTS = {"distributed": {
+    "fully_shard_parallel_size": 16, "tensor_parallel_size": 1, "expert_parallel_size": 1,
+    "expert_fully_shard_parallel_size": 1, "ulysses_parallel_size": 1,
+    "fsdp_plan": {"param_dtype": "bf16", "reduce_dtype": "fp32", "output_dtype": "bf16", "fsdp_implementation": "native",
+                  "num_to_forward_prefetch": 1, "num_to_backward_prefetch": 1}}}
+"""verl's ``engine.turbo_config`` defaults (settings of an FSDP implementation rlvr does not have)."""
+
+
 @dataclass
 class SFTWrapPolicyConfig:
     min_num_params: int = _f(0, "verl: FSDP1 size-based wrapping (rlvr's FSDP2 shards every decoder block)")
@@ -109,7 +117,7 @@ class SFTEngineConfig:
     forward_only: bool = _f(False, "verl: an engine without optimizer (only false: the SFT trainer trains)")
     dtype: Optional[str] = _f(None, "compute dtype; null or the model_dtype (rlvr has no mixed-precision compute; verl's default is bfloat16)")
     qat: dict = _f({"enable": False}, "verl: quantisation-aware training (enable: false only); its other keys are accepted")
-    turbo_config: dict = _f({}, "verl: settings of another FSDP implementation (accepted, no effect)")
+    turbo_config: dict = _f(TURBO_DEFAULTS, "verl: settings of another FSDP implementation (accepted; a change is noted, it has no effect)")
 
 
 @dataclass

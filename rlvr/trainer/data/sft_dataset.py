@@ -16,7 +16,8 @@ end-of-turn token is learnt; system, user and tool turns are context only. The i
 those of the whole conversation rendered at once, and the prompt of every assistant turn is what
 generation would be given. A template that renders earlier turns differently once later ones
 follow (some strip earlier reasoning) breaks that: such a row is an error naming it, or with
-``data.ignore_input_ids_mismatch`` each turn's new ids are concatenated (verl's behaviour).
+``data.ignore_input_ids_mismatch`` its turns are rendered one by one and concatenated (verl's
+behaviour for every row; for a row without the mismatch both give the same ids).
 
 A missing or malformed messages field is a :class:`~rlvr.utils.errors.DataError` naming the file,
 the row and the field.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils.data import Dataset
@@ -61,7 +62,7 @@ def conversation_problem(row: Any, key: str) -> str | None:
     """What makes ``row`` unusable for SFT, naming the field, or None."""
     if not isinstance(row, dict):
         return f"is not an object with fields but a {type(row).__name__}"
-    if key not in row:
+    if row.get(key) is None:  # a parquet file holds a row without the field as null
         return f"has no {key!r} field (the conversation; data.messages_key names the field to read)"
     messages = row[key]
     if not isinstance(messages, list) or not messages:
@@ -78,6 +79,14 @@ def conversation_problem(row: Any, key: str) -> str | None:
 def _clean(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The messages without null fields (a parquet file gives every message every struct field)."""
     return [{k: v for k, v in message.items() if v is not None} for message in messages]
+
+
+class _Mismatch(NamedTuple):
+    """Turn ``turn`` changed the ids before it from token ``changed`` of ``total`` on."""
+
+    turn: int
+    changed: int
+    total: int
 
 
 def _common_prefix(one: list[int], two: list[int]) -> int:
@@ -150,31 +159,62 @@ class MultiTurnSFTDataset(Dataset):
     def _row_options(self, row: dict[str, Any]) -> tuple[Any, bool | None]:
         tools = row.get(self.config.tools_key) or None
         thinking = row.get(self.config.enable_thinking_key, self.config.enable_thinking_default)
-        return tools, None if thinking is None else bool(thinking)
+        return tools, None if thinking in (None, "none") else bool(thinking)
 
     def _encode(self, row: dict[str, Any], where: str) -> tuple[list[int], list[int]]:
-        """The conversation's ids and loss mask, turn by turn (see the module docstring)."""
+        """The conversation's ids and loss mask (see the module docstring)."""
         messages = _clean(row[self.config.messages_key])
         tools, thinking = self._row_options(row)
+        encoded = self._encode_prefixes(messages, tools, thinking)
+        if not isinstance(encoded, _Mismatch):
+            return encoded
+        if not self.config.ignore_input_ids_mismatch:
+            turn, changed, total = encoded
+            raise DataError(f"{where}: field {self.config.messages_key}[{turn}]: the chat template renders the turns "
+                            f"before it differently once it follows (token {changed} of {total} changes), so a prompt "
+                            "of this conversation would not be what generation is given; set "
+                            "data.ignore_input_ids_mismatch=true to train on the turns rendered one by one")
+        return self._encode_turns(messages, tools, thinking)
+
+    def _encode_prefixes(self, messages: list[dict[str, Any]], tools: Any, thinking: bool | None
+                         ) -> tuple[list[int], list[int]] | _Mismatch:
+        """``(ids, mask)`` from the conversation rendered whole up to each turn, or, when a turn changes
+        the ids before it, where."""
         ids: list[int] = []
         mask: list[int] = []
-        before: list[int] = []  # the conversation up to the previous turn, rendered whole
         for i, message in enumerate(messages):
             upto = self._render(messages[: i + 1], tools, thinking, generation=False)
-            keep = _common_prefix(before, upto)
-            if keep < len(before) and not self.config.ignore_input_ids_mismatch:
-                raise DataError(f"{where}: field {self.config.messages_key}[{i}]: the chat template renders the "
-                                f"turns before it differently once it follows (token {keep} of {len(before)} "
-                                "changes), so a prompt of this conversation would not be what generation is given; "
-                                "set data.ignore_input_ids_mismatch=true to train on the turns' concatenation")
+            keep = _common_prefix(ids, upto)
+            if keep < len(ids):
+                return _Mismatch(i, keep, len(ids))
             turn = upto[keep:]
             header = 0
             if message["role"] == "assistant":  # its header is the generation prompt: context, not trained
                 prompt = self._render(messages[:i], tools, thinking, generation=True)
                 header = min(len(turn), max(0, _common_prefix(prompt, upto) - keep))
-            ids += turn
+            ids = upto
             mask += [0] * header + [int(message["role"] == "assistant")] * (len(turn) - header)
-            before = upto
+        return ids, mask
+
+    def _encode_turns(self, messages: list[dict[str, Any]], tools: Any, thinking: bool | None
+                      ) -> tuple[list[int], list[int]]:
+        """verl's concatenation: each turn rendered alone (tools with the first), less the prefix the
+        template puts before any conversation (a default system prompt); an assistant turn less its
+        header (the generation prompt)."""
+        user = [{"role": "user", "content": ""}]
+        one = self._render(user, None, thinking, generation=False)
+        two = self._render(user * 2, None, thinking, generation=False)
+        prefix = len(one) - (len(two) - len(one))
+        header = len(self._render(user, None, thinking, generation=True)) - len(one)
+        ids: list[int] = []
+        mask: list[int] = []
+        for i, message in enumerate(messages):
+            turn = self._render([message], tools if i == 0 else None, thinking, generation=False)
+            if i > 0 and message["role"] != "system":
+                turn = turn[prefix:]
+            skip = min(header, len(turn)) if message["role"] == "assistant" else len(turn)
+            ids += turn
+            mask += [0] * skip + [1] * (len(turn) - skip)
         return ids, mask
 
     def _truncate(self, ids: list[int], mask: list[int], where: str) -> tuple[list[int], list[int]]:
