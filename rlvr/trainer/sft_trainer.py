@@ -106,8 +106,8 @@ def _uses_gpu(device: str) -> bool:
 
 def build_worker_group(cfg: DictConfig, run: DictConfig, launched_ranks: int | None) -> tuple[Any, _Driver]:
     """The SFT worker group of ``trainer.backend`` (see the module docstring) and the driver's role in it."""
-    from rlvr.single_controller import ClassWithInitArgs, get_worker_group_cls
-    from rlvr.single_controller.backend import get_resource_pool_cls
+    from rlvr.single_controller import ClassWithInitArgs
+    from rlvr.single_controller.backend import start_worker_group
     from rlvr.single_controller.spmd import SPMDWorkerGroup
     from rlvr.workers.sft_worker import SFTWorker
 
@@ -126,9 +126,7 @@ def build_worker_group(cfg: DictConfig, run: DictConfig, launched_ranks: int | N
 
         if not ray.is_initialized():
             init_ray(num_cpus=None if use_gpu else world)
-    pool = get_resource_pool_cls(backend)(process_on_nodes=[t.n_gpus_per_node] * t.nnodes, use_gpu=use_gpu)
-    group = get_worker_group_cls(backend)(resource_pool=pool, ray_cls_with_init=worker, name_prefix="sft",
-                                          call_timeout_s=t.call_timeout_s, device_name="cuda" if use_gpu else "cpu")
+    group = start_worker_group(backend, [t.n_gpus_per_node] * t.nnodes, use_gpu, worker, t.call_timeout_s, "sft")
     return group, _Driver()
 
 

@@ -1,10 +1,9 @@
 """Load and check the SFT trainer's config (:mod:`rlvr.trainer.config.sft_schema`), torch-free.
 
-Overrides are parsed by Hydra's own override grammar (``key=value``, ``+key=value``, ``++key=value``,
-lists, quoted strings), and a user YAML may be composed on the defaults with ``--config-path`` /
-``--config-name`` as verl's Hydra entry point takes it. verl's config-group selections
-(``engine=fsdp``, ``optim=fsdp``, ``model=hf_model``, ``profiler=profiler``) pick the only groups
-rlvr's SFT trainer has; another group is refused with the reason.
+Overrides are parsed by Hydra's own override grammar, and a user YAML may be composed on the
+defaults with ``--config-path`` / ``--config-name`` (:mod:`rlvr.trainer.config.structured`). verl's
+config-group selections (``engine=fsdp``, ``optim=fsdp``, ``model=hf_model``, ``profiler=profiler``)
+pick the only groups rlvr's SFT trainer has; another group is refused with the reason.
 
 :func:`check_sft_config` then sorts every verl key into what rlvr honours, what it refuses with the
 reason when set (a :class:`~rlvr.utils.errors.ConfigError` naming the key), and pure speed switches
@@ -15,13 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf import DictConfig, OmegaConf
 
 from rlvr.trainer.config.sft_schema import TURBO_DEFAULTS, SFTConfig
-from rlvr.trainer.config.suggest import did_you_mean, schema_keys
+from rlvr.trainer.config.structured import load_structured_config
+from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.utils.errors import ConfigError
 
 __all__ = ["load_sft_config", "check_sft_config", "sft_world_size", "SFT_GROUPS"]
@@ -34,71 +32,16 @@ LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
 _DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
 
 
-def _group(key: str, option: Any, origin: str) -> None:
-    if option != SFT_GROUPS[key]:
-        raise ConfigError(key, f"verl's {key} config {option!r} (from {origin}) is not available in rlvr's SFT trainer, "
-                          f"which runs PyTorch FSDP2: use {key}={SFT_GROUPS[key]} (the default)")
-
-
-def _update(cfg: DictConfig, key: str, value: Any, origin: str) -> None:
-    try:
-        OmegaConf.update(cfg, key, value, merge=True)
-    except (ConfigKeyError, ConfigAttributeError):
-        raise ConfigError(key, f"unknown key (from {origin}){did_you_mean(key, schema_keys(SFTConfig))}; "
-                          "`python -m rlvr.trainer.sft_trainer --help-config` lists every key") from None
-    except OmegaConfBaseException as err:
-        raise ConfigError(key, f"wrong value (from {origin}): {str(err).splitlines()[0]}") from None
-
-
-def _compose_yaml(cfg: DictConfig, path: Path) -> None:
-    """Merge a user YAML (verl's ``--config-path`` / ``--config-name``) onto ``cfg``; its ``defaults``
-    list may name verl's base config and the group options rlvr has."""
-    if not path.is_file():
-        raise ConfigError("--config-name", f"{path} does not exist")
-    layer = OmegaConf.load(path)
-    for entry in layer.pop("defaults", None) or []:
-        if isinstance(entry, str):
-            if entry not in ("_self_", "sft_trainer_engine", "/sft_trainer_engine"):
-                raise ConfigError("defaults", f"{path}: the defaults entry {entry!r} is not a config rlvr's SFT "
-                                  "trainer knows (sft_trainer_engine and _self_ are)")
-            continue
-        for group, option in entry.items():
-            _group(str(group).split("@")[-1].lstrip("/"), option, str(path))
-    for key, value in _leaves(layer):
-        _update(cfg, key, value, str(path))
-
-
-def _leaves(node: Any, prefix: str = "") -> list[tuple[str, Any]]:
-    if isinstance(node, DictConfig) and len(node) > 0:
-        return [item for key, value in node.items_ex(resolve=False) for item in _leaves(value, f"{prefix}{key}.")]
-    return [(prefix.rstrip("."), OmegaConf.to_container(node) if isinstance(node, (DictConfig, ListConfig)) else node)]
-
-
 def load_sft_config(overrides: Sequence[str] = (), config_file: str | Path | None = None) -> DictConfig:
-    """The SFT config: schema defaults, then a user YAML, then the overrides (Hydra's grammar).
+    """The SFT config: schema defaults, then a user YAML, then the overrides (Hydra's grammar; see
+    :func:`~rlvr.trainer.config.structured.load_structured_config`).
 
     Raises:
         ConfigError: an unknown key (with a suggestion), a value of the wrong type, an unparsable
             override, or a config group rlvr does not have.
     """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    cfg = OmegaConf.structured(SFTConfig)
-    if config_file is not None:
-        _compose_yaml(cfg, Path(config_file))
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException as err:
-        raise ConfigError("command line", f"cannot parse the overrides: {str(err).splitlines()[0]}") from None
-    for item in parsed:
-        key = item.key_or_group
-        if item.is_delete():
-            raise ConfigError(key, "~key removes a key, but every key of the SFT config has a meaning; set its value")
-        if key in SFT_GROUPS:
-            _group(key, item.value(), "the command line")
-            continue
-        _update(cfg, key, item.value(), "the command line")
+    cfg = load_structured_config(SFTConfig, overrides, config_file, tool="SFT trainer (PyTorch FSDP2)",
+                                 groups=SFT_GROUPS, base_names=("sft_trainer_engine",))
     if isinstance(cfg.trainer.logger, str):  # verl's trainer.logger=console
         cfg.trainer.logger = [cfg.trainer.logger]
     return cfg
