@@ -141,8 +141,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="Score generated responses per data source.")
     parser.add_argument("--config-path", default=None, help="folder of a YAML config composed on the defaults")
     parser.add_argument("--config-name", default=None, help="that YAML's name (without .yaml)")
+    parser.add_argument("--help-config", action="store_true", help="print every config key with its help and exit")
     parser.add_argument("overrides", nargs="*", help="key=value overrides (Hydra's grammar)")
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
+    if args.help_config:
+        from rlvr.trainer.config import help_config
+
+        sys.stdout.write(help_config(EvalConfig))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config_file = (Path(args.config_path or ".") / f"{args.config_name.removesuffix('.yaml')}.yaml"
                    if args.config_name else None)

@@ -33,6 +33,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from rlvr.trainer.config import help_config
 from rlvr.trainer.config.sft_check import check_sft_config, load_sft_config, sft_world_size
 from rlvr.trainer.config.sft_schema import SFTConfig
 from rlvr.utils.errors import ConfigError, DataError, WorkerError
@@ -298,12 +299,6 @@ def run_sft(config: DictConfig, launched_ranks: int | None = None) -> SFTTrainer
     return trainer
 
 
-def _help_config() -> str:
-    from rlvr.trainer.config.suggest import schema_keys
-
-    return "\n".join(schema_keys(SFTConfig)) + "\n"
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m rlvr.trainer.sft_trainer [--config-path DIR --config-name NAME] key=value ...``;
     returns 0, 2 for a config or data error, 1 when a worker failed."""
@@ -317,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides (Hydra's grammar)")
     args = parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     if args.help_config:
-        sys.stdout.write(_help_config())
+        sys.stdout.write(help_config(SFTConfig))
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     config_file = (Path(args.config_path or ".") / f"{args.config_name.removesuffix('.yaml')}.yaml"

@@ -15,7 +15,7 @@ import torch
 PAIRS = [("hot", "cold"), ("big", "small"), ("up", "down"), ("fast", "slow"), ("light", "dark"),
          ("wet", "dry"), ("old", "new"), ("high", "low"), ("soft", "hard"), ("open", "shut")]
 OPPOSITE = {**dict(PAIRS), **{b: a for a, b in PAIRS}}
-SYSTEM = "Answer with the opposite word."
+SYSTEM = "Opposites."
 
 
 def conversation(rng: random.Random, index: int) -> dict:
@@ -24,7 +24,7 @@ def conversation(rng: random.Random, index: int) -> dict:
         messages.append({"role": "user", "content": word})
         if index % 2 and turn == 0:
             noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(4))
-            messages += [{"role": "assistant", "content": f"lookup {word}"}, {"role": "tool", "content": noise}]
+            messages += [{"role": "assistant", "content": "lookup"}, {"role": "tool", "content": noise}]
         messages.append({"role": "assistant", "content": OPPOSITE[word]})
     return {"messages": messages}
 

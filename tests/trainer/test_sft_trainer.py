@@ -5,6 +5,7 @@ output merges and loads as a model path, bad data exits with the file and row.""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -133,3 +134,26 @@ def test_bad_data_exits_2_naming_file_row_and_field(files, tmp_path, capsys):
                    '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant"}]}\n')
     assert main(overrides(files, tmp_path / "run", f"data.train_files={bad}")) == 2
     assert f"{bad}, line 2 field messages[1].content must be a string" in capsys.readouterr().err
+
+
+def test_sft_output_trains_a_grpo_step_as_the_actor(files, tiny_data, tmp_path):
+    from trainer_helpers import tiny_config
+
+    from rlvr.trainer.main_ppo import run_ppo
+
+    run_sft(load_sft_config(overrides(files, tmp_path / "sft")))
+    cfg = tiny_config(tmp_path / "sft" / "hf_model", tiny_data, tmp_path / "grpo", preset="grpo",
+                      **{"trainer.total_training_steps": 1, "trainer.val_before_train": False})
+    trainer = run_ppo(cfg)
+    (step,) = [row for row in trainer.metrics_history if "actor/pg_loss" in row]
+    assert step["step"] == 1 and all(map(math.isfinite, (step["actor/pg_loss"], step["actor/grad_norm"])))
+
+
+def test_lora_sft_trains_the_adapters_and_exports_them_merged(files, tmp_path):
+    run_sft(load_sft_config(overrides(files, tmp_path, "model.lora_rank=4", "model.lora_alpha=8", "optim.lr=0.05")))
+    base = AutoModelForCausalLM.from_pretrained(files["model"]).state_dict()
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_model").state_dict()
+    changed = {k for k in base if not torch.equal(base[k], exported[k])}
+    assert changed and all(k.endswith("proj.weight") for k in changed)  # only the LoRA targets moved
+    losses = [row["train/loss"] for row in metrics(tmp_path)]
+    assert losses[-1] < losses[0]
