@@ -34,7 +34,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlvr.trainer.config import help_config
-from rlvr.trainer.config.sft_check import check_sft_config, load_sft_config, sft_world_size
+from rlvr.trainer.config.sft_check import DTYPES, check_sft_config, load_sft_config, sft_world_size
 from rlvr.trainer.config.sft_schema import SFTConfig
 from rlvr.utils.errors import ConfigError, DataError, WorkerError
 
@@ -50,10 +50,6 @@ def create_sft_dataset(data_paths, data_config, tokenizer, processor=None, max_s
     return create(data_paths, data_config, tokenizer, processor, max_samples)
 
 
-def _dtype(name: str) -> str:
-    return {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}[name]
-
-
 def worker_config(cfg: DictConfig, world_size: int, total_steps: int) -> DictConfig:
     """The run config (``RlvrConfig``) the actor worker reads, from the SFT config: the model, the
     engine's FSDP2 settings, the optimizer and schedule, batch sizes (one optimizer step per batch:
@@ -63,7 +59,7 @@ def worker_config(cfg: DictConfig, world_size: int, total_steps: int) -> DictCon
     run = OmegaConf.structured(RlvrConfig)
     m, e, o, d, t = cfg.model, cfg.engine, cfg.optim, cfg.data, cfg.trainer
     model = run.actor_rollout_ref.model
-    model.path, model.tokenizer_path, model.dtype = m.path, m.tokenizer_path, _dtype(e.model_dtype)
+    model.path, model.tokenizer_path, model.dtype = m.path, m.tokenizer_path, DTYPES[e.model_dtype]
     model.enable_gradient_checkpointing, model.use_remove_padding = m.enable_gradient_checkpointing, m.use_remove_padding
     model.trust_remote_code, model.external_lib = m.trust_remote_code, m.external_lib
     model.lora_rank, model.lora_alpha, model.target_modules = m.lora_rank, m.lora_alpha, m.target_modules

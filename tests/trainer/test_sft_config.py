@@ -6,14 +6,29 @@ verl's config-group selections."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
+from schema_reads import fields_read
 from verl_sft_defaults import VERL_SFT_DEFAULTS
 
+import rlvr
+from rlvr.trainer.config import sft_check
 from rlvr.trainer.config.sft_check import check_sft_config, load_sft_config
+from rlvr.trainer.config.sft_schema import SFTConfig
+from rlvr.trainer.config.suggest import schema_keys
 from rlvr.utils.errors import ConfigError
+
+SUBORDINATE = {  # keys that mean something only when the switch beside them is on
+    "model.fused_kernel_options": "model.use_fused_kernels", "model.tiled_mlp.num_shards": "model.tiled_mlp.enabled",
+    "engine.entropy_from_logits_chunk_size": "engine.entropy_from_logits_with_chunking",
+    "engine.pad_to_length_bucket": "engine.pad_to_length",
+    **{f"profiler.{key}": "profiler.enable" for key in ("tool", "all_ranks", "ranks", "save_path", "relocate_results",
+                                                        "finish_hook_cmd", "finish_hook_all_ranks", "finish_hook_ranks",
+                                                        "tool_config")},
+}
 
 
 def leaf_keys(node: dict, prefix: str = "") -> list[str]:
@@ -100,3 +115,14 @@ def test_hydra_grammar_groups_and_suggestions(chats):
         load_sft_config(["trainer.total_epochs=many"])
     with pytest.raises(ConfigError, match="under torchrun every process is a rank already"):
         check_sft_config(load_sft_config([f"data.train_files={chats}", "trainer.backend=local"]), launched_ranks=2)
+
+
+def test_no_key_is_silently_ignored():
+    """Every key is read by the trainer's code, or by the check (refused when set to what rlvr cannot
+    do, or noted as a speed switch), or is a setting of a switch that is."""
+    package = Path(rlvr.__file__).parent
+    code = [p for p in package.rglob("*.py") if package / "trainer" / "config" not in p.parents]
+    read = fields_read([*code, Path(sft_check.__file__)], SFTConfig)
+    covered = set(read) | set(sft_check._SPEED_SWITCHES)
+    assert [key for key in schema_keys(SFTConfig) if key not in covered and key not in SUBORDINATE] == []
+    assert all(SUBORDINATE[key] in covered for key in SUBORDINATE)

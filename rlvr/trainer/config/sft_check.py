@@ -29,7 +29,8 @@ SFT_GROUPS = {"engine": "fsdp", "optim": "fsdp", "model": "hf_model", "profiler"
 BACKENDS = ("auto", "local", "process", "ray")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb")
-_DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+DTYPES = {"fp32": "float32", "float32": "float32", "bf16": "bfloat16", "bfloat16": "bfloat16"}
+"""``engine.model_dtype`` / ``engine.dtype`` names (verl's and torch's) -> rlvr's ``model.dtype``."""
 
 
 def load_sft_config(overrides: Sequence[str] = (), config_file: str | Path | None = None) -> DictConfig:
@@ -79,11 +80,13 @@ def _refused(cfg: DictConfig) -> None:
         (not e.full_determinism, "engine.full_determinism", "rlvr does not switch on deterministic CUDA kernels; "
          "CPU runs are repeatable bit for bit"),
         (not e.forward_only, "engine.forward_only", "the SFT trainer trains; set it to false"),
-        (e.model_dtype in _DTYPES, "engine.model_dtype", f"{e.model_dtype!r}: use fp32 or bf16"),
-        (e.dtype is None or _DTYPES.get(e.dtype) == _DTYPES.get(e.model_dtype), "engine.dtype",
+        (e.model_dtype in DTYPES, "engine.model_dtype", f"{e.model_dtype!r}: use fp32 or bf16"),
+        (e.dtype is None or DTYPES.get(e.dtype) == DTYPES.get(e.model_dtype), "engine.dtype",
          f"{e.dtype!r} compute on {e.model_dtype} parameters is mixed precision, which rlvr does not have: leave "
          "engine.dtype unset (computes in model_dtype) or set engine.model_dtype=bf16 to train in bfloat16"),
         (not e.qat.get("enable", False), "engine.qat.enable", "quantisation-aware training is not available"),
+        (o.total_training_steps == -1, "optim.total_training_steps", "the trainer sets it (epochs x batches, or "
+         "trainer.total_training_steps, as in verl); set trainer.total_training_steps instead"),
         (o.optimizer == "AdamW", "optim.optimizer", f"{o.optimizer!r}: rlvr trains with AdamW"),
         (o.optimizer_impl == "torch.optim", "optim.optimizer_impl", "rlvr uses torch.optim.AdamW"),
         (o.num_cycles == 0.5, "optim.num_cycles", "rlvr's cosine schedule is one half-cosine down (0.5)"),
