@@ -75,7 +75,10 @@ def reference_loop(files, steps: int = STEPS) -> tuple[list[float], dict[str, to
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_steps_equal_a_plain_loop(files, tmp_path, packed):
-    run_sft(load_sft_config(overrides(files, tmp_path, f"model.use_remove_padding={str(packed).lower()}")))
+    """Padded micro-batches of 2 rows, or (verl's defaults) packed micro-batches of at most 150 tokens."""
+    layout = ["model.use_remove_padding=true", "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=150"] \
+        if packed else ["model.use_remove_padding=false"]
+    run_sft(load_sft_config(overrides(files, tmp_path, *layout)))
     rows = metrics(tmp_path)
     losses, weights = reference_loop(files)
     assert [row["step"] for row in rows] == [1, 2, 3] and rows[0]["train/lr"] == LR
