@@ -19,6 +19,7 @@ from rlvr.utils.errors import RlvrError
 logger = logging.getLogger(__name__)
 
 CONSOLE_KEYS = (
+    ("train/loss", "loss"),
     ("critic/score/mean", "score"),
     ("train/acc", "acc"),
     ("train/unfiltered_acc", "acc_all"),

@@ -48,6 +48,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from peft import PeftModel
 
 from rlvr.agent import AgentLoopManager
 from rlvr.protocol import DataProto
@@ -58,10 +59,11 @@ from rlvr.utils.model import load_tokenizer
 from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
 from rlvr.utils.tokenizer import hf_processor
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
-from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_lora, save_training_state
+from rlvr.workers.checkpoint import (export_hf_model, load_training_state, lora_settings, merge_lora, save_model_files,
+                                     save_training_state)
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
 from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
-from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
+from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer, unwrap_hf_model
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
 from rlvr.workers.rollout.partial import WeightInbox
@@ -391,9 +393,14 @@ class ActorRolloutRefWorker(TrainingWorker):
     # ------------------------------------------------------------------ checkpoints and export
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        """Write the actor's model, optimizer and LR-scheduler states to the folder ``path``."""
+        """Write the actor's model, optimizer and LR-scheduler states to the folder ``path``, with its
+        config, tokenizer (or processor) and LoRA settings (what ``rlvr.model_merger`` reads)."""
         self._require(self._is_actor, "save_checkpoint", "actor")
         self.actor_placement.place(params=True, optimizer=True)
+        if self.rank == 0:
+            hf_model = unwrap_hf_model(self.actor_module)
+            lora = lora_settings(self.actor_module) if isinstance(self.actor_module, PeftModel) else None
+            save_model_files(path, hf_model.config, hf_model.generation_config, self.tokenizer, self.processor, lora)
         save_training_state(path, self.actor_module, self.actor.optimizer, self.lr_scheduler, self.rank,
                             self.world_size)
         self._rest_actor()
@@ -495,8 +502,13 @@ class CriticWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        """Write the critic's model, optimizer and LR-scheduler states to the folder ``path``."""
+        """Write the critic's model, optimizer and LR-scheduler states to the folder ``path``, with the
+        backbone's config, the tokenizer and LoRA settings (``rlvr.model_merger --is-value-model``)."""
         self.placement.place(params=True, optimizer=True)
+        if self.rank == 0:
+            backbone = self.critic_module.backbone
+            lora = lora_settings(backbone) if isinstance(backbone, PeftModel) else None
+            save_model_files(path, self.critic_module.config, None, self.tokenizer, None, lora)
         save_training_state(path, self.critic_module, self.critic.optimizer, self.lr_scheduler, self.rank,
                             self.world_size)
         self._rest()

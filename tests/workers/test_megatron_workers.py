@@ -129,7 +129,8 @@ def test_megatron_checkpoint_resumes_exactly(model_dir, tmp_path):
     assert all(torch.equal(mega.get_actor_weights()[0][k], saved[k]) for k in saved)
     assert mega.update_actor(batch).meta_info["metrics"] == first  # optimizer and LR schedule restored too
     assert all(torch.equal(mega.get_actor_weights()[0][k], moved[k]) for k in moved)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["megatron_tp0_pp0.pt", "megatron_tp1_pp0.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["huggingface", "megatron_tp0_pp0.pt",
+                                                                       "megatron_tp1_pp0.pt"]
 
     # another layout is refused with the sizes the checkpoint was written with
     del mega

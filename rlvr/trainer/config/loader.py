@@ -147,8 +147,9 @@ def to_config(config: Any) -> DictConfig:
     raise TypeError(f"expected RlvrConfig or DictConfig, got {type(config).__name__}")
 
 
-def help_config() -> str:
-    """Every config key with its default and help text (``rlvr --help-config``)."""
+def help_config(schema: type = RlvrConfig) -> str:
+    """Every config key of ``schema`` with its default and help text (``rlvr --help-config``; the
+    tools pass their own schema)."""
     lines: list[str] = []
 
     def walk(cls: type, prefix: str) -> None:
@@ -163,5 +164,5 @@ def help_config() -> str:
             default = fld.default_factory() if fld.default_factory is not dataclasses.MISSING else fld.default
             lines.append(f"  {key} = {default!r}\n      {help_text}")
 
-    walk(RlvrConfig, "")
+    walk(schema, "")
     return "\n".join(lines).lstrip("\n") + "\n"

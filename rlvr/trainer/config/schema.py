@@ -44,6 +44,7 @@ class DataConfig:
     truncation: str = _f("error", "if a prompt is still too long: error | left | right")
     apply_chat_template: bool = _f(True, "render the prompt messages with the tokenizer's chat template")
     image_key: str = _f("images", "column of each row's images, one per <image> placeholder in its prompt")
+    output_path: Optional[str] = _f(None, "main_generation_server: the parquet file written (the rows of train_files with a responses column)")
 
 
 # ---------------------------------------------------------------------------------- model / optim

@@ -103,10 +103,11 @@ def _is_messages(prompt: Any) -> bool:
                     for m in prompt))
 
 
-def row_problem(row: Any, prompt_key: str, chat_template: bool) -> str | None:
+def row_problem(row: Any, prompt_key: str, chat_template: bool, prompts_only: bool = False) -> str | None:
     """What makes ``row`` unusable (naming the field), or None. A row needs the prompt under
     ``prompt_key`` (chat messages; a plain string too without the chat template), a ``data_source``
-    string and a ``reward_model`` dict with a ``ground_truth`` that is not None."""
+    string and a ``reward_model`` dict with a ``ground_truth`` that is not None (not with
+    ``prompts_only``: rows to generate for, not to score)."""
     if not isinstance(row, dict):
         return f"is not an object with fields but a {type(row).__name__}"
     if prompt_key not in row:
@@ -115,6 +116,8 @@ def row_problem(row: Any, prompt_key: str, chat_template: bool) -> str | None:
     if not (_is_messages(prompt) or (not chat_template and isinstance(prompt, str) and prompt)):
         return (f"field {prompt_key!r} must be a non-empty list of chat messages "
                 f"[{{'role': ..., 'content': ...}}]{'' if chat_template else ' or a string'}, got {prompt!r:.80}")
+    if prompts_only:
+        return None
     if not isinstance(row.get("data_source"), str):
         return "has no 'data_source' string field (it selects the reward scorer)"
     reward_model = row.get("reward_model")
@@ -135,6 +138,8 @@ class RLHFDataset(Dataset):
         processor: the model's multimodal processor, or None (text only). With one, rows with
             images (``data.image_key``) go through it, image tokens counted in the prompt length.
         max_samples: keep only the first N rows (None = all).
+        prompts_only: rows need only the prompt (offline generation): ``data_source`` and
+            ``reward_model`` may be absent (None and ``{}`` in the items).
 
     Each item is a dict with ``input_ids``, ``attention_mask``, ``position_ids`` (``[prompt_len]``,
     left-padded) and the non-tensor fields ``raw_prompt``, ``data_source``, ``tag`` (the row's
@@ -150,7 +155,7 @@ class RLHFDataset(Dataset):
     """
 
     def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any, processor: Any = None,
-                 max_samples: int | None = None) -> None:
+                 max_samples: int | None = None, prompts_only: bool = False) -> None:
         files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
         located = [(Path(path).parent, f"{path}, {where}", row) for path in files
                    for where, row in read_located_rows(path)]
@@ -167,7 +172,7 @@ class RLHFDataset(Dataset):
         self.sources: list[tuple[Path, str]] = []  # (folder of the data file, "file, line N") per row
         overlong = []
         for base_dir, where, row in located:
-            problem = row_problem(row, self.prompt_key, config.apply_chat_template)
+            problem = row_problem(row, self.prompt_key, config.apply_chat_template, prompts_only)
             if problem is not None:
                 raise DataError(f"{where} {problem}")
             with_images = self.images is not None and self.images.has_images(row)
@@ -228,10 +233,10 @@ class RLHFDataset(Dataset):
             "attention_mask": attention_mask,
             "position_ids": compute_position_ids(attention_mask.unsqueeze(0))[0],
             "raw_prompt": list(row[self.prompt_key]),
-            "data_source": row["data_source"],
-            "tag": row_tag(row),
+            "data_source": row.get("data_source"),  # every row has one, but for prompts_only
+            "tag": row.get("tag", row.get("data_source")),
             "ability": row.get("ability", "unknown"),
-            "reward_model": dict(row["reward_model"]),
+            "reward_model": dict(row.get("reward_model") or {}),
             "extra_info": dict(row.get("extra_info") or {}),
             "index": index,
             "agent_name": row.get("agent_name"),  # the row's agent loop (None: rollout.agent.default_agent_loop)

@@ -305,6 +305,40 @@ class DataParallelPPOActor:
             metrics.update({name: [value] for name, value in prox.metrics().items()})
         return metrics
 
+    def update_sft(self, data: DataProto) -> dict[str, float]:
+        """One optimizer step on the negative log-likelihood of the tokens ``response_mask`` marks,
+        averaged over all of them in the batch of every rank (token-mean): supervised fine-tuning,
+        with the whole sequence after its first token as the "response". The same forward passes,
+        micro-batches, packing and sequence parallelism as the policy update.
+
+        Returns:
+            ``loss`` (the batch's mean NLL over all ranks, before the step), ``grad_norm``,
+            ``skipped_steps`` (1 when the gradient was not finite and the step was skipped).
+        """
+        if self.optimizer is None:
+            raise RuntimeError("this actor has no optimizer (a frozen reference); it cannot be trained")
+        keys = [*_FORWARD_KEYS, "response_mask"]
+        batch = multi_modal_batch(
+            gather_rows(select_batch_keys(data.batch, keys, "train_batch"), self.sp, block=len(data)),
+            data.non_tensor_batch, self.module, self.world_size, "train_batch", packed=self.use_remove_padding)
+        self.module.train()
+        config = self.config
+        micro_batches = self._micro_batches(batch, config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz,
+                                            config.ppo_max_token_len_per_gpu)
+        update = update_mini_batch(
+            self.module, self.optimizer, batch, micro_batches, self._nll_micro_loss, 1, loss_agg_mode="token-mean",
+            grad_clip=config.grad_clip, world_size=self.world_size, device=self.device, sp_size=self.sp.size,
+            clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
+        )
+        return {"loss": float(update.metric_sums[0]), "grad_norm": update.grad_norm,
+                "skipped_steps": 0.0 if update.stepped else 1.0}
+
+    def _nll_micro_loss(self, micro: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mean NLL of a micro-batch's marked tokens and that value as the one metric ``[1]``."""
+        log_prob, _ = self._forward(micro, 1.0, False, entropy_grad=False)
+        loss = agg_loss(-log_prob, micro["response_mask"], "token-mean")
+        return loss, loss.detach().float().cpu()[None]
+
     def _check_one_step(self, rows: int) -> None:
         """The update's forward is the proximal policy's only for its first optimizer step: refuse a
         batch that takes more than one (several epochs or mini-batches)."""

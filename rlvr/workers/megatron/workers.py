@@ -33,6 +33,7 @@ from rlvr.protocol import DataProto
 from rlvr.single_controller.base.decorator import Dispatch, register
 from rlvr.single_controller.base.worker import RankInfo
 from rlvr.utils.seed import set_seed
+from rlvr.workers.checkpoint import save_model_files
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
@@ -183,9 +184,12 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @on_every_rank
     def save_checkpoint(self, path: str) -> None:
-        """Write every model-parallel rank's shard of the actor, its optimizer and LR schedule."""
+        """Write every model-parallel rank's shard of the actor, its optimizer and LR schedule, and
+        (global rank 0) the model's config and tokenizer (what ``rlvr.model_merger`` reads)."""
         self._require(self._is_actor, "save_checkpoint", "actor")
         self.actor_placement.place(params=True, optimizer=True)
+        if dist.get_rank() == 0:
+            save_model_files(path, self.actor_module.hf_config, self.actor_module.hf_generation_config, self.tokenizer)
         save_megatron_state(path, self.actor_module, self.actor.optimizer, self.lr_scheduler, self.parallel)
         self._rest_actor()
 
