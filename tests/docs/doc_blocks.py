@@ -35,7 +35,7 @@ MARKER = re.compile(r"^<!-- test: (?P<kind>[a-z-]+)(?: (?P<arg>[^>]*?))? -->$")
 FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})(?P<lang>[\w+-]*)\s*$")
 KINDS = ("shell", "dry-run", "make", "python", "file", "output")
 TRAINING_COMMAND = re.compile(r"^(rlvr\b|python3? -m rlvr\.trainer\.main_ppo\b|bash \S+\.sh\b)")
-TIMEOUT_S = 300
+TIMEOUT_S = 600  # per block; generous: the shared CI machine can be loaded many times over
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def parse(path: Path) -> list[Block]:
 
 def commands(text: str) -> list[str]:
     """The shell commands of a block: continuation lines joined, comments and blank lines dropped."""
-    joined = re.sub(r"\\\n\s*", " ", text)
+    joined = re.sub(r"\s*\\\n\s*", " ", text)
     return [line.strip() for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 

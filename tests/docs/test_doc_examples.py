@@ -3,31 +3,34 @@ README's reward example) runs here: training commands as dry runs, Python exampl
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import pytest
 from doc_blocks import REPO, Block, PageRunner, expect_lines, parse, with_dry_run
 
-from rlvr.data_prep import gsm8k
 
 PAGES = ["docs/getting_started.md", "docs/migrating_from_verl.md", "docs/extending.md"]
 
-GSM8K_ROWS = [  # GSM8K's format: the answer's last line is "#### <number>"
-    {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "answer": "3 + 4 = 7\n#### 7"},
-    {"question": "A box holds 6 eggs. How many eggs are in 2 boxes?", "answer": "6 * 2 = 12\n#### 12"},
-]
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
 def _gsm8k_from_verl_preprocessing(home: Path) -> None:
-    """What the migration page starts from: the parquet files verl's GSM8K preprocessing wrote to
-    ``$HOME/data/gsm8k`` (here written by rlvr's GSM8K prep from two made-up rows in GSM8K's format)."""
-    source = home / "gsm8k_source"
-    source.mkdir()
+    """What the migration page starts from: the parquet files verl's GSM8K preprocessing writes to
+    ``$HOME/data/gsm8k`` (its columns; two made-up questions)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    questions = [("Tom has 3 apples and buys 4 more. How many apples does he have?", "3 + 4 = 7\n#### 7"),
+                 ("A box holds 6 eggs. How many eggs are in 2 boxes?", "6 * 2 = 12\n#### 12")]
+    out = home / "data" / "gsm8k"
+    out.mkdir(parents=True)
     for split in ("train", "test"):
-        (source / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in GSM8K_ROWS))
-    gsm8k.main(["--local-dir", str(source), "--out", str(home / "data" / "gsm8k")])
+        rows = [{"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{q} {INSTRUCTION}"}],
+                 "ability": "math", "reward_model": {"style": "rule", "ground_truth": a.split("#### ")[-1]},
+                 "extra_info": {"split": split, "index": i, "answer": a, "question": q}}
+                for i, (q, a) in enumerate(questions)]
+        pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -95,7 +98,7 @@ def test_dry_run_goes_on_training_commands_only():
 def test_expected_output_lines_must_appear_in_order():
     actual = "rlvr: derived settings\n  algorithm   grpo advantages\n  per step    8 prompts\n"
     assert expect_lines("rlvr: derived settings\n...\nper step 8 prompts\n", actual) is None
-    assert "per step" in expect_lines("per step 8 prompts\nalgorithm grpo\n", actual)
+    assert "'algorithm grpo'" in expect_lines("per step 8 prompts\nalgorithm grpo\n", actual)
 
 
 def test_a_failing_block_names_the_page_line_and_output(tmp_path):
