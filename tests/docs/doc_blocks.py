@@ -14,7 +14,7 @@ allowed) saying how it is checked:
 - ``<!-- test: file PATH -->``: the block is written to ``PATH`` (later blocks use it).
 - ``<!-- test: output -->``: the output of the block run before it must contain these lines, in
   this order, each as a part of one line of the real output (spaces normalised; a ``...`` line
-  skips).
+  skips; a long output line may be shown wrapped over several lines).
 
 The blocks of one page run in order in one scratch directory, which is also ``$HOME``; ``rlvr``
 and ``python`` there are the test's interpreter with this checkout first on the path.
@@ -95,18 +95,24 @@ def with_dry_run(text: str) -> str:
 
 
 def expect_lines(expected: str, actual: str) -> str | None:
-    """None when every line of ``expected`` is part of a line of ``actual``, in order; else why not."""
+    """None when the lines of ``expected`` appear in ``actual`` in order, else why not. Each expected
+    line must be a part of one actual line (spaces normalised); the next expected line is looked for
+    after it, on the rest of the same line first, so a long output line may be shown wrapped."""
     norm = lambda s: " ".join(s.split())  # noqa: E731
     actual_lines = [norm(line) for line in actual.splitlines()]
-    at = 0
+    row, col = 0, 0
     for line in expected.splitlines():
         want = norm(line)
         if not want or want == "...":
             continue
-        hit = next((k for k in range(at, len(actual_lines)) if want in actual_lines[k]), None)
-        if hit is None:
+        while row < len(actual_lines):
+            found = actual_lines[row].find(want, col)
+            if found >= 0:
+                col = found + len(want)
+                break
+            row, col = row + 1, 0
+        else:
             return f"expected line not found (in order): {want!r}"
-        at = hit + 1
     return None
 
 

@@ -99,6 +99,8 @@ def test_expected_output_lines_must_appear_in_order():
     actual = "rlvr: derived settings\n  algorithm   grpo advantages\n  per step    8 prompts\n"
     assert expect_lines("rlvr: derived settings\n...\nper step 8 prompts\n", actual) is None
     assert "'algorithm grpo'" in expect_lines("per step 8 prompts\nalgorithm grpo\n", actual)
+    assert expect_lines("algorithm grpo\nadvantages\nper step\n", actual) is None  # a line shown wrapped
+    assert "'grpo'" in expect_lines("advantages\ngrpo\n", actual)  # but never backwards
 
 
 def test_a_failing_block_names_the_page_line_and_output(tmp_path):
