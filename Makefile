@@ -3,6 +3,7 @@
 #   make train-tools   the tool-use main job (the model learns to multiply with a calculator tool)
 #   make train-vision  the vision job (a VLM made from SmolLM2 learns to name a drawn shape's colour and form)
 #   make test    set up, then run the test suite (slow end-to-end tests: make test-slow)
+#   make docs    build the documentation site into site/ (make docs-serve: serve it at http://127.0.0.1:8000)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +12,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-megatron train train-tools train-vision test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal clean
+.PHONY: setup setup-vllm setup-megatron train train-tools train-vision test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -152,5 +153,23 @@ bench-async: setup data/arith/test.jsonl data/tools/test.jsonl
 	$(PY) -m benchmarks.async_simulator --scale --json runs/bench_async/scaling.json
 	$(PY) -m benchmarks.core_contention --json runs/bench_async/core_contention.json
 
+# the documentation site (MkDocs, Material theme) from docs/ and mkdocs.yml; --strict: a broken link, a missing page,
+# an anchor that does not exist or a docstring mkdocstrings cannot read fails the build
+DOCS_STAMP := $(VENV)/.rlvr-docs-setup-done
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+# docs/config_reference.md from the typed config schema (tests/docs/test_config_reference.py fails when it is stale)
+docs-reference: setup
+	$(PY) scripts/gen_config_reference.py
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache site

@@ -30,11 +30,11 @@ class BatchRewardManager(RewardManagerBase):
 
     A batch scorer that raises fails every sample of the batch: ``on_error=raise`` lets its
     exception propagate with a note naming the batch size and data sources; ``fallback`` gives every
-    sample ``fallback_score`` and counts them as errors (or timeouts for a ``TimeoutError``).
+    sample ``fallback_score`` and counts them as errors (or timeouts for a ``TimeoutError``). The
+    other arguments are those of :class:`~rlvr.reward.managers.base.RewardManagerBase`.
 
     Args:
         reward_kwargs: extra keyword arguments passed to every call of ``compute_score``.
-        (other arguments as in :class:`~rlvr.reward.managers.base.RewardManagerBase`)
     """
 
     default_compute_score = staticmethod(default_batch_compute_score)

@@ -25,6 +25,9 @@ _score_timeout = alarm_limit
 class NaiveRewardManager(RewardManagerBase):
     """Score each sample with ``compute_score`` and put it on the last valid response token.
 
+    The other arguments (tokenizer, num_examine, compute_score, reward_fn_key and the keyword-only
+    on_error / fallback_score) are those of :class:`~rlvr.reward.managers.base.RewardManagerBase`.
+
     Args:
         compute_score_timeout: per-sample time limit in seconds; None (default) scores in this
             process without a limit. With a limit every sample is scored in one helper process that is
@@ -34,8 +37,6 @@ class NaiveRewardManager(RewardManagerBase):
             that cannot be pickled (a local function) is scored in this process instead and stopped
             by ``SIGALRM`` at the limit (:class:`~rlvr.reward.scorers.alarm.AlarmLimitedScorer`:
             main thread only, Python code only).
-        (tokenizer, num_examine, compute_score, reward_fn_key and the keyword-only on_error /
-        fallback_score as in :class:`~rlvr.reward.managers.base.RewardManagerBase`)
     """
 
     default_on_error = "fallback_timeouts"
