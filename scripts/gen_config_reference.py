@@ -116,7 +116,8 @@ def walk(cls: type, path: str = "", help_text: str = "") -> Iterator[Section]:
         if isinstance(hint, type) and dataclasses.is_dataclass(hint):
             nested.append((hint, name, field_help))
         else:
-            keys.append(Key(name, type_name(hint), default_text(_default(fld)), field_help))
+            kind = " | ".join(fld.metadata["choices"]) if "choices" in fld.metadata else type_name(hint)
+            keys.append(Key(name, kind, default_text(_default(fld)), field_help))
     yield Section(path, help_text, tuple(keys))
     for sub_cls, name, field_help in nested:
         yield from walk(sub_cls, name, field_help)

@@ -2,14 +2,15 @@
 worker's config.
 
 Dataclasses only, on purpose: the run schema (:mod:`rlvr.trainer.config.schema`) includes these
-sections, and loading a config must not import torch. Each worker validates its own values when it
-is built (an unknown ``match_mode`` names the key and the choices).
+sections, and loading a config must not import torch. A field with a fixed set of values is a
+``str`` whose metadata lists its ``choices`` (OmegaConf 2.3, the one Hydra 1.3 and verl install,
+has no ``Literal`` fields): the config check refuses any other value, naming the key and the
+choices, and each worker validates its own values again when it is built.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from rlvr.sandbox.config import SandboxConfig
 
@@ -70,14 +71,14 @@ class LLMJudgeRewardConfig(RewardWorkerConfig):
 class GeneralValRuleRewardConfig(RewardWorkerConfig):
     """Config of :class:`~rlvr.reward.workers.qa_rule.GeneralValRuleRewardWorker`."""
 
-    match_mode: Literal["exact", "contains"] = field(default="exact", metadata={"help": "exact: normalised answer equals a reference; contains: a normalised reference also counts when it appears as whole words in the answer"})
+    match_mode: str = field(default="exact", metadata={"help": "exact: normalised answer equals a reference; contains: a normalised reference also counts when it appears as whole words in the answer", "choices": ("exact", "contains")})
 
 
 @dataclass
 class CrossThinkQARuleRewardConfig(RewardWorkerConfig):
     """Config of :class:`~rlvr.reward.workers.qa_rule.CrossThinkQARuleRewardWorker`."""
 
-    reward_type: Literal["strict", "soft", "loose"] = field(default="soft", metadata={"help": "strict | soft | loose, see CrossThinkQARuleRewardWorker"})
+    reward_type: str = field(default="soft", metadata={"help": "strict | soft | loose, see CrossThinkQARuleRewardWorker", "choices": ("strict", "soft", "loose")})
 
 
 @dataclass
@@ -91,7 +92,7 @@ class MultipleChoiceBoxedRuleRewardConfig(RewardWorkerConfig):
 class GeneralRuleRewardConfig(RewardWorkerConfig):
     """Config of :class:`~rlvr.reward.workers.ifeval_rule.GeneralRuleRewardWorker` (IFEval)."""
 
-    reward_mode: Literal["fraction", "all"] = field(default="fraction", metadata={"help": "fraction: share of instructions followed; all: 1.0 only when every instruction is followed"})
+    reward_mode: str = field(default="fraction", metadata={"help": "fraction: share of instructions followed; all: 1.0 only when every instruction is followed", "choices": ("fraction", "all")})
     loose: bool = field(default=False, metadata={"help": "reward from the loose checks (first/last line and '*' tolerated) instead of the strict ones"})
 
 
@@ -99,7 +100,7 @@ class GeneralRuleRewardConfig(RewardWorkerConfig):
 class DetectionRewardConfig(RewardWorkerConfig):
     """Config of :class:`~rlvr.reward.workers.detection.DetectionRewardWorker`."""
 
-    accuracy_metric: Literal["map", "map50", "f1"] = field(default="map", metadata={"help": "map: COCO mAP@[.5:.95]; map50: AP@.5; f1: greedy IoU matching at iou_threshold"})
+    accuracy_metric: str = field(default="map", metadata={"help": "map: COCO mAP@[.5:.95]; map50: AP@.5; f1: greedy IoU matching at iou_threshold", "choices": ("map", "map50", "f1")})
     format_weight: float = field(default=0.2, metadata={"help": "weight of the format score (answer parses into well-formed boxes)"})
     accuracy_weight: float = field(default=0.8, metadata={"help": "weight of the accuracy score"})
     iou_threshold: float = field(default=0.5, metadata={"help": "IoU for a match in the f1 metric"})
@@ -169,7 +170,7 @@ class RewardWorkersConfig:
 class RewardConfig:
     """Which reward source scores which domain (the RLVR pipeline's reward routing)."""
 
-    route_key: Literal["data_source", "tag"] = field(default="data_source", metadata={"help": "non-tensor field that names a sample's domain: data_source | tag"})
+    route_key: str = field(default="data_source", metadata={"help": "non-tensor field that names a sample's domain: data_source | tag", "choices": ("data_source", "tag")})
     routes: dict[str, str] = field(default_factory=dict, metadata={"help": "domain -> reward worker (math_rule | code_sandbox | llm_judge | general_val | crossthinkqa | mc_boxed | ifeval | detection, each its own worker group) or reward manager (naive | dapo | batch | parallel, on the driver); empty: reward_model.reward_manager scores every sample"})
     num_workers: int = field(default=1, metadata={"help": "processes per reward worker group on the Ray backend (each scores its share of a domain's samples); the local backend runs 1 in the driver"})
     workers: RewardWorkersConfig = field(default_factory=RewardWorkersConfig, metadata={"help": "settings of each reward worker"})

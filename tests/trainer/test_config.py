@@ -104,6 +104,12 @@ CASES = [
      "'nope' is not valid; use one of batch, dapo, naive"),
     ({"reward_model.on_error": "ignore"}, "reward_model.on_error",
      "'ignore' is not valid; use one of raise, fallback, fallback_timeouts"),
+    # a schema field with fixed choices (a str with metadata choices: OmegaConf 2.3 has no Literal)
+    ({"reward.route_key": "tags"}, "reward.route_key", r"'tags' is not valid \(did you mean 'tag'\?\); use one of data_source, tag"),
+    ({"reward.workers.general_val.match_mode": "fuzzy"}, "reward.workers.general_val.match_mode",
+     "'fuzzy' is not valid; use one of exact, contains"),
+    ({"reward.workers.code_sandbox.sandbox.isolation": "docker"}, "reward.workers.code_sandbox.sandbox.isolation",
+     "use one of auto, namespaces, basic"),
     ({"actor_rollout_ref.rollout.name": "vllm_x"}, "actor_rollout_ref.rollout.name", "'vllm_x'.*hf"),
     ({"trainer.backend": "slurm"}, "trainer.backend", "'slurm' is not valid; use one of ray, local"),
     ({"trainer.backend": "rey"}, "trainer.backend", r"'rey' is not valid \(did you mean 'ray'\?\); use one of"),

@@ -17,6 +17,7 @@ and a misspelt one still gets a suggestion.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -30,7 +31,7 @@ from rlvr.reward.config import ON_ERROR_CHOICES
 from rlvr.trainer.config.algorithm_checks import check_new_algorithm_settings
 from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
-from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
+from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES, RlvrConfig
 from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
@@ -67,6 +68,20 @@ def _require(condition: bool, key: str, message: str) -> None:
 def _check_one_of(cfg_value: Any, key: str, choices: Collection[str]) -> None:
     _require(cfg_value in choices, key, f"{cfg_value!r} is not valid{did_you_mean(cfg_value, choices)}; "
              f"use one of {', '.join(choices)}")
+
+
+def check_field_choices(section: Any, schema: type, prefix: str = "") -> None:
+    """Refuse a value outside the ``choices`` that a schema field's metadata lists, in ``section``
+    (a config node of the dataclass ``schema``) and every dataclass section under it."""
+    for spec in dataclasses.fields(schema):
+        value = section.get(spec.name) if isinstance(section, (DictConfig, Mapping)) else getattr(section, spec.name, None)
+        key = f"{prefix}{spec.name}"
+        if "choices" in spec.metadata:
+            _check_one_of(value, key, spec.metadata["choices"])
+        elif spec.default_factory is not dataclasses.MISSING and value is not None:
+            nested = spec.default_factory()
+            if dataclasses.is_dataclass(nested):
+                check_field_choices(value, type(nested), key + ".")
 
 
 def _check_token_kl(cfg_value: Any, key: str) -> None:
@@ -510,6 +525,7 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     estimator's needs come from :data:`~rlvr.trainer.config.builtin_names.BUILTIN_ESTIMATOR_NEEDS`
     (another estimator's are checked by :func:`validate_config`)."""
     needs = estimator_needs or BUILTIN_ESTIMATOR_NEEDS.get(cfg.algorithm.adv_estimator)
+    check_field_choices(cfg, RlvrConfig)
     _check_trainer(cfg)
     _check_data(cfg, require_data_files)
     _check_rollout(cfg)
