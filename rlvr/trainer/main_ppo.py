@@ -152,11 +152,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"presets: {', '.join(list_presets())}. Example: rlvr --preset grpo "
                "data.train_files=train.jsonl trainer.backend=local")
     parser.add_argument("--preset", default=None, help="a preset name or a YAML file, applied before the overrides")
+    parser.add_argument("--config-path", "-cp", "--config-dir", "-cd", dest="config_path", default=None,
+                        help="Hydra: the folder of --config-name (absolute, or relative to rlvr/trainer, then to the "
+                             "working directory)")
+    parser.add_argument("--config-name", "-cn", dest="config_name", default=None,
+                        help="Hydra: a YAML config (its defaults: list may build on ppo_trainer / "
+                             "ppo_megatron_trainer); default ppo_trainer")
     parser.add_argument("--help-config", action="store_true", help="print every config key with its help and exit")
     parser.add_argument("--print-config", action="store_true", help="print the final config and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the config, print the derived settings and exit (nothing heavy is imported)")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. algorithm.adv_estimator=grpo")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides: key=value, +key=value, ++key=value, ~key, "
+                                                     "model_engine=megatron, e.g. algorithm.adv_estimator=grpo")
     return parser
 
 
@@ -197,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(help_config())
         return 0
     try:
-        cfg = load_config(args.preset, args.overrides)  # imports the user's modules (trainer.user_modules)
+        cfg = load_config(args.preset, args.overrides, args.config_name, args.config_path)  # imports the user's modules
         check_config(cfg)  # torch-free: everything but the registry names
         if uses_user_code(cfg):
             validate_config(cfg)  # the names against the registries, which hold the user's registrations

@@ -40,9 +40,11 @@ GROUPS = ("model_engine",)
 
 
 def _quiet() -> None:
-    """Silence what hydra-core 1.3 says about itself on OmegaConf 2.4 (its resolvers are registered
-    with a call 2.4 deprecates; it assigns its own version field): nothing about the user's config."""
+    """Silence what hydra-core says about itself (1.3 on OmegaConf 2.4: its resolvers are registered
+    with a call 2.4 deprecates, it assigns its own version field; 1.4: version_base): nothing about
+    the user's config."""
     warnings.filterwarnings("ignore", message="register_new_resolver", category=UserWarning)
+    warnings.filterwarnings("ignore", message=".*version_base", category=Warning)
     warnings.filterwarnings("ignore", category=FutureWarning, module="hydra")
 
 
@@ -63,7 +65,7 @@ def parse_overrides(items: Sequence[str]) -> list[Any]:
     """
     _hydra()
     from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
+    from hydra.errors import HydraException
 
     parser = OverridesParser.create()
     parsed = []
@@ -72,7 +74,7 @@ def parse_overrides(items: Sequence[str]) -> list[Any]:
             raise ConfigError(item, "an override must look like key=value, e.g. algorithm.adv_estimator=grpo")
         try:
             override = parser.parse_override(item)
-        except OverrideParseException as err:
+        except HydraException as err:  # OverrideParseException (1.3) or the parser's own error (1.4)
             raise ConfigError(item, f"cannot parse the override: {str(err).splitlines()[0]}") from None
         if override.is_sweep_override():
             raise ConfigError(override.key_or_group, f"{item!r} is a sweep (several values); rlvr runs one "
@@ -87,13 +89,13 @@ def _store(base: dict) -> None:
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    store.store(name=BASE_NAME, node=base)
+    store.store(name=BASE_NAME, node=base, replace=True)
     for name in ("ppo_trainer", "ppo_megatron_trainer"):
-        store.store(name=name, node=OmegaConf.load(CONFIG_DIR / f"{name}.yaml"))
+        store.store(name=name, node=OmegaConf.load(CONFIG_DIR / f"{name}.yaml"), replace=True)
     for group in GROUPS:
         for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
             node = OmegaConf.load(path)
-            store.store(group=group, name=path.stem, node=node, package="_global_")
+            store.store(group=group, name=path.stem, node=node, package="_global_", replace=True)
 
 
 def group_options(group: str) -> list[str]:

@@ -84,7 +84,7 @@ def _merge(layers: Sequence[Any], origin: str) -> DictConfig:
 @functools.cache
 def schema_shape() -> SchemaShape:
     """The schema's leaves, free-form dicts, lists and defaults (for the translation)."""
-    leaves, free, lists, defaults = set(), set(), set(), {}
+    leaves, free, lists, defaults, helps = set(), set(), set(), {}, {}
 
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
@@ -100,9 +100,10 @@ def schema_shape() -> SchemaShape:
             elif origin is list:
                 lists.add(key)
             defaults[key] = fld.default_factory() if fld.default_factory is not dataclasses.MISSING else fld.default
+            helps[key] = fld.metadata.get("help", "")
 
     walk(RlvrConfig, "")
-    return SchemaShape(frozenset(leaves), frozenset(free), frozenset(lists), defaults)
+    return SchemaShape(frozenset(leaves), frozenset(free), frozenset(lists), defaults, helps)
 
 
 def _verl_key(key: str) -> bool:
@@ -124,6 +125,7 @@ def _prepare_overrides(items: Sequence[str], shape: SchemaShape, groups: set[str
     ready, deletions = [], []
     for item, override in zip(items, parse_overrides(items)):
         key = override.key_or_group
+        deletions = [earlier for earlier in deletions if earlier.key_or_group != key]  # a later value wins
         if override.package is not None or key in groups or key.startswith("hydra."):
             ready.append(item)
         elif override.is_delete():

@@ -190,20 +190,23 @@ RULES: tuple[Rule, ...] = (
           "Megatron's distributed optimizer, which only shards them to save memory)", (True, False)),
     _note("*.megatron.use_megatron_fsdp", "Megatron-FSDP (ZeRO-3 sharding) is a memory switch; rlvr's Megatron "
           "backend shards by tensor/pipeline parallelism", (False,)),
-    _note("*.megatron.override_ddp_config", "bucket and overlap settings of Megatron's DDP wrapper, which rlvr's "
+    _note("*.megatron.override_ddp_config*", "bucket and overlap settings of Megatron's DDP wrapper, which rlvr's "
           "Megatron backend does not use (it reduces gradients itself)", ({},)),
-    _refused("*.megatron.override_mcore_model_config", "rlvr builds the GPT model from the HF config; pass "
+    _refused("*.megatron.override_mcore_model_config*", "rlvr builds the GPT model from the HF config; pass "
              "TransformerConfig fields in megatron.override_transformer_config", ({},)),
     _note("*.megatron.pad_bshd_to_minibatch_max", "a kernel-shape speed switch (padding is masked out)",
           (True, False)),
     _note("*.megatron.pad_to_length*", "a kernel-shape speed switch (padding is stripped before the loss)",
           (False, 512)),
+    _note("*.megatron.override_transformer_config.attention_backend", "rlvr's Megatron backend runs megatron-core's "
+          "local attention (the same math as flash / fused kernels, which need transformer-engine)",
+          ("flash", "auto", "local", "unfused", "fused")),
     _same("*.megatron.use_remove_padding", "packing is exact; rlvr's Megatron backend follows "
           "model.use_remove_padding"),
     _same("*.megatron.use_mbridge", "rlvr's own HF <-> Megatron converter loads and exports the weights "
           "(the same tensors as Megatron-Bridge)"),
     _same("*.megatron.vanilla_mbridge", "rlvr's own HF <-> Megatron converter loads and exports the weights"),
-    _same("*.checkpoint.mbridge_config", "rlvr's own HF <-> Megatron converter writes the checkpoints"),
+    _same("*.checkpoint.mbridge_config*", "rlvr's own HF <-> Megatron converter writes the checkpoints"),
     # ---- optimizer (Megatron's) ------------------------------------------------------------------
     _refused("*.optim.muon_*", "the Muon optimizer is not in rlvr (optim.optimizer=adamw)",
              gate=("*.optim.optimizer", ("AdamW", "adamw", "adam", "Adam"))),
@@ -236,8 +239,8 @@ RULES: tuple[Rule, ...] = (
           "out) only saves start-up time; rlvr's vLLM engine needs it for stop strings", (True, False)),
     _note("actor_rollout_ref.rollout.agent.num_workers", "verl's agent-loop worker processes; rlvr runs the "
           "agent loops inside each rollout worker", (8,)),
-    _note("actor_rollout_ref.rollout.engine_kwargs.sglang", "SGLang is a library rlvr does not use", ({}, None)),
-    _note("actor_rollout_ref.rollout.engine_kwargs.trtllm", "TensorRT-LLM is a library rlvr does not use",
+    _note("actor_rollout_ref.rollout.engine_kwargs.sglang*", "SGLang is a library rlvr does not use", ({}, None)),
+    _note("actor_rollout_ref.rollout.engine_kwargs.trtllm*", "TensorRT-LLM is a library rlvr does not use",
           ({}, None)),
     _note("actor_rollout_ref.rollout.disaggregation.*", "prefill/decode disaggregation across replicas is a "
           "serving speed switch rlvr does not have", gate=("actor_rollout_ref.rollout.disaggregation.enabled",
@@ -274,7 +277,7 @@ RULES: tuple[Rule, ...] = (
              "own (rollout.checkpoint_engine.backend maps verl's backends onto them)", (None,)),
     _note("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes", "rlvr pushes one "
           "parameter at a time (no buckets to size)", (2048,)),
-    _note("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs", "options of verl's transfer engines; rlvr "
+    _note("actor_rollout_ref.rollout.checkpoint_engine.engine_kwargs*", "options of verl's transfer engines; rlvr "
           "pushes weights its own way", ({},)),
     # ---- data ------------------------------------------------------------------------------------
     _note("data.dataloader_num_workers", "rlvr tokenizes the prompts once when the dataset loads and builds each "
@@ -321,6 +324,16 @@ RULES: tuple[Rule, ...] = (
           "metrics)", (None,)),
 )
 """Every rule, by section."""
+
+
+_ENGINE_NOTE = ("{value} is an inference library rlvr does not ship; rlvr's vLLM engine runs instead (the same "
+                "sampling of the same policy; engine_kwargs.{value} does not apply)")
+VALUE_ALIASES: dict[str, dict[Any, tuple[Any, str | None]]] = {
+    "actor_rollout_ref.rollout.name": {"sglang": ("vllm", _ENGINE_NOTE.format(value="sglang")),
+                                       "trtllm": ("vllm", _ENGINE_NOTE.format(value="trtllm"))},
+}
+"""verl's values of a schema field that rlvr names otherwise: ``key -> {verl value: (rlvr value,
+start-up note or None)}``."""
 
 
 def _matches(key: str, pattern: str) -> bool:

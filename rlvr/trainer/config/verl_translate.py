@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from rlvr.trainer.config.verl_pending import pending_refusal, pending_rule
-from rlvr.trainer.config.verl_rules import alias_for, gate_off, rule_for
+from rlvr.trainer.config.verl_rules import VALUE_ALIASES, alias_for, gate_off, rule_for
 from rlvr.utils.errors import ConfigError
 
 logger = logging.getLogger("rlvr.config")
@@ -36,12 +36,14 @@ class SchemaShape:
         free_dicts: dotted keys of the schema's free-form dict fields (their contents are values).
         lists: dotted keys of the list fields.
         defaults: schema default of every leaf (interpolations unresolved).
+        helps: help text of every leaf.
     """
 
     leaves: frozenset[str]
     free_dicts: frozenset[str]
     lists: frozenset[str]
     defaults: dict[str, Any]
+    helps: dict[str, str]
 
 
 def _flatten(node: Any, shape: SchemaShape, prefix: str = "") -> dict[str, Any]:
@@ -126,19 +128,14 @@ def _apply_rule(key: str, value: Any, values: dict[str, Any], shape: SchemaShape
     return True
 
 
-def _check_free_dict(key: str, value: Any, values: dict[str, Any]) -> Any:
-    """Entries of a free-form dict that are pending keys (e.g. MoE settings of issue 45 in
-    ``override_transformer_config``): refused unless they ask for what rlvr does today (dropped)."""
+def _check_free_dict(key: str, value: Any, values: dict[str, Any], shape: SchemaShape, notes: list[str]) -> Any:
+    """A free-form dict's entries that are verl keys of a rule or of another issue (e.g. MoE settings
+    of issue 45, or the attention backend, in ``override_transformer_config``): checked and dropped;
+    the others are kept."""
     if not isinstance(value, dict) or pending_rule(key) is not None:  # a schema dict inside a pending section
         return value
-    kept = {}
-    for name, item in value.items():
-        refusal = pending_refusal(f"{key}.{name}", item, values) if pending_rule(f"{key}.{name}") else None
-        if refusal:
-            raise ConfigError(f"{key}.{name}", f"{item!r}: {refusal}")
-        if pending_rule(f"{key}.{name}") is None:
-            kept[name] = item
-    return kept
+    return {name: item for name, item in value.items()
+            if not _apply_rule(f"{key}.{name}", item, values, shape, notes)}
 
 
 def translate(composed: DictConfig, shape: SchemaShape) -> tuple[dict[str, Any], list[str]]:
@@ -155,7 +152,11 @@ def translate(composed: DictConfig, shape: SchemaShape) -> tuple[dict[str, Any],
     notes: list[str] = []
     for key in list(leaves):
         if key in shape.free_dicts:
-            leaves[key] = _check_free_dict(key, leaves[key], values)
+            leaves[key] = _check_free_dict(key, leaves[key], values, shape, notes)
+        elif key in VALUE_ALIASES and values[key] in VALUE_ALIASES[key]:
+            leaves[key], note = VALUE_ALIASES[key][values[key]]
+            if note:
+                notes.append(f"{key}={values[key]!r}: {note}")
         elif key in shape.lists and isinstance(leaves[key], str) and "${" not in leaves[key]:
             leaves[key] = [leaves[key]]
         elif key not in shape.leaves and _apply_rule(key, values[key], values, shape, notes):
