@@ -84,7 +84,7 @@ def _merge(layers: Sequence[Any], origin: str) -> DictConfig:
 @functools.cache
 def schema_shape() -> SchemaShape:
     """The schema's leaves, free-form dicts, lists and defaults (for the translation)."""
-    leaves, free, lists, defaults, helps = set(), set(), set(), {}, {}
+    leaves, free, lists, defaults, helps, bools, optionals = set(), set(), set(), {}, {}, set(), set()
 
     def walk(cls: type, prefix: str) -> None:
         hints = typing.get_type_hints(cls)
@@ -94,6 +94,10 @@ def schema_shape() -> SchemaShape:
                 walk(hint, f"{key}.")
                 continue
             leaves.add(key)
+            if hint is bool:
+                bools.add(key)
+            if type(None) in typing.get_args(hint):
+                optionals.add(key)
             origin = typing.get_origin(hint) or hint
             if origin is dict:
                 free.add(key)
@@ -103,7 +107,8 @@ def schema_shape() -> SchemaShape:
             helps[key] = fld.metadata.get("help", "")
 
     walk(RlvrConfig, "")
-    return SchemaShape(frozenset(leaves), frozenset(free), frozenset(lists), defaults, helps)
+    return SchemaShape(frozenset(leaves), frozenset(free), frozenset(lists), defaults, helps, frozenset(bools),
+                       frozenset(optionals))
 
 
 def _verl_key(key: str) -> bool:

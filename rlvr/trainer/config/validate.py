@@ -275,9 +275,11 @@ def _check_vllm(rollout: DictConfig, workers: int) -> None:
     key = "actor_rollout_ref.rollout"
     _require(rollout.mode == "async" or importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
     _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
-             "the in-process vLLM engine runs one engine per worker; set it to 1")
+             "the in-process vLLM engine runs one engine per worker; set it to 1 (rollout tensor parallelism: "
+             "issue 42 builds it)")
     _require(workers == 1, "trainer.n_gpus_per_node",
-             f"rollout.name=vllm runs with one worker for now (got {workers}): an in-process vLLM engine would take "
+             f"rollout.name=vllm runs with one worker for now (got {workers}; vLLM on every worker: issue 42 builds "
+             "it): an in-process vLLM engine would take "
              "the workers' process group for its own tensor parallelism; use trainer.nnodes=1 "
              "trainer.n_gpus_per_node=1 (or trainer.backend=local), or rollout.name=hf for several workers")
     truncated = rollout.do_sample and (rollout.top_p < 1 or rollout.top_k > 0)

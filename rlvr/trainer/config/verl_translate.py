@@ -37,6 +37,8 @@ class SchemaShape:
         lists: dotted keys of the list fields.
         defaults: schema default of every leaf (interpolations unresolved).
         helps: help text of every leaf.
+        bools: the bool fields; optionals: the fields that may be None (verl's empty value ``key=``
+            of an unset shell variable is False / None there, as verl's falsy checks read it).
     """
 
     leaves: frozenset[str]
@@ -44,6 +46,8 @@ class SchemaShape:
     lists: frozenset[str]
     defaults: dict[str, Any]
     helps: dict[str, str]
+    bools: frozenset[str] = frozenset()
+    optionals: frozenset[str] = frozenset()
 
 
 def _flatten(node: Any, shape: SchemaShape, prefix: str = "") -> dict[str, Any]:
@@ -157,6 +161,8 @@ def translate(composed: DictConfig, shape: SchemaShape) -> tuple[dict[str, Any],
             leaves[key], note = VALUE_ALIASES[key][values[key]]
             if note:
                 notes.append(f"{key}={values[key]!r}: {note}")
+        elif leaves[key] == "" and (key in shape.bools or key in shape.optionals):
+            leaves[key] = False if key in shape.bools else None
         elif key in shape.lists and isinstance(leaves[key], str) and "${" not in leaves[key]:
             leaves[key] = [leaves[key]]
         elif key not in shape.leaves and _apply_rule(key, values[key], values, shape, notes):
