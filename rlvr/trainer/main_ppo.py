@@ -103,12 +103,10 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
     from rlvr.trainer.ppo.reward import load_reward_manager
     from rlvr.utils.seed import set_seed
-    from rlvr.utils.tokenizer import hf_processor, hf_tokenizer
+    from rlvr.utils.tokenizer import data_tokenizer
 
     set_seed(cfg.trainer.seed)
-    model = cfg.actor_rollout_ref.model
-    tokenizer = hf_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code)
-    processor = hf_processor(model.path, trust_remote_code=model.trust_remote_code)  # None: a text-only model
+    tokenizer, processor = data_tokenizer(cfg.actor_rollout_ref.model, cfg.data)  # processor None: a text-only model
     use_gpu = _uses_gpu(cfg)
     default_mapping, pool_of_role = build_role_worker_mapping(cfg)
     spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}

@@ -56,7 +56,7 @@ from rlvr.single_controller.base.worker import Worker
 from rlvr.utils import core_lending
 from rlvr.utils.model import load_tokenizer
 from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
-from rlvr.utils.tokenizer import hf_processor
+from rlvr.utils.tokenizer import hf_processor, set_chat_template
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_lora, save_training_state
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
@@ -169,6 +169,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         cfg = self.config.actor_rollout_ref
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
         self.processor = hf_processor(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)  # None: text
+        set_chat_template(self.tokenizer, self.processor, cfg.model.custom_chat_template)
         if self._is_actor:
             self._init_actor(cfg)
         if self._is_rollout:

@@ -216,9 +216,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
         data = self.config.data
         if train_dataset is None:
-            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor)
+            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor, is_train=True)
         if val_dataset is None and data.val_files is not None:
-            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor,
+            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor, is_train=False,
                                             max_samples=data.val_max_samples)
         self.train_dataset, self.val_dataset, self.collate_fn = train_dataset, val_dataset, collate_fn
         sampler = train_sampler if train_sampler is not None else create_rl_sampler(data, train_dataset)
