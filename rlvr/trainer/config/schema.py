@@ -95,7 +95,7 @@ class OptimConfig:
     lr_scheduler_type: Optional[str] = _f("constant", "learning-rate schedule after warmup: constant | cosine (None = constant)")
     min_lr_ratio: Optional[float] = _f(0.0, "cosine schedule floor as a fraction of lr (None = 0)")
     num_cycles: float = _f(0.5, "waves of the cosine schedule over the decay (0.5: one half cosine, lr down to the floor)")
-    zero_indexed_step: bool = _f(False, "verl's step counting: True = the warmup starts at lr 0 (step 0 of warmup_steps), False = at lr / warmup_steps")
+    zero_indexed_step: Optional[bool] = _f(None, "verl's step counting of the schedule: True = from 0 (the first warmup step has lr 0), False = from 1; None = rlvr's (warmup from lr / warmup_steps, decay from the end of the warmup)")
     lr_decay_style: Optional[str] = _f(None, "Megatron's schedule after warmup (replaces lr_scheduler_type when set): constant | linear | cosine | inverse-square-root | WSD")
     min_lr: float = _f(0.0, "lr_decay_style: the lr at the end of the decay")
     lr_decay_steps: Optional[int] = _f(None, "lr_decay_style: steps from the start to the end of the decay (None = total_training_steps)")

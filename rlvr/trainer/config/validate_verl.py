@@ -74,6 +74,8 @@ def _check_optim(optim: DictConfig, key: str) -> None:
     _require(optim.min_lr_ratio is None or 0 <= optim.min_lr_ratio <= 1, f"{key}.min_lr_ratio", "must be in [0, 1]")
     _require(optim.num_cycles > 0, f"{key}.num_cycles", "must be > 0 (0.5: one half cosine)")
     _require(optim.clip_grad is None or optim.clip_grad > 0, f"{key}.clip_grad", "must be > 0 (or null: grad_clip)")
+    _require(optim.lr_decay_style != "WSD" or optim.lr_wsd_decay_steps is not None, f"{key}.lr_wsd_decay_steps",
+             "lr_decay_style=WSD needs the steps of its final decay")
     for name in ("lr_decay_steps", "lr_wsd_decay_steps"):
         _require(optim[name] is None or optim[name] >= 1, f"{key}.{name}", "must be >= 1 step (or null)")
 

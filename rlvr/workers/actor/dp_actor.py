@@ -55,6 +55,7 @@ from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
+from rlvr.workers.optimizer import max_grad_norm
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group, shared_generator
 
@@ -346,7 +347,7 @@ class DataParallelPPOActor:
         update = update_mini_batch(
             self.module, self.optimizer, mini, micro_batches,
             lambda micro: self._micro_loss(micro, temperature, bypass_rs, prox),
-            len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
+            len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=max_grad_norm(config),
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
             clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
         )

@@ -16,6 +16,7 @@ import torch
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import compute_value_loss
+from rlvr.workers.optimizer import max_grad_norm
 from rlvr.workers.batching import micro_batch_indices, select_batch_keys
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
 from rlvr.workers.critic.packed_values import packed_values
@@ -121,7 +122,7 @@ class DataParallelPPOCritic:
     def _train_mini_batch(self, mini: dict[str, torch.Tensor]) -> dict[str, float]:
         update = update_mini_batch(
             self.module, self.optimizer, mini, self._micro_batches(mini, self.config.ppo_max_token_len_per_gpu),
-            self._micro_loss, 2, loss_agg_mode=self.config.loss_agg_mode, grad_clip=self.config.grad_clip,
+            self._micro_loss, 2, loss_agg_mode=self.config.loss_agg_mode, grad_clip=max_grad_norm(self.config),
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
             clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
         )
