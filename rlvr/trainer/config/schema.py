@@ -351,7 +351,7 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    nccl_timeout: float = _f(600.0, "seconds a collective of the actor / rollout / reference process group may take")
+    nccl_timeout: Optional[float] = _f(None, "seconds a collective of the actor / rollout / reference process group may take (None = trainer.call_timeout_s)")
     hybrid_engine: bool = _f(True, "actor, rollout and reference share one worker group; false: the rollout runs in a resource pool of its own (top-level rollout section; the local backend: a child process)")
     model: ModelConfig = _sub(ModelConfig, "the policy model")
     actor: ActorConfig = _sub(ActorConfig, "policy training")
@@ -381,7 +381,7 @@ class CriticConfig:
     data_loader_seed: Optional[int] = _f(None, "seed of the critic's mini-batch shuffle; None = trainer.seed")
     loss_scale_factor: Optional[float] = _f(None, "seq-mean-token-sum-norm: the constant each sequence's token sum is divided by (None = the response length)")
     checkpoint: CheckpointConfig = _sub(CheckpointConfig, "what the critic's checkpoints hold")
-    nccl_timeout: float = _f(600.0, "seconds a collective of the critic's process group may take")
+    nccl_timeout: Optional[float] = _f(None, "seconds a collective of the critic's process group may take (None = trainer.call_timeout_s)")
     use_dynamic_bsz: bool = _f(False, "size the critic's micro-batches by token budget instead of sequence count")
     ppo_max_token_len_per_gpu: int = _f(32768, "token budget of a critic update micro-batch when use_dynamic_bsz")
     forward_max_token_len_per_gpu: int = _f("${critic.ppo_max_token_len_per_gpu}", "token budget of a compute_values micro-batch when use_dynamic_bsz (default: ppo_max_token_len_per_gpu)")

@@ -113,7 +113,7 @@ def _check_roles(cfg: DictConfig) -> None:
              "must be >= 1 row")
     for key, nccl in (("actor_rollout_ref.nccl_timeout", arr.nccl_timeout), ("critic.nccl_timeout",
                                                                             cfg.critic.nccl_timeout)):
-        _require(nccl > 0, key, "must be > 0 seconds")
+        _require(nccl is None or nccl > 0, key, "must be > 0 seconds (or null: trainer.call_timeout_s)")
     for key, megatron in (("actor_rollout_ref.actor.megatron", actor.megatron),
                           ("actor_rollout_ref.ref.megatron", arr.ref.megatron), ("critic.megatron", cfg.critic.megatron)):
         vpp = megatron.virtual_pipeline_model_parallel_size

@@ -34,6 +34,7 @@ run unpacked.
 from __future__ import annotations
 
 import torch
+from omegaconf import OmegaConf
 from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedModel
@@ -160,6 +161,9 @@ class DataParallelPPOActor:
         use_remove_padding: run every forward on packed micro-batches (the module must be on the
             packed attention, :func:`~rlvr.workers.packed_attention.use_packed_attention`).
         sp_size: Ulysses sequence-parallel ranks per group (needs ``use_remove_padding``).
+        compute_dtype: mixed precision on one rank (``fsdp_config.dtype``): forward passes run
+            under ``torch.autocast`` in this dtype, the parameters keep theirs (with several ranks
+            FSDP2's mixed-precision policy does it: :func:`~rlvr.workers.fsdp.shard_module`).
     """
 
     clip_grad_norm_fn = staticmethod(clip_grad_norm)
@@ -170,7 +174,8 @@ class DataParallelPPOActor:
     def __init__(self, config, module: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
                  device: str | torch.device, log_prob_use_dynamic_bsz: bool = False,
-                 log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1) -> None:
+                 log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1,
+                 compute_dtype: torch.dtype | None = None) -> None:
         self.config = config
         self.module = module
         self.optimizer = optimizer
@@ -187,6 +192,12 @@ class DataParallelPPOActor:
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
         self.share_prompts = self.chunked_head and config.share_prompt_forward and not use_remove_padding
+        self.autocast_dtype = compute_dtype if world_size == 1 else None
+        seed = config.data_loader_seed
+        self.shuffle_generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+        # verl's loss_scale_factor reaches agg_loss through the loss's config (global_batch_info), as in verl
+        self.loss_config = config if config.loss_scale_factor is None else OmegaConf.merge(
+            config, {"global_batch_info": {"loss_scale_factor": float(config.loss_scale_factor)}})
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int, use_dynamic_bsz: bool,
                        max_token_len: int) -> list[list[int]]:
@@ -205,7 +216,16 @@ class DataParallelPPOActor:
 
     def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                  entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
+        """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy;
+        under autocast in ``compute_dtype`` when set."""
+        if self.autocast_dtype is None:
+            return self._forward_in_dtype(batch, temperature, calculate_entropy, entropy_grad)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            log_probs, entropy = self._forward_in_dtype(batch, temperature, calculate_entropy, entropy_grad)
+        return log_probs.float(), None if entropy is None else entropy.float()
+
+    def _forward_in_dtype(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
+                          entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         core_lending.check_per_layer(self.module)  # the rollout's cores, while it waits
         if self.use_remove_padding:
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
@@ -292,7 +312,8 @@ class DataParallelPPOActor:
         metrics = run_ppo_epochs(
             batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox),
             epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size * self.sp.size,
-            shuffle=self.config.shuffle, generator=shared_generator(self.sp) if self.config.shuffle else None,
+            shuffle=self.config.shuffle,
+            generator=self.shuffle_generator or (shared_generator(self.sp) if self.config.shuffle else None),
         )
         if prox is not None:
             metrics.update({name: [value] for name, value in prox.metrics().items()})
@@ -325,15 +346,16 @@ class DataParallelPPOActor:
             old_log_prob, is_weights = micro["old_log_probs"], micro.get("rollout_is_weights")
         pg_loss, pg_metrics = self.policy_loss_fn(
             old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"],
-            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=config,
+            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=self.loss_config,
             rollout_is_weights=is_weights,
         )
-        entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode)
+        scale = config.loss_scale_factor
+        entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode, loss_scale_factor=scale)
         loss = pg_loss - config.entropy_coeff * entropy_loss if config.entropy_coeff != 0 else pg_loss
         kl_loss = torch.zeros(())
         if config.use_kl_loss:
             kl_loss = agg_loss(kl_penalty(log_prob, micro["ref_log_prob"], config.kl_loss_type), mask,
-                               config.loss_agg_mode)
+                               config.loss_agg_mode, loss_scale_factor=scale)
             loss = loss + config.kl_loss_coef * kl_loss
         values = [pg_metrics["pg_loss"], pg_metrics["pg_clipfrac"], pg_metrics["ppo_kl"], entropy_loss, kl_loss]
         return loss, torch.stack([v.detach().float().cpu() for v in values])
