@@ -195,7 +195,8 @@ class ActorRolloutRefWorker(TrainingWorker):
     def _init_actor(self, cfg) -> None:
         fsdp = cfg.actor.fsdp_config
         seed_role(fsdp)
-        module = build_causal_lm(cfg.model, trainable=True, dtype=fsdp.model_dtype).to(self.device)
+        module = build_causal_lm(cfg.model, trainable=True, dtype=fsdp.model_dtype,
+                                 freeze_vision=cfg.actor.freeze_vision_tower).to(self.device)
         if self._is_rollout and self.world_size > 1 and get_rollout_engine(cfg.rollout.name).runs_torch_module:
             self._rollout_replica = copy.deepcopy(module).requires_grad_(False)
         precision = compute_dtype(fsdp, module)
@@ -212,7 +213,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,
             log_prob_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.actor.ulysses_sequence_parallel_size,
-            compute_dtype=precision,
+            compute_dtype=precision, compile_forward=cfg.actor.use_torch_compile,
         )
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -251,7 +252,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_use_dynamic_bsz=cfg.ref.log_prob_use_dynamic_bsz,
             log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.ref.ulysses_sequence_parallel_size,
-            compute_dtype=compute_dtype(cfg.ref.fsdp_config, module),
+            compute_dtype=compute_dtype(cfg.ref.fsdp_config, module), compile_forward=cfg.ref.use_torch_compile,
         )
         self.ref_placement = Placement(module, None, self.device)
         if not self._ref_shares_actor:
@@ -301,6 +302,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         if self.weight_inbox.interrupt is not None:
             metrics["async/interrupted_generations"] = float(self.weight_inbox.last_interrupted_rows)
         output.meta_info.update(metrics=metrics, timing=timer.result())
+        if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            output.batch.pop("rollout_log_probs")  # verl's calculate_log_probs=false: no rollout log-probs
         if self._is_actor:
             output.meta_info["actor_weights_version"] = self._weights_version
         else:  # a rollout group apart: its ranks may end a call on different versions; response_versions say which

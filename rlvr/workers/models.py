@@ -71,7 +71,7 @@ def _load(model_config, path: str, dtype: str | None = None) -> PreTrainedModel:
     return model
 
 
-def build_causal_lm(model_config, trainable: bool, dtype: str | None = None) -> nn.Module:
+def build_causal_lm(model_config, trainable: bool, dtype: str | None = None, freeze_vision: bool = False) -> nn.Module:
     """The policy model from ``actor_rollout_ref.model`` (path, dtype, attention, packing, LoRA, checkpointing).
 
     Args:
@@ -79,6 +79,8 @@ def build_causal_lm(model_config, trainable: bool, dtype: str | None = None) -> 
         trainable: False for a frozen reference model (no LoRA, no checkpointing, eval mode,
             ``requires_grad=False``).
         dtype: the parameters' dtype (a role's ``fsdp_config.model_dtype``; None: ``model.dtype``).
+        freeze_vision: a vision-language model's vision encoder does not train
+            (``actor.freeze_vision_tower``).
 
     Returns:
         a ``PreTrainedModel``, or a ``PeftModel`` when ``lora_rank > 0`` and ``trainable``.
@@ -87,6 +89,8 @@ def build_causal_lm(model_config, trainable: bool, dtype: str | None = None) -> 
     if not trainable:
         model.requires_grad_(False)
         return model.eval()
+    if freeze_vision:
+        vision_encoder(model).requires_grad_(False)
     if model_config.enable_gradient_checkpointing:
         _enable_gradient_checkpointing(model)
     if model_config.lora_rank > 0:
@@ -94,6 +98,23 @@ def build_causal_lm(model_config, trainable: bool, dtype: str | None = None) -> 
             model.enable_input_require_grads()
         model = get_peft_model(model, _lora_config(model_config, "CAUSAL_LM"))
     return model
+
+
+VISION_ENCODER_NAMES = ("visual", "vision_tower", "vision_model")
+"""Attribute names of the vision encoder in transformers' vision-language models."""
+
+
+def vision_encoder(model: PreTrainedModel) -> nn.Module:
+    """The vision encoder of a vision-language model.
+
+    Raises:
+        ValueError: the model has none (a text-only model).
+    """
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] in VISION_ENCODER_NAMES:
+            return module
+    raise ValueError(f"{type(model).__name__} has no vision encoder (none of {VISION_ENCODER_NAMES}); "
+                     "actor.freeze_vision_tower applies to vision-language models only")
 
 
 def unwrap_hf_model(module: nn.Module) -> PreTrainedModel:

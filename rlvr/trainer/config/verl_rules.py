@@ -93,8 +93,6 @@ ALIASES: tuple[Alias, ...] = (
     *(Alias(f"actor_rollout_ref.actor.{sec}.{name}", f"actor_rollout_ref.actor.{name}", default)
       for sec in ("fsdp_config", "megatron")
       for name, default in (("entropy_from_logits_with_chunking", False), ("entropy_from_logits_chunk_size", 2048))),
-    Alias("actor_rollout_ref.actor.fsdp_config.entropy_checkpointing", "actor_rollout_ref.actor.entropy_checkpointing",
-          False),
     Alias("actor_rollout_ref.actor.fsdp_config.use_torch_compile", "actor_rollout_ref.actor.use_torch_compile", True),
     Alias("actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
           "actor_rollout_ref.actor.ulysses_sequence_parallel_size", 1),
@@ -144,6 +142,8 @@ RULES: tuple[Rule, ...] = (
     _same("actor_rollout_ref.ref.fsdp_config.entropy_*", "the reference computes log-probs only, no entropy"),
     _same("actor_rollout_ref.ref.megatron.entropy_*", "the reference computes log-probs only, no entropy"),
     _same("actor_rollout_ref.ref.entropy_*", "the reference computes log-probs only, no entropy"),
+    _same("actor_rollout_ref.actor.*entropy_checkpointing", "rlvr's entropy always keeps only the logits and "
+          "recomputes the probabilities chunk by chunk in backward (what verl's entropy checkpointing does)"),
     _same("critic.fsdp_config.entropy_*", "the critic computes values, no entropy"),
     _same("critic.megatron.entropy_*", "the critic computes values, no entropy"),
     _same("critic.fsdp_config.use_torch_compile", "verl compiles the entropy computation, which the critic "

@@ -477,8 +477,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _compute_old_log_prob(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """``old_log_probs`` from the actor (the worker reuses the rollout's sampling log-probs when
         they are exact for the current weights), the rollout/actor mismatch metrics and the rollout
-        correction. ``actor/entropy`` is the Monte-Carlo estimate
-        ``mean(-log p)`` of the sampled tokens, unless the worker returned per-token ``entropys``."""
+        correction (both need the rollout's log-probs: ``rollout.calculate_log_probs``).
+        ``actor/entropy`` is the Monte-Carlo estimate ``mean(-log p)`` of the sampled tokens, unless
+        the worker returned per-token ``entropys`` (asked for with ``actor.calculate_entropy``)."""
         rc = self.rollout_correction
         if rc.bypass_mode:
             metrics.update(bypass_old_log_probs(batch, rc))
@@ -486,6 +487,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if self.prox_from_update:  # decoupled PPO, one optimizer step: the update's forward is the proximal policy
             batch.meta_info[PROX_FROM_UPDATE_KEY] = prox_from_update_settings(rc)
             return
+        batch.meta_info["calculate_entropy"] = bool(self.config.actor_rollout_ref.actor.calculate_entropy)
         with _timer("old_log_prob", timing):
             output = self.actor_rollout_wg.compute_log_prob(batch)
         mask = batch.batch["response_mask"]
@@ -496,9 +498,11 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             metrics["actor/entropy"] = agg_loss(output.batch["entropys"], mask, loss_agg_mode).item()
         else:
             metrics["actor/entropy"] = masked_mean(-output.batch["old_log_probs"], mask).item()
-        metrics.update(compute_rollout_mismatch_metrics(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
-                                                         mask, rc.log_prob_diff_threshold))
-        metrics.update(compute_rollout_correction_and_add_to_batch(batch, rc)[1])
+        if "rollout_log_probs" in batch.batch.keys():
+            metrics.update(compute_rollout_mismatch_metrics(batch.batch["old_log_probs"],
+                                                             batch.batch["rollout_log_probs"], mask,
+                                                             rc.log_prob_diff_threshold))
+            metrics.update(compute_rollout_correction_and_add_to_batch(batch, rc)[1])
 
     def _compute_ref_log_prob(self, batch: DataProto, timing: dict[str, float]) -> None:
         with _timer("ref", timing):

@@ -33,6 +33,8 @@ run unpacked.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from omegaconf import OmegaConf
 from peft import PeftModel
@@ -49,7 +51,7 @@ from rlvr.trainer.ppo.rollout_correction import (
 )
 from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
-from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from rlvr.utils.torch_functional import DEFAULT_CHUNK_ROWS, entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.actor.packed_log_probs import packed_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
@@ -62,6 +64,7 @@ from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group,
 
 __all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "response_window"]
 
+logger = logging.getLogger(__name__)
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
 
@@ -164,6 +167,14 @@ class DataParallelPPOActor:
         compute_dtype: mixed precision on one rank (``fsdp_config.dtype``): forward passes run
             under ``torch.autocast`` in this dtype, the parameters keep theirs (with several ranks
             FSDP2's mixed-precision policy does it: :func:`~rlvr.workers.fsdp.shard_module`).
+        compile_forward: ``torch.compile`` the micro-batch forward (model and log-prob head; the
+            rollout's calls of the same module stay eager); a forward that does not compile runs
+            eagerly from then on, with a warning.
+
+    ``config.use_fused_kernels`` (verl's key) selects the fused linear log-prob head on one rank
+    (:func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: no ``[b, r, vocab]`` logits);
+    off, or on several ranks, the full logits of a micro-batch are used. The entropy is computed
+    ``entropy_from_logits_chunk_size`` rows at a time with ``entropy_from_logits_with_chunking``.
     """
 
     clip_grad_norm_fn = staticmethod(clip_grad_norm)
@@ -175,7 +186,7 @@ class DataParallelPPOActor:
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
                  device: str | torch.device, log_prob_use_dynamic_bsz: bool = False,
                  log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1,
-                 compute_dtype: torch.dtype | None = None) -> None:
+                 compute_dtype: torch.dtype | None = None, compile_forward: bool = False) -> None:
         self.config = config
         self.module = module
         self.optimizer = optimizer
@@ -190,7 +201,10 @@ class DataParallelPPOActor:
             raise ValueError("Ulysses sequence parallelism runs on packed sequences: it needs use_remove_padding")
         self.sp = sequence_parallel_group(sp_size, world_size)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
-        self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
+        self.chunked_head = bool(config.use_fused_kernels) and world_size == 1 and _has_plain_lm_head(module)
+        self.entropy_chunk = (int(config.entropy_from_logits_chunk_size) if config.entropy_from_logits_with_chunking
+                              else DEFAULT_CHUNK_ROWS)
+        self._compiled = torch.compile(self._forward_in_dtype, dynamic=True) if compile_forward else None
         self.share_prompts = self.chunked_head and config.share_prompt_forward and not use_remove_padding
         self.autocast_dtype = compute_dtype if world_size == 1 else None
         seed = config.data_loader_seed
@@ -219,17 +233,29 @@ class DataParallelPPOActor:
         """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy;
         under autocast in ``compute_dtype`` when set."""
         if self.autocast_dtype is None:
-            return self._forward_in_dtype(batch, temperature, calculate_entropy, entropy_grad)
+            return self._compiled_or_eager(batch, temperature, calculate_entropy, entropy_grad)
         with torch.autocast(self.device.type, dtype=self.autocast_dtype):
-            log_probs, entropy = self._forward_in_dtype(batch, temperature, calculate_entropy, entropy_grad)
+            log_probs, entropy = self._compiled_or_eager(batch, temperature, calculate_entropy, entropy_grad)
         return log_probs.float(), None if entropy is None else entropy.float()
+
+    def _compiled_or_eager(self, *args) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The compiled forward while it works (``compile_forward``), else the eager one."""
+        if self._compiled is not None:
+            try:
+                return self._compiled(*args)
+            except Exception as err:  # noqa: BLE001 - any compiler failure: the eager forward is the same function
+                logger.warning("torch.compile of the actor's forward failed (%s: %s); running it eagerly from now "
+                               "on (actor_rollout_ref.actor.use_torch_compile=false skips the attempt)",
+                               type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                self._compiled = None
+        return self._forward_in_dtype(*args)
 
     def _forward_in_dtype(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                           entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
         core_lending.check_per_layer(self.module)  # the rollout's cores, while it waits
         if self.use_remove_padding:
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
-                                    self.chunked_head, self.sp)
+                                    self.chunked_head, self.sp, self.entropy_chunk)
         response_len = batch["responses"].shape[1]
         if self.chunked_head and not (calculate_entropy and entropy_grad):
             hidden, weight = response_hidden(self.module, batch, self.share_prompts)
@@ -243,10 +269,10 @@ class DataParallelPPOActor:
         if not calculate_entropy:
             return log_probs, None
         if entropy_grad:
-            entropy = entropy_from_logits(logits)
+            entropy = entropy_from_logits(logits, self.entropy_chunk)
         else:
             with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
+                entropy = entropy_from_logits(logits.detach(), self.entropy_chunk)
         return log_probs, _pad_right(entropy, response_len)
 
     @torch.no_grad()

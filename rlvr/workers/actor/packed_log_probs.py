@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
+from rlvr.utils.torch_functional import DEFAULT_CHUNK_ROWS, entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
 from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.packed_attention import packed_forward
@@ -49,8 +49,8 @@ def _head_inputs(module: nn.Module, packed: PackedBatch, sp: SequenceParallel, c
 
 
 def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                     calculate_entropy: bool, entropy_grad: bool, chunked_head: bool, sp: SequenceParallel
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     calculate_entropy: bool, entropy_grad: bool, chunked_head: bool, sp: SequenceParallel,
+                     entropy_chunk: int = DEFAULT_CHUNK_ROWS) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the response tokens and optionally the entropies, from a packed forward.
 
     Args:
@@ -62,6 +62,7 @@ def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperat
         entropy_grad: the entropy carries a gradient (needs the logits head, not ``chunked_head``).
         chunked_head: use the chunked LM head (one unsharded rank, bias-free head).
         sp: the sequence-parallel group (size 1: none).
+        entropy_chunk: rows per chunk of the entropy (``actor.entropy_from_logits_chunk_size``).
 
     Returns:
         ``(log_probs [b, R], entropy [b, R] or None)`` float32, zero where a row has no response token.
@@ -76,9 +77,9 @@ def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperat
         log_probs = logprobs_from_logits(logits, labels)
         entropy = None
         if calculate_entropy and entropy_grad:
-            entropy = entropy_from_logits(logits)
+            entropy = entropy_from_logits(logits, entropy_chunk)
         elif calculate_entropy:
             with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
+                entropy = entropy_from_logits(logits.detach(), entropy_chunk)
     log_probs = packed.unpack(log_probs, sp)
     return log_probs, packed.unpack(entropy, sp) if entropy is not None else None
