@@ -272,12 +272,17 @@ class RunCheckpoints:
         self.manager = CheckpointManager(root, max_to_keep)
         self.restore_points: list[Path] = []  # written or resumed from by this run, oldest first
 
-    def save(self, step: int, groups: dict[str, Any], driver_state: dict[str, Any]) -> Path:
-        """Write ``global_step_<step>``: every group's state and RNG states, the driver state, the manifest."""
+    def save(self, step: int, groups: dict[str, Any], driver_state: dict[str, Any],
+             hf_exports: frozenset[str] = frozenset()) -> Path:
+        """Write ``global_step_<step>``: every group's state and RNG states, the driver state, the
+        manifest; the groups named in ``hf_exports`` also write their model as a Hugging Face folder
+        ``<name>/huggingface`` (verl's ``checkpoint.save_contents`` with ``hf_model``)."""
         tmp = self.manager.begin(step)
         worker_rng = {}
         for name, group in groups.items():
             group.save_checkpoint(str(tmp / name))
+            if name in hf_exports:
+                group.export_hf(str(tmp / name / "huggingface"))
             worker_rng[name] = group.get_rng_state()
         path = self.manager.commit(tmp, step, {**driver_state, "worker_rng": worker_rng})
         self.restore_points.append(path)
@@ -313,3 +318,4 @@ class RunCheckpoints:
                 return path
             logger.warning("checkpoint %s skipped: %s; falling back to the previous one", path, problem)
         return None
+

@@ -109,7 +109,8 @@ def _generation(cfg: DictConfig) -> str:
 def _checkpoints(cfg: DictConfig) -> str:
     t = cfg.trainer
     when = f"every {t.save_freq} steps and at the end" if t.save_freq > 0 else "at the end"
-    keep = "all" if t.max_actor_ckpt_to_keep is None else f"the last {t.max_actor_ckpt_to_keep}"
+    kept = checkpoints_to_keep(t, bool(cfg.critic.enable))
+    keep = "all" if kept is None else f"the last {kept}"
     return f"{when} into {t.default_local_dir}/checkpoints (keep {keep}); resume: {t.resume_mode}"
 
 
@@ -137,3 +138,14 @@ def describe_run(cfg: DictConfig) -> str:
     rows += [("workers", _placement(cfg)), ("schedule", _schedule(cfg)), ("checkpoints", _checkpoints(cfg)),
              ("recovery", _recovery(cfg))]
     return "\n".join(["rlvr: derived settings"] + [f"  {label:<15}{text}" for label, text in rows])
+
+
+def checkpoints_to_keep(trainer_config, with_critic: bool) -> int | None:
+    """How many whole checkpoints to keep: ``trainer.max_actor_ckpt_to_keep``, and
+    ``max_critic_ckpt_to_keep`` when a critic trains (verl prunes the roles' states separately; a
+    rlvr checkpoint is whole or not resumable, so the smallest limit applies); None = all."""
+    limits = [trainer_config.max_actor_ckpt_to_keep]
+    if with_critic:
+        limits.append(trainer_config.max_critic_ckpt_to_keep)
+    limits = [int(k) for k in limits if k is not None]
+    return min(limits) if limits else None

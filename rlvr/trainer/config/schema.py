@@ -410,7 +410,7 @@ class KLControlConfig:
 @dataclass
 class FilterGroupsConfig:
     enable: bool = _f(False, "DAPO dynamic sampling: drop groups whose metric is equal across samples")
-    metric: str = _f("acc", "what must differ within a group: acc | score")
+    metric: str = _f("acc", "what must differ within a group: acc | score (verl's reward / seq_reward: the score)")
     max_num_gen_batches: int = _f(10, "max generation batches per step before giving up (0 = unlimited)")
 
 

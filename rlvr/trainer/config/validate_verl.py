@@ -92,6 +92,8 @@ def _check_checkpoint(section: DictConfig, key: str) -> None:
         contents = list(section[name])
         unknown = [item for item in contents if item not in CHECKPOINT_CONTENTS]
         _require(not unknown, f"{key}.{name}", f"unknown contents {unknown}; use {', '.join(CHECKPOINT_CONTENTS)}")
+        _require(not (key == "critic.checkpoint" and "hf_model" in contents), f"{key}.{name}",
+                 "the critic (a backbone with a value head) has no Hugging Face model to export; remove hf_model")
         missing = [item for item in ("model", "optimizer", "extra") if item not in contents]
         _require(not missing, f"{key}.{name}", f"rlvr's checkpoints are whole, so that a resume continues the run "
                  f"exactly: add {missing} (hf_model may be added to save_contents)")

@@ -55,6 +55,7 @@ from rlvr.single_controller import ClassWithInitArgs
 from rlvr.trainer.async_schedule import AsyncRollout, prox_log_prob_from_update, rollout_correction_config
 from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
 from rlvr.trainer.checkpoint import RunCheckpoints
+from rlvr.trainer.run_settings import checkpoints_to_keep
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
 from rlvr.trainer.config.async_checks import rollout_apart
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
@@ -179,7 +180,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             check_data_routes(self.config, train_dataset, val_dataset)
         self.reward_workers: RestartableGroup | None = None  # over a RewardWorkerGroups
         self.run_dir = Path(self.config.trainer.default_local_dir)
-        self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
+        self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints",
+                                          checkpoints_to_keep(self.config.trainer, self.use_critic))
         self.global_steps = 0
         self.workers = TrainerWorkerGroups(resource_pool_manager, ray_worker_group_cls,
                                            self.config.trainer.call_timeout_s)
