@@ -86,6 +86,31 @@ def _placement(cfg: DictConfig) -> str:
     return f"{where}; rewards: {scoring}"
 
 
+_NAIVE = "rlvr's push above is that in-process / inter-process copy"
+_NETWORK = ("its transfer engine is a library rlvr does not use; the push above carries the same weights "
+            "(a speed difference only)")
+
+
+def weight_push(cfg: DictConfig) -> str:
+    """How new weights reach the rollout, and what verl's ``rollout.checkpoint_engine.backend``
+    maps to (each of verl's transfer backends moves the same tensors: rlvr's path is decided by
+    where the rollout runs)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.mode == "async":
+        path = "written to a weights folder that every vLLM server replica reloads"
+    elif rollout_apart(cfg):
+        path = ("through shared memory to the rollout child process" if cfg.trainer.backend == "local"
+                else "through the Ray object store to the rollout workers")
+    elif rollout.name == "vllm":
+        path = "copied in place into each worker's in-process vLLM engine"
+    elif world_size(cfg) == 1 and rollout.dtype in (None, cfg.actor_rollout_ref.model.dtype):
+        path = "none to push: the HF engine shares the actor's module"
+    else:
+        path = "copied in place into each worker's HF engine copy (gathered one parameter at a time)"
+    backend = rollout.checkpoint_engine.backend
+    return f"{path} (verl's checkpoint_engine.backend={backend}: {_NAIVE if backend == 'naive' else _NETWORK})"
+
+
 def _schedule(cfg: DictConfig) -> str:
     t = cfg.trainer
     steps = f"{t.total_training_steps} steps" if t.total_training_steps is not None else f"{t.total_epochs} epoch(s)"
@@ -135,7 +160,8 @@ def describe_run(cfg: DictConfig) -> str:
     if cfg.critic.enable:
         rows.append(("critic updates", _updates(cfg, "critic", cfg.critic, cfg.critic.use_dynamic_bsz,
                                                 cfg.critic.ppo_max_token_len_per_gpu)))
-    rows += [("workers", _placement(cfg)), ("schedule", _schedule(cfg)), ("checkpoints", _checkpoints(cfg)),
+    rows += [("workers", _placement(cfg)), ("weight sync", weight_push(cfg)), ("schedule", _schedule(cfg)),
+             ("checkpoints", _checkpoints(cfg)),
              ("recovery", _recovery(cfg))]
     return "\n".join(["rlvr: derived settings"] + [f"  {label:<15}{text}" for label, text in rows])
 

@@ -67,6 +67,8 @@ from rlvr.workers.rollout import get_rollout_engine
 from rlvr.workers.rollout.partial import WeightInbox
 from rlvr.workers.worker_utils import (
     Placement,
+    rollout_dtype,
+    rollout_seed,
     seed_role,
     use_full_determinism,
     StageTimer,
@@ -197,8 +199,11 @@ class ActorRolloutRefWorker(TrainingWorker):
         seed_role(fsdp)
         module = build_causal_lm(cfg.model, trainable=True, dtype=fsdp.model_dtype,
                                  freeze_vision=cfg.actor.freeze_vision_tower).to(self.device)
-        if self._is_rollout and self.world_size > 1 and get_rollout_engine(cfg.rollout.name).runs_torch_module:
-            self._rollout_replica = copy.deepcopy(module).requires_grad_(False)
+        own_dtype = rollout_dtype(cfg.rollout, module)  # the HF engine in another dtype keeps its own copy
+        if (self._is_rollout and (self.world_size > 1 or own_dtype is not None)
+                and get_rollout_engine(cfg.rollout.name).runs_torch_module):
+            self._rollout_replica = copy.deepcopy(module).to(own_dtype or next(module.parameters()).dtype)
+            self._rollout_replica.requires_grad_(False)
         precision = compute_dtype(fsdp, module)
         module = shard_role_module(module, self.world_size, self._device_type(), fsdp)
         optimizer = build_optimizer(module, cfg.actor.optim)
@@ -226,8 +231,9 @@ class ActorRolloutRefWorker(TrainingWorker):
         else:  # parameters that require grad, as the actor's (the decode runs under no_grad: no cost): for
             # frozen weights PyTorch's CPU linear on the prefill's last hidden state (logits_to_keep=1) takes
             # another path, 1e-7 apart, and a rollout apart would not sample what the one-rank hybrid does
-            shared, module = False, build_causal_lm(cfg.model, trainable=False).requires_grad_(True).to(self.device)
-        seed = int(self.config.trainer.seed) + 1_000_003 * (self.rank + 1)
+            module = build_causal_lm(cfg.model, trainable=False, dtype=cfg.rollout.dtype)
+            shared, module = False, module.requires_grad_(True).to(self.device)
+        seed = rollout_seed(self.config, self.rank)
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
         self._rollout_shares_actor = shared
         # a rollout worker of its own takes weights while it generates (async_training.partial_rollout)

@@ -16,7 +16,8 @@ from rlvr.workers.collectives import all_reduce_max
 from rlvr.workers.fsdp import move_module, move_optimizer_state
 
 __all__ = ["cpu_workers", "cpu_thread_share", "set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement",
-           "peak_memory_metrics", "seed_role", "use_full_determinism"]
+           "peak_memory_metrics", "seed_role", "use_full_determinism", "rollout_seed",
+           "rollout_dtype"]
 
 
 def cpu_workers(config) -> int:
@@ -137,3 +138,23 @@ def use_full_determinism() -> None:
     bit-identical results on the same hardware; an op without a deterministic kernel raises."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
+
+
+def rollout_seed(config, rank: int) -> int:
+    """The sampling seed of rollout worker ``rank``: verl's ``rollout.seed`` + rank, or (unset) one
+    derived from ``trainer.seed``."""
+    seed = config.actor_rollout_ref.rollout.seed
+    if seed is not None:
+        return int(seed) + rank
+    return int(config.trainer.seed) + 1_000_003 * (rank + 1)
+
+
+def rollout_dtype(rollout_config, module: nn.Module) -> torch.dtype | None:
+    """The dtype ``rollout.dtype`` asks the HF engine to generate in when it differs from the
+    actor's parameters (None: the engine may share the actor's module)."""
+    from rlvr.workers.models import torch_dtype
+
+    if rollout_config.dtype is None:
+        return None
+    dtype = torch_dtype(rollout_config.dtype)
+    return None if dtype == next(module.parameters()).dtype else dtype

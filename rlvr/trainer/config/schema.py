@@ -322,7 +322,7 @@ class RolloutConfig:
     free_cache_engine: bool = _f(True, "free the rollout's KV cache after generation (vllm: sleep between phases, GPU only)")
     quantization: Optional[str] = _f(None, "rollout weights: fp8 (hf: e4m3 linear layers, per-channel scales, re-quantised at every weight sync; vllm: its quantization='fp8') | null = off")
     val_kwargs: SamplingConfig = _sub(SamplingConfig, "sampling settings for validation")
-    dtype: Optional[str] = _f(None, "vllm: dtype of the engine's weights: float32 | bfloat16 (None = model.dtype)")
+    dtype: Optional[str] = _f(None, "dtype of the engine's weights: float32 | bfloat16 (None = the actor's; the HF engine keeps its own copy in another dtype)")
     gpu_memory_utilization: float = _f(0.5, "vllm: share of GPU memory for weights and KV cache (the actor lives beside it)")
     tensor_model_parallel_size: int = _f(1, "vllm: tensor-parallel ranks per engine (1: one engine per worker)")
     enforce_eager: bool = _f(True, "vllm: no CUDA graphs / compilation (fast start; False compiles for speed)")

@@ -144,8 +144,12 @@ def _check_rollout(cfg: DictConfig) -> None:
         _require(mt[name] is None or mt[name] >= 1, f"{key}.multi_turn.{name}", "must be >= 1 turn (or null: no limit)")
     _require(mt.tool_response_truncate_side in TRUNCATE_SIDES, f"{key}.multi_turn.tool_response_truncate_side",
              f"{mt.tool_response_truncate_side!r} is not valid; use one of {', '.join(TRUNCATE_SIDES)}")
+    _require(rollout.dtype is None or rollout.dtype in DTYPES, f"{key}.dtype",
+             f"{rollout.dtype!r} is not valid; use bfloat16 or float32 (or null: the actor's)")
     _require(rollout.scheduling_policy in SCHEDULING, f"{key}.scheduling_policy",
              f"{rollout.scheduling_policy!r} is not valid; use one of {', '.join(SCHEDULING)}")
+    _require(rollout.checkpoint_engine.backend != "hccl", f"{key}.checkpoint_engine.backend",
+             "hccl moves weights between Ascend NPUs, hardware rlvr does not run on; use naive")
     _require(rollout.checkpoint_engine.backend in CHECKPOINT_ENGINE_BACKENDS, f"{key}.checkpoint_engine.backend",
              f"{rollout.checkpoint_engine.backend!r} is not one of verl's backends ({', '.join(CHECKPOINT_ENGINE_BACKENDS)})")
     context = rollout.prompt_length + rollout.response_length

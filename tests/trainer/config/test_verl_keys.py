@@ -232,3 +232,23 @@ def test_key_status_matches_the_loader_for_honoured_keys():
     assert status.status == "honoured"
     assert key_status("trainer.balance_batch", shape.helps, shape.defaults).status == "pending: issue 42"
     assert key_status("actor_rollout_ref.actor.qat.enable", shape.helps, shape.defaults).status == "refused"
+
+
+@pytest.mark.parametrize(("overrides", "path"), [
+    ([], "none to push: the HF engine shares the actor's module"),
+    (["actor_rollout_ref.rollout.dtype=bfloat16"], "copied in place into each worker's HF engine copy"),
+    (["trainer.backend=ray", "trainer.n_gpus_per_node=2"], "copied in place into each worker's HF engine copy"),
+    (["actor_rollout_ref.hybrid_engine=false", "async_training.mode=one_step", "trainer.backend=local"],
+     "through shared memory to the rollout child process"),
+    (["actor_rollout_ref.hybrid_engine=false", "async_training.mode=one_step", "trainer.backend=ray"],
+     "through the Ray object store to the rollout workers"),
+])
+def test_checkpoint_engine_backends_map_to_rlvrs_push(overrides, path):
+    from rlvr.trainer.run_settings import weight_push
+
+    naive = weight_push(_load(overrides))
+    assert naive.startswith(path) and "backend=naive: rlvr's push above is that in-process" in naive
+    nccl = weight_push(_load([*overrides, "actor_rollout_ref.rollout.checkpoint_engine.backend=nccl"]))
+    assert nccl.startswith(path) and "backend=nccl: its transfer engine is a library rlvr does not use" in nccl
+    with pytest.raises(ConfigError, match="Ascend NPUs"):
+        check_config(_load(["actor_rollout_ref.rollout.checkpoint_engine.backend=hccl"]), require_data_files=False)
