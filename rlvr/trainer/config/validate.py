@@ -25,9 +25,15 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlvr.trainer.config.async_checks import check_async_training
-from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
+from rlvr.trainer.config.builtin_names import (
+    BUILTIN_ESTIMATOR_NEEDS,
+    BUILTIN_NAMES,
+    NULLABLE_NAMES,
+    EstimatorNeeds,
+)
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
+from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.trainer.config.validate_verl import check_verl_settings, rejection_band
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
@@ -340,10 +346,11 @@ def _check_rollout_correction(rc: DictConfig) -> None:
         _require(0 < lower < upper, f"{key}.rollout_rs_threshold",
                  f"the rejection band [{lower}, {upper}] needs 0 < lower < upper (e.g. 0.5 and 2.0)")
     _require(rc.log_prob_diff_threshold >= 0, f"{key}.log_prob_diff_threshold", "must be >= 0")
-    _require(not (rc.bypass_mode and rc.rollout_is is not None), f"{key}.rollout_is",
+    _require(not (rc.bypass_mode and rc.rollout_is is not None and rc.loss_type == "ppo_clip"), f"{key}.rollout_is",
              "bypass_mode uses the rollout's log-probs as the old policy, so the PPO ratio already is "
              "pi_theta / pi_rollout; IS weights on top would count that gap twice. Set rollout_is=null (rollout_rs "
-             "still drops outlier tokens on that ratio) or bypass_mode=false")
+             "still drops outlier tokens on that ratio), loss_type=reinforce (no ratio: the IS weights correct "
+             "the gap) or bypass_mode=false")
 
 
 def _check_critic(cfg: DictConfig) -> None:
@@ -465,6 +472,8 @@ def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
         value = OmegaConf.select(cfg, key)
         if value is None and key in NULLABLE_NAMES:
             continue
+        if key == "algorithm.rollout_correction.rollout_rs" and is_rs_option_list(value):
+            continue  # verl's rejection options (token_k1, seq_mean_k3, ...), not a ratio level
         if isinstance(valid, Registry) and is_object_path(value):
             try:
                 valid[value]

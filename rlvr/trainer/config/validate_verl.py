@@ -12,6 +12,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlvr.trainer.config.schema_sections import CHECKPOINT_CONTENTS, CHECKPOINT_ENGINE_BACKENDS
+from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list, is_threshold_bounds, parse_rs_thresholds
 from rlvr.utils.errors import ConfigError
 
 LR_SCHEDULES = ("constant", "cosine")
@@ -34,27 +35,29 @@ def parse_threshold(value: Any, key: str) -> tuple[float | None, float]:
     upper bound (lower None), verl's ``"lower_upper"`` string both (IcePop's band).
 
     Raises:
-        ConfigError: anything else, or a band with ``lower >= upper`` or a bound <= 0.
+        ConfigError: anything else, or a band with ``lower > upper`` or a bound <= 0.
     """
-    text = str(value).strip()
     try:
-        if "_" in text:
-            low, high = (float(part) for part in text.split("_", 1))
-            _require(0 < low < high, key, f"{value!r}: the band 'lower_upper' needs 0 < lower < upper")
-            return low, high
-        high = float(text)
-    except ValueError:
-        raise ConfigError(key, f"{value!r} is not a threshold: give a number (e.g. 2.0) or 'lower_upper' "
-                          "(e.g. '0.5_2.0')") from None
-    _require(high > 0, key, f"{value!r}: the threshold must be > 0")
-    return None, high
+        return is_threshold_bounds(value)
+    except ValueError as err:
+        raise ConfigError(key, str(err)) from None
 
 
 def rejection_band(rc: Any) -> tuple[float, float]:
     """``(lower, upper)`` of the rejection (masked IS) band of ``algorithm.rollout_correction``:
     ``rollout_rs_threshold`` (None: ``rollout_is_threshold``'s upper bound), a ``lower_upper`` string
-    giving both; else the lower bound is ``rollout_rs_threshold_lower`` (None: 1 / upper)."""
+    giving both; else the lower bound is ``rollout_rs_threshold_lower`` (None: 1 / upper). With
+    verl's rejection options (``token_k1``, ...) their thresholds are checked, and ``(0, 1)`` is
+    returned (they have no single band)."""
     key = "algorithm.rollout_correction.rollout_rs_threshold"
+    if is_rs_option_list(rc.rollout_rs):
+        spec = rc.rollout_rs_threshold
+        try:
+            parse_rs_thresholds(rc.rollout_rs, parse_threshold(rc.rollout_is_threshold, key)[1] if spec is None
+                                else spec)
+        except ValueError as err:
+            raise ConfigError(key, str(err)) from None
+        return 0.0, 1.0
     lower, upper = parse_threshold(rc.rollout_rs_threshold, key) if rc.rollout_rs_threshold is not None else (
         None, parse_threshold(rc.rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold")[1])
     if lower is None:
@@ -170,7 +173,7 @@ def _check_rollout(cfg: DictConfig) -> None:
 def _check_rollout_correction(cfg: DictConfig) -> None:
     rc, key = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
     parse_threshold(rc.rollout_is_threshold, f"{key}.rollout_is_threshold")
-    if rc.rollout_rs_threshold is not None:
+    if rc.rollout_rs_threshold is not None and not is_rs_option_list(rc.rollout_rs):
         parse_threshold(rc.rollout_rs_threshold, f"{key}.rollout_rs_threshold")
     _require(rc.loss_type in CORRECTION_LOSSES, f"{key}.loss_type",
              f"{rc.loss_type!r} is not valid; use one of {', '.join(CORRECTION_LOSSES)}")

@@ -47,7 +47,9 @@ from rlvr.trainer.ppo.rollout_correction import (
     BYPASS_RS_KEY,
     PROX_FROM_UPDATE_KEY,
     ProxFromUpdate,
+    bypass_is_weights,
     compute_bypass_rejection,
+    compute_policy_loss_reinforce,
 )
 from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
@@ -141,6 +143,12 @@ def _has_plain_lm_head(module: nn.Module) -> bool:
         return False
     head = unwrap_hf_model(module).get_output_embeddings()
     return isinstance(head, nn.Linear) and head.bias is None
+
+
+def _reinforce(old_log_prob: torch.Tensor, **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`compute_policy_loss_reinforce` called like a registered policy loss (in bypass mode
+    ``old_log_prob`` is the rollout's)."""
+    return compute_policy_loss_reinforce(rollout_log_prob=old_log_prob, **kwargs)
 
 
 def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
@@ -370,7 +378,11 @@ class DataParallelPPOActor:
             old_log_prob, is_weights = prox.micro_batch(log_prob, micro["rollout_log_probs"], mask)
         else:
             old_log_prob, is_weights = micro["old_log_probs"], micro.get("rollout_is_weights")
-        pg_loss, pg_metrics = self.policy_loss_fn(
+        loss_fn = self.policy_loss_fn
+        if bypass_rs is not None and bypass_rs["loss_type"] == "reinforce":  # verl's bypass REINFORCE
+            is_weights = bypass_is_weights(log_prob, micro["rollout_log_probs"], mask, bypass_rs)
+            loss_fn = _reinforce
+        pg_loss, pg_metrics = loss_fn(
             old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"],
             response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=self.loss_config,
             rollout_is_weights=is_weights,
