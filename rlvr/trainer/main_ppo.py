@@ -130,7 +130,8 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
 
         if not ray.is_initialized():
             workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + (rollout_world_size(cfg) if apart else 0)
-            init_ray(num_cpus=None if use_gpu else max(workers, 1))
+            num_cpus = cfg.ray_kwargs.ray_init.num_cpus  # verl's ray_kwargs.ray_init.num_cpus, else the workers'
+            init_ray(num_cpus=num_cpus if num_cpus is not None else None if use_gpu else max(workers, 1))
             started_ray = True
     try:
         try:

@@ -151,9 +151,23 @@ def _recovery(cfg: DictConfig) -> str:
                    if t.save_freq <= 0 else "")
 
 
+ENGINE_NOTES = {
+    "veomni": "verl's VeOmni engine is a library rlvr does not use; rlvr's FSDP2 runs the same computation",
+    "torchtitan": "verl's TorchTitan engine is a library rlvr does not use; rlvr's FSDP2 runs the same computation",
+}
+"""``model_engine`` selections that rlvr runs with its own FSDP2 (a start-up note says so)."""
+
+
+def _engine(cfg: DictConfig) -> str:
+    strategy = strategy_of(cfg, "actor")
+    engine = "Megatron-LM (megatron-core)" if strategy == "megatron" else "PyTorch FSDP2"
+    note = ENGINE_NOTES.get(cfg.model_engine)
+    return f"{engine} (model_engine={cfg.model_engine}{'; note: ' + note if note else ''})"
+
+
 def describe_run(cfg: DictConfig) -> str:
     """A few lines with the settings derived from ``cfg`` (a checked, finalised config)."""
-    rows = [("algorithm", _algorithm(cfg)), ("per step", _per_step(cfg)),
+    rows = [("algorithm", _algorithm(cfg)), ("engine", _engine(cfg)), ("per step", _per_step(cfg)),
             ("actor updates", _updates(cfg, "actor", cfg.actor_rollout_ref.actor,
                                        cfg.actor_rollout_ref.actor.use_dynamic_bsz,
                                        cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu))]

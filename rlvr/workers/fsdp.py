@@ -11,6 +11,7 @@ reduce-scattered (averaged over ranks).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RefFSDPConfig, RefMegatronConfig
 
 __all__ = [
     "shard_module",
@@ -107,7 +111,7 @@ def fsdp_wrap(module: nn.Module, mesh, reshard_after_forward: bool, *, offload_p
     return module
 
 
-def compute_dtype(fsdp_config, module: nn.Module) -> torch.dtype | None:
+def compute_dtype(fsdp_config: RefFSDPConfig | RefMegatronConfig, module: nn.Module) -> torch.dtype | None:
     """The mixed-precision dtype of a role (``fsdp_config.dtype``) when it differs from the dtype
     of the module's parameters (``fsdp_config.model_dtype`` / ``model.dtype``), else None."""
     from rlvr.workers.models import torch_dtype

@@ -7,11 +7,15 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlvr.utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RefFSDPConfig
 from rlvr.workers.collectives import all_reduce_max
 from rlvr.workers.fsdp import move_module, move_optimizer_state
 
@@ -123,7 +127,7 @@ def peak_memory_metrics(device: str, stage: str) -> dict[str, float]:
     return {f"perf/{stage}/max_memory_allocated_gb": peak}
 
 
-def seed_role(fsdp_config) -> None:
+def seed_role(fsdp_config: RefFSDPConfig) -> None:
     """Seed the global RNGs with a role's ``fsdp_config.seed`` (verl's key) before its model is built,
     so that its random parts (LoRA adapters, the value head) come from that seed; None keeps the
     worker's seed (``trainer.seed``)."""

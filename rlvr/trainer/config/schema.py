@@ -138,11 +138,6 @@ class RefMegatronConfig:
     tensor_model_parallel_size: Optional[int] = _f(None, "ranks that split every weight matrix (must divide the key/value heads); None = 1 for the actor, the actor's for reference and critic")
     pipeline_model_parallel_size: Optional[int] = _f(None, "ranks that split the layers into stages (must divide the layers); None = 1 for the actor, the actor's for reference and critic")
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
-    virtual_pipeline_model_parallel_size: Optional[int] = _f(None, "model chunks per pipeline stage (interleaved 1F1B); None = 1")
-    sequence_parallel: bool = _f(True, "Megatron sequence parallelism in the tensor-parallel regions (with tensor_model_parallel_size > 1)")
-    use_dist_checkpointing: bool = _f(False, "load the initial weights from a Megatron distributed checkpoint (dist_checkpointing_path) instead of the HF model")
-    dist_checkpointing_path: Optional[str] = _f(None, "folder of the Megatron distributed checkpoint to start from")
-    dist_checkpointing_prefix: str = _f("", "prefix of the checkpoint's state-dict keys (e.g. 'module.' for NeMo 2)")
     override_transformer_config: dict = _f({}, "megatron-core TransformerConfig fields (recompute_granularity, recompute_method, recompute_num_layers, recompute_modules, ...)")
     seed: Optional[int] = _f(None, "seed of the model's random init (and Megatron's RNG tracker); None = trainer.seed")
     dtype: Optional[str] = _f(None, "mixed precision: compute in this dtype, keep parameters in model.dtype (bf16 | fp32; None = no mixed precision)")
@@ -153,7 +148,6 @@ class MegatronConfig(RefMegatronConfig):
     """A trained model's Megatron-LM settings: the frozen model's and its optimizer's offload."""
 
     optimizer_offload: bool = _f(False, "keep optimizer state on CPU between phases (GPU only)")
-    grad_offload: bool = _f(False, "free the gradient buffers between phases (GPU only)")
 
 
 # ------------------------------------------------------------------------------------------ actor
@@ -363,6 +357,7 @@ class ActorRolloutRefConfig:
 class CriticModelConfig(ModelConfig):
     path: Optional[str] = _f(None, "critic model location (LM with a scalar value head); None = the actor's model.path")
     tokenizer_path: Optional[str] = _f(None, "critic's tokenizer; it reads the policy's token ids, so it must have the policy's vocabulary (None = the policy's tokenizer)")
+    use_fused_kernels: bool = _f(False, "verl's key: the critic computes values, not log-probs, so it has no fused head (false only)")
 
 
 @dataclass

@@ -90,9 +90,9 @@ def _check_dtypes(section: DictConfig, key: str) -> None:
                  f"{value!r} is not supported; use bf16 or fp32 (fp16 needs loss scaling, which rlvr does not do)")
 
 
-def _check_checkpoint(section: DictConfig, key: str) -> None:
-    for name in ("save_contents", "load_contents"):
-        contents = list(section[name])
+def _check_checkpoint(checkpoint: DictConfig, key: str) -> None:
+    for name, value in (("save_contents", checkpoint.save_contents), ("load_contents", checkpoint.load_contents)):
+        contents = list(value)
         unknown = [item for item in contents if item not in CHECKPOINT_CONTENTS]
         _require(not unknown, f"{key}.{name}", f"unknown contents {unknown}; use {', '.join(CHECKPOINT_CONTENTS)}")
         _require(not (key == "critic.checkpoint" and "hf_model" in contents), f"{key}.{name}",
@@ -114,17 +114,13 @@ def _check_roles(cfg: DictConfig) -> None:
                       ("critic.fsdp_config", cfg.critic.fsdp_config)):
         _check_dtypes(fsdp, key)
     actor = arr.actor
+    _require(not cfg.critic.model.use_fused_kernels or not cfg.critic.enable, "critic.model.use_fused_kernels",
+             "the critic computes values, not log-probs, so it has no fused log-prob head; set it to false")
     _require(actor.entropy_from_logits_chunk_size >= 1, "actor_rollout_ref.actor.entropy_from_logits_chunk_size",
              "must be >= 1 row")
     for key, nccl in (("actor_rollout_ref.nccl_timeout", arr.nccl_timeout), ("critic.nccl_timeout",
                                                                             cfg.critic.nccl_timeout)):
         _require(nccl is None or nccl > 0, key, "must be > 0 seconds (or null: trainer.call_timeout_s)")
-    for key, megatron in (("actor_rollout_ref.actor.megatron", actor.megatron),
-                          ("actor_rollout_ref.ref.megatron", arr.ref.megatron), ("critic.megatron", cfg.critic.megatron)):
-        vpp = megatron.virtual_pipeline_model_parallel_size
-        _require(vpp is None or vpp >= 1, f"{key}.virtual_pipeline_model_parallel_size", "must be >= 1 (or null)")
-        _require(not megatron.use_dist_checkpointing or megatron.dist_checkpointing_path is not None,
-                 f"{key}.dist_checkpointing_path", "use_dist_checkpointing needs the checkpoint's folder")
 
 
 def _check_data(cfg: DictConfig) -> None:

@@ -201,6 +201,18 @@ RULES: tuple[Rule, ...] = (
     _note("*.megatron.override_transformer_config.attention_backend", "rlvr's Megatron backend runs megatron-core's "
           "local attention (the same math as flash / fused kernels, which need transformer-engine)",
           ("flash", "auto", "local", "unfused", "fused")),
+    _note("*.megatron.sequence_parallel", "splits the layer-norm and dropout activations of the tensor-parallel "
+          "regions along the sequence (memory; the same values); rlvr's Megatron backend keeps them whole",
+          (False,), gate=("*.megatron.tensor_model_parallel_size", (1, None))),
+    _note("*.megatron.virtual_pipeline_model_parallel_size", "interleaves model chunks in the 1F1B pipeline "
+          "schedule (speed; the same values); rlvr runs each micro-batch through the stages in order", (None, 1)),
+    _refused("*.megatron.use_dist_checkpointing", "rlvr's Megatron backend starts from the HF model with its own "
+             "converter; convert the distributed checkpoint to a Hugging Face folder (verl's model_merger) and "
+             "set model.path to it", (False,)),
+    _refused("*.megatron.dist_checkpointing_*", "used with use_dist_checkpointing, which rlvr refuses (start from a "
+             "Hugging Face folder)", gate=("*.megatron.use_dist_checkpointing", (False,))),
+    _same("*.megatron.grad_offload", "rlvr frees the gradients after every optimizer step "
+          "(zero_grad(set_to_none=True)), so no gradient buffer is held between phases"),
     _same("*.megatron.use_remove_padding", "packing is exact; rlvr's Megatron backend follows "
           "model.use_remove_padding"),
     _same("*.megatron.use_mbridge", "rlvr's own HF <-> Megatron converter loads and exports the weights "

@@ -83,18 +83,24 @@ class MegatronPPOActor(DataParallelPPOActor):
     """
 
     def __init__(self, config, module: MegatronPolicy, optimizer: torch.optim.Optimizer | None, *,
-                 mini_batch_size: int, log_prob_micro_batch_size: int) -> None:
+                 mini_batch_size: int, log_prob_micro_batch_size: int, compute_dtype: torch.dtype | None = None) -> None:
         p = module.parallel
         super().__init__(config, module, optimizer, mini_batch_size=mini_batch_size,
                          log_prob_micro_batch_size=log_prob_micro_batch_size, world_size=p.dp,
                          device=module.inv_freq.device)
+        self.autocast_dtype = compute_dtype  # megatron.dtype: mixed precision by autocast on every layout
         self.clip_grad_norm_fn = clip_grad_norm
         self.dp_group = p.dp_group
 
     def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                  entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Log-probs ``[b, R]`` and optional entropy (with its gradient only when ``entropy_grad``)."""
-        log_probs, entropy = policy_log_probs(self.module, batch, temperature, calculate_entropy)
+        """Log-probs ``[b, R]`` and optional entropy (with its gradient only when ``entropy_grad``);
+        under autocast in ``compute_dtype`` when set."""
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            log_probs, entropy = policy_log_probs(self.module, batch, temperature, calculate_entropy)
+        log_probs = log_probs.float()
+        entropy = None if entropy is None else entropy.float()
         if entropy is not None and not entropy_grad:
             entropy = entropy.detach()
         return log_probs, entropy
@@ -116,15 +122,21 @@ class MegatronPPOCritic(DataParallelPPOCritic):
     """
 
     def __init__(self, config, module: MegatronValueModel, optimizer: torch.optim.Optimizer, *,
-                 mini_batch_size: int) -> None:
+                 mini_batch_size: int, compute_dtype: torch.dtype | None = None) -> None:
         p = module.parallel
         super().__init__(config, module, optimizer, mini_batch_size=mini_batch_size, world_size=p.dp,
                          device=module.inv_freq.device)
+        self.autocast_dtype = compute_dtype  # megatron.dtype
         self.clip_grad_norm_fn = clip_grad_norm
         self.dp_group = p.dp_group
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Values of the response positions ``[b, R]`` (float32), the same on every rank of the model."""
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            return self._stage_values(batch)
+
+    def _stage_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         hidden, link = self.module(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
         rows, response_len = batch["responses"].shape
         values = None

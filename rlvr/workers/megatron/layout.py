@@ -36,6 +36,11 @@ def strategy_of(cfg, role: str) -> str:
     return cfg.actor_rollout_ref.actor.strategy
 
 
+def megatron_section(cfg, role: str) -> RefMegatronConfig:
+    """The ``megatron`` section of ``role`` (``actor``, ``ref`` or ``critic``)."""
+    return _megatron_config(cfg, role)
+
+
 def _megatron_config(cfg, role: str) -> RefMegatronConfig:
     if role == "critic":
         return cfg.critic.megatron
