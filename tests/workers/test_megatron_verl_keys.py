@@ -77,3 +77,54 @@ def test_megatron_seed_and_mixed_precision(model_dir):
         shutdown_local_ranks()
     diff = (log_probs[0] - log_probs[1])[mask].abs().max()
     assert 1e-4 < diff < 0.2  # bf16 compute: off the fp32 values, but close
+
+
+def _megatron_saves(monkeypatch, source: str, folder) -> dict[str, torch.Tensor]:
+    """megatron-core's own ``dist_checkpointing.save`` of a Megatron policy built from ``source``
+    (verl's converter writes the same); returns the policy's HF weights. On CPU its two CUDA calls
+    (a stream sync, the device of a status flag) are pointed at the CPU."""
+    from megatron.core import dist_checkpointing
+
+    group = local_group(MegatronActorRolloutRefWorker, make_config(source, *MEGATRON), "actor")
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args, **kwargs: None)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: "cpu")
+    folder.mkdir()
+    dist_checkpointing.save(group._workers[0].actor_module.gpt.sharded_state_dict(), str(folder))
+    weights = group.get_actor_weights()[0]
+    del group
+    gc.collect()
+    shutdown_local_ranks()
+    return weights
+
+
+def test_use_dist_checkpointing_starts_the_role_from_a_megatron_checkpoint(model_dir, tmp_path, monkeypatch):
+    """The actor (and the rollout's replica) start from the checkpoint's weights, not model.path's;
+    the reference, whose section does not set the key, from model.path's; the critic's backbone
+    from the checkpoint when its section sets it."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.utils.testing import save_tiny_model
+    from rlvr.workers.megatron.weights import gather_hf_weights
+
+    saved = _megatron_saves(monkeypatch, str(save_tiny_model(tmp_path / "other", seed=1)), tmp_path / "ckpt")
+    hf = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    assert not torch.equal(saved["model.norm.weight"], hf["model.norm.weight"]) or \
+        not torch.equal(saved["model.embed_tokens.weight"], hf["model.embed_tokens.weight"])
+    dist = ("actor_rollout_ref.actor.megatron.use_dist_checkpointing=true",
+            f"actor_rollout_ref.actor.megatron.dist_checkpointing_path={tmp_path / 'ckpt'}")
+    mega = local_group(MegatronActorRolloutRefWorker, make_config(model_dir, *MEGATRON, *dist), "actor_rollout_ref")
+    worker = mega._workers[0]
+    actor = mega.get_actor_weights()[0]
+    replica = worker._rollout_replica.state_dict()
+    ref = dict(gather_hf_weights(worker.ref.module))
+    assert all(torch.equal(actor[name], saved[name]) and torch.equal(replica[name], saved[name]) for name in saved)
+    assert all(torch.equal(tensor, hf[name]) for name, tensor in ref.items())
+    del mega
+    gc.collect()
+    shutdown_local_ranks()
+    critic = local_group(MegatronCriticWorker, make_config(
+        model_dir, *MEGATRON, "critic.megatron.use_dist_checkpointing=true",
+        f"critic.megatron.dist_checkpointing_path={tmp_path / 'ckpt'}"))
+    backbone = dict(gather_hf_weights(critic._workers[0].critic_module, prefix="backbone.", lm_head=False))
+    assert backbone and all(torch.equal(tensor, saved["model." + name[len("backbone."):]])
+                            for name, tensor in backbone.items())

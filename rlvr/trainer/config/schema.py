@@ -141,6 +141,9 @@ class RefMegatronConfig:
     override_transformer_config: dict = _f({}, "megatron-core TransformerConfig fields (recompute_granularity, recompute_method, recompute_num_layers, recompute_modules, ...)")
     seed: Optional[int] = _f(None, "seed of the model's random init (and Megatron's RNG tracker); None = trainer.seed")
     dtype: Optional[str] = _f(None, "mixed precision: compute in this dtype, keep parameters in model.dtype (bf16 | fp32; None = no mixed precision)")
+    use_dist_checkpointing: bool = _f(False, "start this role from a Megatron distributed checkpoint (dist_checkpointing_path) instead of model.path's weights (model.path still gives the config and tokenizer)")
+    dist_checkpointing_path: Optional[str] = _f(None, "the Megatron distributed checkpoint folder (megatron.core.dist_checkpointing, e.g. verl's HF -> mcore converter's output)")
+    dist_checkpointing_prefix: str = _f("", "the prefix of the parameter names in that checkpoint")
 
 
 @dataclass

@@ -123,6 +123,25 @@ def _check_roles(cfg: DictConfig) -> None:
         _require(nccl is None or nccl > 0, key, "must be > 0 seconds (or null: trainer.call_timeout_s)")
 
 
+def _check_dist_checkpointing(cfg: DictConfig) -> None:
+    arr = cfg.actor_rollout_ref
+    actor_strategy = arr.actor.strategy
+    for key, strategy, megatron in (
+            ("actor_rollout_ref.actor", actor_strategy, arr.actor.megatron),
+            ("actor_rollout_ref.ref", arr.ref.strategy or actor_strategy, arr.ref.megatron),
+            ("critic", cfg.critic.strategy, cfg.critic.megatron)):
+        if not megatron.use_dist_checkpointing:
+            continue
+        name = f"{key}.megatron.use_dist_checkpointing"
+        _require(strategy == "megatron", name, f"a Megatron distributed checkpoint starts a Megatron role; this role "
+                 f"runs strategy={strategy} (set {key}.strategy=megatron, or this key to false)")
+        path = megatron.dist_checkpointing_path
+        _require(path is not None, f"{key}.megatron.dist_checkpointing_path",
+                 "use_dist_checkpointing=true needs the checkpoint folder")
+        _require((Path(path) / ".metadata").is_file(), f"{key}.megatron.dist_checkpointing_path",
+                 f"{path!r} is not a Megatron distributed checkpoint folder (no .metadata file there)")
+
+
 def _check_data(cfg: DictConfig) -> None:
     d = cfg.data
     for name in ("train_max_samples", "val_max_samples"):
@@ -181,6 +200,7 @@ def _check_rollout_correction(cfg: DictConfig) -> None:
 def check_verl_settings(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` for a bad value of a setting that verl 0.9's config names."""
     _check_roles(cfg)
+    _check_dist_checkpointing(cfg)
     _check_data(cfg)
     _check_rollout(cfg)
     _check_rollout_correction(cfg)

@@ -206,11 +206,6 @@ RULES: tuple[Rule, ...] = (
           (False,), gate=("*.megatron.tensor_model_parallel_size", (1, None))),
     _note("*.megatron.virtual_pipeline_model_parallel_size", "interleaves model chunks in the 1F1B pipeline "
           "schedule (speed; the same values); rlvr runs each micro-batch through the stages in order", (None, 1)),
-    _refused("*.megatron.use_dist_checkpointing", "rlvr's Megatron backend starts from the HF model with its own "
-             "converter; convert the distributed checkpoint to a Hugging Face folder (verl's model_merger) and "
-             "set model.path to it", (False,)),
-    _refused("*.megatron.dist_checkpointing_*", "used with use_dist_checkpointing, which rlvr refuses (start from a "
-             "Hugging Face folder)", gate=("*.megatron.use_dist_checkpointing", (False,))),
     _same("*.megatron.grad_offload", "rlvr frees the gradients after every optimizer step "
           "(zero_grad(set_to_none=True)), so no gradient buffer is held between phases"),
     _same("*.megatron.use_remove_padding", "packing is exact; rlvr's Megatron backend follows "

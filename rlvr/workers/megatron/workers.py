@@ -37,6 +37,7 @@ from rlvr.utils.seed import set_seed
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
+from rlvr.workers.megatron.dist_checkpoint import load_dist_checkpoint
 from rlvr.workers.megatron.layout import megatron_section, megatron_sizes
 from rlvr.workers.fsdp import compute_dtype
 from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, on_every_rank
@@ -81,6 +82,14 @@ def _join(worker) -> MegatronParallel:
     return parallel
 
 
+def _load_dist_checkpoint(module, megatron: RefMegatronConfig, prefix: str = "model.", lm_head: bool = True) -> None:
+    """verl's ``megatron.use_dist_checkpointing``: the role's weights from ``dist_checkpointing_path``
+    (a Megatron distributed checkpoint) replace the HF ones in ``module``, before it is sharded."""
+    config = module.backbone.config if prefix == "backbone." else module.config
+    load_dist_checkpoint(module, megatron.dist_checkpointing_path, config, megatron.dist_checkpointing_prefix,
+                         prefix, lm_head)
+
+
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     """Actor, rollout and/or reference on megatron-core (``actor_rollout_ref.actor.strategy=megatron``).
 
@@ -114,6 +123,9 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     def _init_actor(self, cfg) -> None:
         hf = self._hf_model(cfg)
         megatron = cfg.actor.megatron
+        if megatron.use_dist_checkpointing:  # the policy and the rollout's replica start from it; the
+            self._hf_source = None  # reference reloads the HF weights unless its own section says so too
+            _load_dist_checkpoint(hf, megatron)
         module = policy_from_hf(hf, self.parallel, transformer_overrides(megatron, cfg.model)).to(self.device)
         if self._is_rollout and helper_rank() is None:
             self._rollout_replica = hf.to(self.device)
@@ -134,7 +146,11 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
     def _init_ref(self, cfg) -> None:
         overrides = transformer_overrides(cfg.ref.megatron, cfg.model)
-        module = policy_from_hf(self._hf_model(cfg), self.parallel, overrides).to(self.device).requires_grad_(False)
+        hf = self._hf_model(cfg)
+        if cfg.ref.megatron.use_dist_checkpointing:
+            self._hf_source = None
+            _load_dist_checkpoint(hf, cfg.ref.megatron)
+        module = policy_from_hf(hf, self.parallel, overrides).to(self.device).requires_grad_(False)
         self.ref = MegatronPPOActor(cfg.actor, module, None, mini_batch_size=1,
                                     log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
                                     compute_dtype=compute_dtype(cfg.ref.megatron, module))
@@ -253,8 +269,11 @@ class MegatronCriticWorker(CriticWorker):
         cfg = self.config.critic
         self.tokenizer = critic_tokenizer(self.config)
         path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
-        module = value_model_from_hf(build_critic(cfg.model, path), self.parallel,
-                                     transformer_overrides(cfg.megatron, cfg.model)).to(self.device)
+        critic = build_critic(cfg.model, path)
+        if cfg.megatron.use_dist_checkpointing:  # the backbone; the value head keeps its init (as in verl)
+            _load_dist_checkpoint(critic, cfg.megatron, prefix="backbone.", lm_head=False)
+        module = value_model_from_hf(critic, self.parallel, transformer_overrides(cfg.megatron, cfg.model)
+                                     ).to(self.device)
         optimizer = build_optimizer(module, cfg.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
         mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n, self.parallel.dp,

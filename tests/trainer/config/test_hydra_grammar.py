@@ -161,11 +161,16 @@ def test_a_verl_command_line_is_checked_without_torch_and_fast(tiny_data, tmp_pa
             "trainer.logger=console", "trainer.backend=local", "actor_rollout_ref.actor.use_torch_compile=True",
             "data.dataloader_num_workers=4", "--dry-run"]
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    ok = subprocess.run([sys.executable, "-c", BLOCKED, *argv], cwd=REPO, capture_output=True, text=True,
-                        timeout=120, env=env)
-    assert ok.returncode == 0, ok.stderr
-    assert "data.dataloader_num_workers=4 has no effect in rlvr" in ok.stderr
-    assert float(ok.stdout.rsplit("cpu=", 1)[1]) < 1.5  # about 0.6 s of CPU on an idle core; room for a busy one
+    cpu = []
+    for _ in range(3):  # the best of up to three: a machine shared with other jobs inflates CPU time too
+        ok = subprocess.run([sys.executable, "-c", BLOCKED, *argv], cwd=REPO, capture_output=True, text=True,
+                            timeout=120, env=env)
+        assert ok.returncode == 0, ok.stderr
+        assert "data.dataloader_num_workers=4 has no effect in rlvr" in ok.stderr
+        cpu.append(float(ok.stdout.rsplit("cpu=", 1)[1]))
+        if cpu[-1] < 1.0:
+            break
+    assert min(cpu) < 1.5, cpu  # about 0.55 s of CPU on an idle core; room for a busy one
     typo = subprocess.run([sys.executable, "-c", BLOCKED, *argv[:-1], "actor_rollout_ref.actor.use_torch_compil=1"],
                           cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert typo.returncode == 2

@@ -252,3 +252,17 @@ def test_checkpoint_engine_backends_map_to_rlvrs_push(overrides, path):
     assert nccl.startswith(path) and "backend=nccl: its transfer engine is a library rlvr does not use" in nccl
     with pytest.raises(ConfigError, match="Ascend NPUs"):
         check_config(_load(["actor_rollout_ref.rollout.checkpoint_engine.backend=hccl"]), require_data_files=False)
+
+
+def test_dist_checkpointing_needs_a_megatron_role_and_a_checkpoint_folder(tmp_path):
+    """use_dist_checkpointing is honoured (tests/workers/test_megatron_verl_keys.py); the check
+    refuses it where it could not be."""
+    key = "actor_rollout_ref.actor.megatron"
+    (tmp_path / ".metadata").write_bytes(b"")
+    ok = ["actor_rollout_ref.actor.strategy=megatron", "critic.strategy=megatron", f"{key}.use_dist_checkpointing=true",
+          f"{key}.dist_checkpointing_path={tmp_path}"]
+    check_config(_load(ok), require_data_files=False)
+    for overrides, message in ((ok[2:], "this role runs strategy=fsdp2"), (ok[:3], "needs the checkpoint folder"),
+                               ([*ok[:3], f"{key}.dist_checkpointing_path={tmp_path / 'no'}"], "no .metadata file")):
+        with pytest.raises(ConfigError, match=message):
+            check_config(_load(overrides), require_data_files=False)
