@@ -139,8 +139,15 @@ class CustomRewardFunctionConfig:
     """A scoring function in a file of the user's (``custom_reward_function``)."""
 
     path: str | None = field(default=None, metadata={"help": "python file with a custom compute_score function (a module already imported from it, e.g. by trainer.user_modules, is reused)"})
-    name: str = field(default="compute_score", metadata={"help": "function name inside path"})
+    name: str | None = field(default="compute_score", metadata={"help": "function name inside path (None = compute_score)"})
     reward_kwargs: dict = field(default_factory=dict, metadata={"help": "keyword arguments passed to the custom function on every call"})
+
+
+@dataclass
+class RewardDataKeys:
+    """The key of the ``data`` section that a reward manager reads."""
+
+    reward_fn_key: str = field(default="data_source", metadata={"help": "column that names each row's data source for compute_score"})
 
 
 @dataclass
@@ -149,6 +156,7 @@ class RewardManagerSections:
 
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    data: RewardDataKeys = field(default_factory=RewardDataKeys)
 
 
 # ------------------------------------------------------------------------------- the run's section

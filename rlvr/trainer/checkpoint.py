@@ -301,13 +301,15 @@ class RunCheckpoints:
         self.restore_points: list[Path] = []  # written or resumed from by this run, oldest first
 
     def save(self, step: int, groups: dict[str, Any], driver_state: dict[str, Any], lead: bool = True,
-             barrier: Callable[[], None] | None = None) -> Path:
+             barrier: Callable[[], None] | None = None, hf_exports: frozenset[str] = frozenset()) -> Path:
         """Write ``global_step_<step>``: every group's state and RNG states, the driver state, the manifest.
 
         Args:
             lead: this process does the driver's file work (False on the other processes of a torchrun
                 job, which run the same driver code: they make only the worker calls).
             barrier: lines a torchrun job's processes up around the lead's file work (None: one driver).
+            hf_exports: the groups that also write their model as a Hugging Face folder
+                ``<name>/huggingface`` (verl's ``checkpoint.save_contents`` with ``hf_model``).
         """
         tmp = self.manager.begin(step) if lead else self.manager.tmp_dir(step)
         if barrier is not None:
@@ -315,6 +317,8 @@ class RunCheckpoints:
         worker_rng = {}
         for name, group in groups.items():
             group.save_checkpoint(str(tmp / name))
+            if name in hf_exports:
+                group.export_hf(str(tmp / name / "huggingface"))
             worker_rng[name] = group.get_rng_state()
         path = self.manager.commit(tmp, step, {**driver_state, "worker_rng": worker_rng}) if lead \
             else self.manager.step_dir(step)
@@ -353,3 +357,4 @@ class RunCheckpoints:
                 return path
             logger.warning("checkpoint %s skipped: %s; falling back to the previous one", path, problem)
         return None
+

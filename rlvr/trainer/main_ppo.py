@@ -103,12 +103,10 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
     from rlvr.trainer.ppo.reward import load_reward_manager
     from rlvr.utils.seed import set_seed
-    from rlvr.utils.tokenizer import hf_processor, hf_tokenizer
+    from rlvr.utils.tokenizer import data_tokenizer
 
     set_seed(cfg.trainer.seed)
-    model = cfg.actor_rollout_ref.model
-    tokenizer = hf_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code)
-    processor = hf_processor(model.path, trust_remote_code=model.trust_remote_code)  # None: a text-only model
+    tokenizer, processor = data_tokenizer(cfg.actor_rollout_ref.model, cfg.data)  # processor None: a text-only model
     use_gpu = _uses_gpu(cfg)
     default_mapping, pool_of_role = build_role_worker_mapping(cfg)
     spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}
@@ -132,7 +130,8 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
 
         if not ray.is_initialized():
             workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + (rollout_world_size(cfg) if apart else 0)
-            init_ray(num_cpus=None if use_gpu else max(workers, 1))
+            num_cpus = cfg.ray_kwargs.ray_init.num_cpus  # verl's ray_kwargs.ray_init.num_cpus, else the workers'
+            init_ray(num_cpus=num_cpus if num_cpus is not None else None if use_gpu else max(workers, 1))
             started_ray = True
     try:
         try:
@@ -152,11 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"presets: {', '.join(list_presets())}. Example: rlvr --preset grpo "
                "data.train_files=train.jsonl trainer.backend=local")
     parser.add_argument("--preset", default=None, help="a preset name or a YAML file, applied before the overrides")
+    parser.add_argument("--config-path", "-cp", "--config-dir", "-cd", dest="config_path", default=None,
+                        help="Hydra: the folder of --config-name (absolute, or relative to rlvr/trainer, then to the "
+                             "working directory)")
+    parser.add_argument("--config-name", "-cn", dest="config_name", default=None,
+                        help="Hydra: a YAML config (its defaults: list may build on ppo_trainer / "
+                             "ppo_megatron_trainer); default ppo_trainer")
     parser.add_argument("--help-config", action="store_true", help="print every config key with its help and exit")
     parser.add_argument("--print-config", action="store_true", help="print the final config and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the config, print the derived settings and exit (nothing heavy is imported)")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. algorithm.adv_estimator=grpo")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides: key=value, +key=value, ++key=value, ~key, "
+                                                     "model_engine=megatron, e.g. algorithm.adv_estimator=grpo")
     return parser
 
 
@@ -197,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(help_config())
         return 0
     try:
-        cfg = load_config(args.preset, args.overrides)  # imports the user's modules (trainer.user_modules)
+        cfg = load_config(args.preset, args.overrides, args.config_name, args.config_path)  # imports the user's modules
         check_config(cfg)  # torch-free: everything but the registry names
         if uses_user_code(cfg):
             validate_config(cfg)  # the names against the registries, which hold the user's registrations

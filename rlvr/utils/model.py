@@ -198,6 +198,7 @@ def load_causal_lm(
     dtype: torch.dtype = torch.float32,
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
+    **config_overrides,
 ) -> PreTrainedModel:
     """Load a causal language model (hub id, local folder or GGUF, see :func:`resolve_model_path`);
     a vision-language model loads with its vision encoder (``AutoModelForImageTextToText``).
@@ -207,6 +208,7 @@ def load_causal_lm(
         attn_implementation: ``"eager"``, ``"sdpa"``, ``"flash_attention_2"``; None lets
             transformers choose.
         trust_remote_code: allow model code from the hub.
+        **config_overrides: values that replace the model config's (``model.override_config``).
     """
     source = local_model_dir(name_or_path)
     return _auto_model_class(source, trust_remote_code).from_pretrained(
@@ -214,6 +216,7 @@ def load_causal_lm(
         dtype=dtype,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
+        **config_overrides,
     )
 
 

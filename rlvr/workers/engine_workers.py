@@ -57,18 +57,22 @@ from rlvr.single_controller.base.worker import Worker
 from rlvr.utils import core_lending
 from rlvr.utils.model import load_tokenizer
 from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
-from rlvr.utils.tokenizer import hf_processor
+from rlvr.utils.tokenizer import hf_processor, set_chat_template
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.checkpoint import (export_hf_model, load_training_state, lora_settings, merge_lora, save_model_files,
                                      save_training_state)
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
-from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
+from rlvr.workers.fsdp import compute_dtype, full_parameters, full_state_dict, shard_role_module
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer, unwrap_hf_model
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
 from rlvr.workers.rollout.partial import WeightInbox
 from rlvr.workers.worker_utils import (
     Placement,
+    rollout_dtype,
+    rollout_seed,
+    seed_role,
+    use_full_determinism,
     StageTimer,
     cpu_workers,
     peak_memory_metrics,
@@ -98,11 +102,24 @@ class TrainingWorker(Worker):
         return "cuda" if self.device.startswith("cuda") else "cpu"
 
     def _setup(self) -> None:
-        """Join the process group (several ranks) and seed identically on every rank so that
-        randomly initialised parts (the value head) agree before sharding."""
+        """Join the process group (several ranks; collectives time out after the role's
+        ``nccl_timeout``), seed identically on every rank so that randomly initialised parts (the
+        value head) agree before sharding, and turn on deterministic kernels when a role of this
+        worker asks for them (``full_determinism``)."""
         if self.world_size > 1:
-            self.init_process_group(timeout_s=float(self.config.trainer.call_timeout_s))
+            self.init_process_group(timeout_s=float(self._process_group_timeout()))
         set_seed(int(self.config.trainer.seed))
+        if self._full_determinism():
+            use_full_determinism()
+
+    def _process_group_timeout(self) -> float:
+        timeout = self.config.actor_rollout_ref.nccl_timeout
+        return float(self.config.trainer.call_timeout_s if timeout is None else timeout)
+
+    def _full_determinism(self) -> bool:
+        arr = self.config.actor_rollout_ref
+        return bool(arr.actor.fsdp_config.full_determinism or arr.ref.fsdp_config.full_determinism
+                    or arr.rollout.full_determinism)
 
     def _reply(self, tensors: dict[str, torch.Tensor] | None, metrics: dict, timer: StageTimer,
                stage: str) -> DataProto:
@@ -171,6 +188,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         cfg = self.config.actor_rollout_ref
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
         self.processor = hf_processor(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)  # None: text
+        set_chat_template(self.tokenizer, self.processor, cfg.model.custom_chat_template)
         if self._is_actor:
             self._init_actor(cfg)
         if self._is_rollout:
@@ -179,10 +197,17 @@ class ActorRolloutRefWorker(TrainingWorker):
             self._init_ref(cfg)
 
     def _init_actor(self, cfg) -> None:
-        module = build_causal_lm(cfg.model, trainable=True).to(self.device)
-        if self._is_rollout and self.world_size > 1 and get_rollout_engine(cfg.rollout.name).runs_torch_module:
-            self._rollout_replica = copy.deepcopy(module).requires_grad_(False)
-        module = shard_module(module, self.world_size, self._device_type(), cfg.actor.fsdp_config.reshard_after_forward)
+        fsdp = cfg.actor.fsdp_config
+        seed_role(fsdp)
+        module = build_causal_lm(cfg.model, trainable=True, dtype=fsdp.model_dtype,
+                                 freeze_vision=cfg.actor.freeze_vision_tower).to(self.device)
+        own_dtype = rollout_dtype(cfg.rollout, module)  # the HF engine in another dtype keeps its own copy
+        if (self._is_rollout and (self.world_size > 1 or own_dtype is not None)
+                and get_rollout_engine(cfg.rollout.name).runs_torch_module):
+            self._rollout_replica = copy.deepcopy(module).to(own_dtype or next(module.parameters()).dtype)
+            self._rollout_replica.requires_grad_(False)
+        precision = compute_dtype(fsdp, module)
+        module = shard_role_module(module, self.world_size, self._device_type(), fsdp)
         optimizer = build_optimizer(module, cfg.actor.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
         mini = per_rank_batch_size(cfg.actor.ppo_mini_batch_size, cfg.rollout.n, self.world_size,
@@ -195,6 +220,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,
             log_prob_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.actor.ulysses_sequence_parallel_size,
+            compute_dtype=precision, compile_forward=cfg.actor.use_torch_compile,
         )
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -207,8 +233,9 @@ class ActorRolloutRefWorker(TrainingWorker):
         else:  # parameters that require grad, as the actor's (the decode runs under no_grad: no cost): for
             # frozen weights PyTorch's CPU linear on the prefill's last hidden state (logits_to_keep=1) takes
             # another path, 1e-7 apart, and a rollout apart would not sample what the one-rank hybrid does
-            shared, module = False, build_causal_lm(cfg.model, trainable=False).requires_grad_(True).to(self.device)
-        seed = int(self.config.trainer.seed) + 1_000_003 * (self.rank + 1)
+            module = build_causal_lm(cfg.model, trainable=False, dtype=cfg.rollout.dtype)
+            shared, module = False, module.requires_grad_(True).to(self.device)
+        seed = rollout_seed(self.config, self.rank)
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
         self._rollout_shares_actor = shared
         # a rollout worker of its own takes weights while it generates (async_training.partial_rollout)
@@ -224,9 +251,8 @@ class ActorRolloutRefWorker(TrainingWorker):
             self._ref_shares_actor = True
             module = self.actor_module
         else:
-            module = build_causal_lm(cfg.model, trainable=False).to(self.device)
-            module = shard_module(module, self.world_size, self._device_type(),
-                                  cfg.ref.fsdp_config.reshard_after_forward)
+            module = build_causal_lm(cfg.model, trainable=False, dtype=cfg.ref.fsdp_config.model_dtype).to(self.device)
+            module = shard_role_module(module, self.world_size, self._device_type(), cfg.ref.fsdp_config)
         self.ref = DataParallelPPOActor(
             cfg.actor, module, None, mini_batch_size=1,
             log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
@@ -234,6 +260,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_use_dynamic_bsz=cfg.ref.log_prob_use_dynamic_bsz,
             log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.ref.ulysses_sequence_parallel_size,
+            compute_dtype=compute_dtype(cfg.ref.fsdp_config, module), compile_forward=cfg.ref.use_torch_compile,
         )
         self.ref_placement = Placement(module, None, self.device)
         if not self._ref_shares_actor:
@@ -283,6 +310,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         if self.weight_inbox.interrupt is not None:
             metrics["async/interrupted_generations"] = float(self.weight_inbox.last_interrupted_rows)
         output.meta_info.update(metrics=metrics, timing=timer.result())
+        if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            output.batch.pop("rollout_log_probs")  # verl's calculate_log_probs=false: no rollout log-probs
         if self._is_actor:
             output.meta_info["actor_weights_version"] = self._weights_version
         else:  # a rollout group apart: its ranks may end a call on different versions; response_versions say which
@@ -452,6 +481,13 @@ class CriticWorker(TrainingWorker):
         super().__init__(config)
         self.critic = None
 
+    def _process_group_timeout(self) -> float:
+        timeout = self.config.critic.nccl_timeout
+        return float(self.config.trainer.call_timeout_s if timeout is None else timeout)
+
+    def _full_determinism(self) -> bool:
+        return bool(self.config.critic.fsdp_config.full_determinism)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the value model and build its optimizer and schedule."""
@@ -459,8 +495,10 @@ class CriticWorker(TrainingWorker):
         cfg = self.config.critic
         self.tokenizer = critic_tokenizer(self.config)
         path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
-        module = build_critic(cfg.model, path).to(self.device)
-        module = shard_module(module, self.world_size, self._device_type(), cfg.fsdp_config.reshard_after_forward)
+        seed_role(cfg.fsdp_config)
+        module = build_critic(cfg.model, path, dtype=cfg.fsdp_config.model_dtype).to(self.device)
+        precision = compute_dtype(cfg.fsdp_config, module)
+        module = shard_role_module(module, self.world_size, self._device_type(), cfg.fsdp_config)
         optimizer = build_optimizer(module, cfg.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
         mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n, self.world_size,
@@ -469,7 +507,7 @@ class CriticWorker(TrainingWorker):
         self.critic = DataParallelPPOCritic(cfg, module, optimizer, mini_batch_size=mini,
                                             world_size=self.world_size, device=self.device,
                                             use_remove_padding=cfg.model.use_remove_padding,
-                                            sp_size=cfg.ulysses_sequence_parallel_size)
+                                            sp_size=cfg.ulysses_sequence_parallel_size, compute_dtype=precision)
         self.placement = Placement(module, optimizer, self.device)
         self._rest()
 

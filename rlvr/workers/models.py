@@ -10,6 +10,8 @@ policy's vocabulary (:func:`critic_tokenizer`).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from torch import nn
@@ -40,42 +42,55 @@ def _lora_config(model_config, task_type: str | None) -> LoraConfig:
         target_modules=targets if isinstance(targets, str) else list(targets),
         task_type=task_type,
         bias="none",
+        exclude_modules=_exclude(model_config.exclude_modules),
     )
+
+
+def _exclude(value: Any) -> Any:
+    """``model.exclude_modules``: a regex string, a list of names, or None."""
+    return value if value is None or isinstance(value, str) else list(value)
 
 
 def _enable_gradient_checkpointing(model: PreTrainedModel) -> None:
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _load(model_config, path: str) -> PreTrainedModel:
-    """The causal LM at ``path`` with the section's dtype and attention; on the packed-sequence
-    attention (over that one) when ``use_remove_padding``."""
+def _load(model_config, path: str, dtype: str | None = None) -> PreTrainedModel:
+    """The causal LM at ``path`` with the section's dtype (or ``dtype``: a role's
+    ``fsdp_config.model_dtype``), attention and config overrides (``model.override_config``); on
+    the packed-sequence attention (over that one) when ``use_remove_padding``."""
     model = load_causal_lm(
         path,
-        dtype=torch_dtype(model_config.dtype),
+        dtype=torch_dtype(dtype or model_config.dtype),
         attn_implementation=model_config.attn_implementation,
         trust_remote_code=model_config.trust_remote_code,
+        **dict(model_config.override_config),
     )
     if model_config.use_remove_padding:
         use_packed_attention(model)
     return model
 
 
-def build_causal_lm(model_config, trainable: bool) -> nn.Module:
+def build_causal_lm(model_config, trainable: bool, dtype: str | None = None, freeze_vision: bool = False) -> nn.Module:
     """The policy model from ``actor_rollout_ref.model`` (path, dtype, attention, packing, LoRA, checkpointing).
 
     Args:
         model_config: the ``ModelConfig`` section.
         trainable: False for a frozen reference model (no LoRA, no checkpointing, eval mode,
             ``requires_grad=False``).
+        dtype: the parameters' dtype (a role's ``fsdp_config.model_dtype``; None: ``model.dtype``).
+        freeze_vision: a vision-language model's vision encoder does not train
+            (``actor.freeze_vision_tower``).
 
     Returns:
         a ``PreTrainedModel``, or a ``PeftModel`` when ``lora_rank > 0`` and ``trainable``.
     """
-    model = _load(model_config, model_config.path)
+    model = _load(model_config, model_config.path, dtype)
     if not trainable:
         model.requires_grad_(False)
         return model.eval()
+    if freeze_vision:
+        vision_encoder(model).requires_grad_(False)
     if model_config.enable_gradient_checkpointing:
         _enable_gradient_checkpointing(model)
     if model_config.lora_rank > 0:
@@ -83,6 +98,23 @@ def build_causal_lm(model_config, trainable: bool) -> nn.Module:
             model.enable_input_require_grads()
         model = get_peft_model(model, _lora_config(model_config, "CAUSAL_LM"))
     return model
+
+
+VISION_ENCODER_NAMES = ("visual", "vision_tower", "vision_model")
+"""Attribute names of the vision encoder in transformers' vision-language models."""
+
+
+def vision_encoder(model: PreTrainedModel) -> nn.Module:
+    """The vision encoder of a vision-language model.
+
+    Raises:
+        ValueError: the model has none (a text-only model).
+    """
+    for name, module in model.named_modules():
+        if name.rpartition(".")[2] in VISION_ENCODER_NAMES:
+            return module
+    raise ValueError(f"{type(model).__name__} has no vision encoder (none of {VISION_ENCODER_NAMES}); "
+                     "actor.freeze_vision_tower applies to vision-language models only")
 
 
 def unwrap_hf_model(module: nn.Module) -> PreTrainedModel:
@@ -138,12 +170,13 @@ class CriticModel(nn.Module):
         return self.value_head(hidden).squeeze(-1).float()
 
 
-def build_critic(model_config, path: str) -> CriticModel:
-    """The critic from the ``critic.model`` section: backbone of the LM at ``path`` + value head.
+def build_critic(model_config, path: str, dtype: str | None = None) -> CriticModel:
+    """The critic from the ``critic.model`` section: backbone of the LM at ``path`` + value head
+    (``dtype``: ``critic.fsdp_config.model_dtype``; None: ``critic.model.dtype``).
 
     With ``lora_rank > 0`` the backbone gets LoRA adapters (the value head always trains).
     """
-    lm = _load(model_config, path)
+    lm = _load(model_config, path, dtype)
     backbone = lm.base_model
     if model_config.enable_gradient_checkpointing:
         _enable_gradient_checkpointing(backbone)

@@ -7,16 +7,21 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlvr.utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RefFSDPConfig
 from rlvr.workers.collectives import all_reduce_max
 from rlvr.workers.fsdp import move_module, move_optimizer_state
 
 __all__ = ["cpu_workers", "cpu_thread_share", "set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement",
-           "peak_memory_metrics"]
+           "peak_memory_metrics", "seed_role", "use_full_determinism", "rollout_seed",
+           "rollout_dtype"]
 
 
 def cpu_workers(config) -> int:
@@ -120,3 +125,40 @@ def peak_memory_metrics(device: str, stage: str) -> dict[str, float]:
     peak = torch.cuda.max_memory_allocated(device) / 1024**3
     torch.cuda.reset_peak_memory_stats(device)
     return {f"perf/{stage}/max_memory_allocated_gb": peak}
+
+
+def seed_role(fsdp_config: RefFSDPConfig) -> None:
+    """Seed the global RNGs with a role's ``fsdp_config.seed`` (verl's key) before its model is built,
+    so that its random parts (LoRA adapters, the value head) come from that seed; None keeps the
+    worker's seed (``trainer.seed``)."""
+    if fsdp_config.seed is not None:
+        from rlvr.utils.seed import set_seed
+
+        set_seed(int(fsdp_config.seed))
+
+
+def use_full_determinism() -> None:
+    """Deterministic torch kernels in this process (verl's ``full_determinism``): the same inputs give
+    bit-identical results on the same hardware; an op without a deterministic kernel raises."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
+def rollout_seed(config, rank: int) -> int:
+    """The sampling seed of rollout worker ``rank``: verl's ``rollout.seed`` + rank, or (unset) one
+    derived from ``trainer.seed``."""
+    seed = config.actor_rollout_ref.rollout.seed
+    if seed is not None:
+        return int(seed) + rank
+    return int(config.trainer.seed) + 1_000_003 * (rank + 1)
+
+
+def rollout_dtype(rollout_config, module: nn.Module) -> torch.dtype | None:
+    """The dtype ``rollout.dtype`` asks the HF engine to generate in when it differs from the
+    actor's parameters (None: the engine may share the actor's module)."""
+    from rlvr.workers.models import torch_dtype
+
+    if rollout_config.dtype is None:
+        return None
+    dtype = torch_dtype(rollout_config.dtype)
+    return None if dtype == next(module.parameters()).dtype else dtype

@@ -30,15 +30,17 @@ def test_bypass_sets_old_log_probs_to_the_rollouts_and_passes_the_band():
     assert torch.equal(batch.batch["old_log_probs"], rollout) and batch.batch["old_log_probs"] is not rollout
     assert metrics["actor/bypass_mode"] == 1.0
     assert metrics["actor/entropy"] == pytest.approx((0.5 + 1.0 + 2.0 + 0.1 + 0.3) / 5)
-    assert batch.meta_info[BYPASS_RS_KEY] == {"rollout_rs": "token", "rollout_rs_threshold": 1.5,
-                                              "rollout_rs_threshold_lower": None}
+    assert batch.meta_info[BYPASS_RS_KEY] == {"loss_type": "ppo_clip", "rollout_is": None, "rollout_is_threshold": 2.0,
+                                              "rollout_is_batch_normalize": False, "rollout_rs": "token",
+                                              "rollout_rs_threshold": 1.5, "rollout_rs_threshold_lower": None}
 
 
 def test_bypass_rejection_drops_tokens_whose_residual_leaves_the_band():
     rollout = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])
     current = torch.tensor([[-1.0, -0.5, -1.6, -1.2]], requires_grad=True)  # ratios 1, e^0.5, e^-0.6, e^-0.2
     mask = torch.tensor([[1, 1, 1, 0]])
-    settings = {"rollout_rs": "token", "rollout_rs_threshold": 1.5, "rollout_rs_threshold_lower": None}
+    settings = {"rollout_rs": "token", "rollout_rs_threshold": 1.5, "rollout_rs_threshold_lower": None,
+                "rollout_is_threshold": 2.0}
     kept = compute_bypass_rejection(current, rollout, mask, settings)
     expected = [int(bool(m) and 1 / 1.5 <= math.exp(c - r) <= 1.5)  # loop reference of the band
                 for c, r, m in zip(current[0].tolist(), rollout[0].tolist(), mask[0].tolist())]

@@ -8,6 +8,7 @@ import dataclasses
 import functools
 import inspect
 import textwrap
+import typing
 from pathlib import Path
 
 import numpy as np
@@ -34,9 +35,46 @@ VERL_SIGNATURE_ONLY = {
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
     "handle_zero_tail": "verl's optimal-token-baseline argument that its trainer never passes (default on)",
 }
-VALIDATED_VERL_KEYS: dict[str, str] = {}
+VALIDATED_VERL_KEYS: dict[str, str] = {
+    "actor_rollout_ref.actor.checkpoint.load_contents": "a resume restores the whole state; other contents refused",
+    "critic.checkpoint.load_contents": "a resume restores the whole state; other contents refused",
+    "critic.checkpoint.save_contents": "the critic's checkpoints are whole; hf_model refused (no HF form)",
+    "critic.model.use_fused_kernels": "the critic computes values, no log-probs: true refused",
+}
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""
+RESOLVED_AT_LOAD = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size": "critic.ppo_micro_batch_size_per_gpu",
+    "critic.forward_micro_batch_size": "critic.forward_micro_batch_size_per_gpu",
+}
+"""verl's older global micro-batch sizes: finalize_config turns each into the per-rank key the code
+reads (the value of the key it maps to)."""
+
+
+def _interpolation_sources(schema: type, read: set[str]) -> set[str]:
+    """Keys whose value reaches a read field through that field's default interpolation
+    (``actor.use_fused_kernels = ${actor_rollout_ref.model.use_fused_kernels}``)."""
+    import re
+
+    defaults = {key: value for key, value in _schema_defaults(schema).items() if isinstance(value, str)}
+    return {source for key, value in defaults.items() if key in read
+            for source in re.findall(r"\$\{([\w.]+)\}", value)}
+
+
+def _schema_defaults(schema: type, prefix: str = "") -> dict:
+    """Dotted leaf -> default of every field of ``schema``."""
+    out = {}
+    hints = typing.get_type_hints(schema)
+    for fld in dataclasses.fields(schema):
+        key, hint = f"{prefix}{fld.name}", hints[fld.name]
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            out.update(_schema_defaults(hint, f"{key}."))
+        elif fld.default is not dataclasses.MISSING:
+            out[key] = fld.default
+    return out
 
 
 def _code_files() -> list[Path]:
@@ -51,7 +89,9 @@ def _read_by_the_code(schema: type) -> dict[str, set[str]]:
 
 
 def _dead_keys(schema: type = RlvrConfig) -> list[str]:
-    read = _read_by_the_code(schema)
+    read = set(_read_by_the_code(schema))
+    read |= {key for key, target in RESOLVED_AT_LOAD.items() if target in read}
+    read |= _interpolation_sources(schema, read)
     return [key for key in schema_keys(schema) if key not in read and key not in VALIDATED_VERL_KEYS]
 
 
@@ -62,14 +102,14 @@ def test_every_schema_field_is_read_by_the_code():
 
 
 def test_the_validated_verl_keys_are_validated_and_read_nowhere_else():
-    validated = fields_read([CONFIG_PACKAGE / "validate.py"], RlvrConfig)
+    validated = fields_read([CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_verl.py"], RlvrConfig)
     assert [key for key in VALIDATED_VERL_KEYS if key not in validated] == []
     assert [key for key in VALIDATED_VERL_KEYS if key in _read_by_the_code(RlvrConfig)] == []
 
 
 @dataclasses.dataclass
 class _CriticWithDeadKeys(CriticConfig):
-    seed: int = 0
+    num_examine: int = 0
     name: str = ""
 
 
@@ -80,8 +120,8 @@ class _WithDeadKeys(RlvrConfig):
 
 
 def test_the_dead_key_check_catches_a_dead_key():
-    """Dead keys named like keys that other sections' code reads (``seed``, ``name``) are caught."""
-    assert _dead_keys(_WithDeadKeys) == ["critic.seed", "critic.name", "dataloader_num_workers_never_read"]
+    """Dead keys named like keys that other sections' code reads (``num_examine``, ``name``) are caught."""
+    assert _dead_keys(_WithDeadKeys) == ["critic.num_examine", "critic.name", "dataloader_num_workers_never_read"]
 
 
 def test_a_field_counts_as_read_only_in_its_own_section(tmp_path):
@@ -210,10 +250,13 @@ def test_loss_and_estimator_knobs_are_settable_from_the_command_line():
         assert f"  {key}\n" in text
 
 
-def test_a_verl_key_without_meaning_says_why():
-    with pytest.raises(ConfigError, match="no DataLoader workers to set; remove the key") as info:
-        load_config("grpo", ["data.dataloader_num_workers=8"])
-    assert info.value.key == "data.dataloader_num_workers"
-    with pytest.raises(ConfigError, match="frozen and has no optimizer state to offload") as info:
-        load_config("grpo", ["actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"])
-    assert info.value.key == "actor_rollout_ref.ref.fsdp_config.optimizer_offload"
+def test_verl_keys_without_meaning_here_are_accepted_and_say_why(caplog):
+    """verl's DataLoader workers are a speed switch rlvr has no use for (a start-up note); the
+    reference's optimizer offload has nothing to offload (accepted silently, see docs/verl_compat.md)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="rlvr.config"):
+        load_config("grpo", ["data.dataloader_num_workers=4", "actor_rollout_ref.ref.fsdp_config.optimizer_offload=true"])
+    assert [r.getMessage() for r in caplog.records] == [
+        "note: data.dataloader_num_workers=4 has no effect in rlvr: rlvr tokenizes the prompts once when the dataset "
+        "loads and builds each batch in the driver, so there are no DataLoader workers"]

@@ -310,7 +310,8 @@ class RewardManagerBase:
 
     @classmethod
     def from_config(cls, config: Any, tokenizer: Any, num_examine: int, compute_score: Any, **reward_kwargs: Any):
-        error_policy = {"on_error": config.reward_model.on_error, "fallback_score": config.reward_model.fallback_score}
+        error_policy = {"on_error": config.reward_model.on_error, "fallback_score": config.reward_model.fallback_score,
+                        "reward_fn_key": config.data.reward_fn_key}
         kwargs = {**cls.config_kwargs(config), **error_policy, **reward_kwargs}
         return cls(tokenizer, num_examine, compute_score, **kwargs)
 

@@ -71,7 +71,8 @@ BUILTIN_NAMES: dict[str, tuple[str, ...]] = {
     "algorithm.kl_penalty": _TOKEN_KL,
     "algorithm.rollout_correction.rollout_is": _RATIO_LEVELS,
     "algorithm.rollout_correction.rollout_rs": _RATIO_LEVELS,
-    "actor_rollout_ref.rollout.agent.default_agent_loop": ("env_agent", "openai_agent", "single_turn", "tool_agent"),
+    "actor_rollout_ref.rollout.agent.default_agent_loop": ("env_agent", "openai_agent", "single_turn", "single_turn_agent",
+                                                           "tool_agent"),
     "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
     "actor_rollout_ref.rollout.multi_turn.env_name": ("retry",),
 }

@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlvr.reward.config import CustomRewardFunctionConfig, OverlongBufferConfig, RewardConfig, RewardModelConfig
+from rlvr.trainer.config.schema_sections import (
+    CheckpointConfig,
+    CheckpointEngineConfig,
+    CustomClassConfig,
+    EngineKwargsConfig,
+    RayKwargsConfig,
+)
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
@@ -37,7 +44,8 @@ class DataConfig:
     max_response_length: int = _f(128, "maximum number of generated tokens per response")
     train_batch_size: int = _f(8, "prompts per training step (each sampled rollout.n times)")
     val_batch_size: Optional[int] = _f(None, "prompts per validation generation batch; None = whole set at once")
-    val_max_samples: Optional[int] = _f(None, "use only the first N validation prompts (None = all)")
+    val_max_samples: Optional[int] = _f(None, "use only the first N validation prompts (None or -1 = all)")
+    train_max_samples: Optional[int] = _f(None, "train on a random subset (seeded by data.seed) of N prompts (None or -1 = all)")
     shuffle: bool = _f(True, "shuffle the training data every epoch (seeded by data.seed)")
     seed: Optional[int] = _f(None, "seed of the data order (None = trainer.seed)")
     filter_overlong_prompts: bool = _f(True, "drop prompts longer than max_prompt_length (count is logged)")
@@ -45,6 +53,15 @@ class DataConfig:
     apply_chat_template: bool = _f(True, "render the prompt messages with the tokenizer's chat template")
     image_key: str = _f("images", "column of each row's images, one per <image> placeholder in its prompt")
     output_path: Optional[str] = _f(None, "main_generation_server: the parquet file written (the rows of train_files with a responses column)")
+    video_key: str = _f("videos", "column of videos: rlvr trains on text and images, so a row with videos is refused when the data loads")
+    audio_key: str = _f("audios", "column of audio: rlvr trains on text and images, so a row with audio is refused when the data loads")
+    return_raw_chat: bool = _f(True, "keep each prompt's chat messages in the batch (raw_prompt: the agent loops need them); False drops them once the prompt is tokenized")
+    trust_remote_code: bool = _f(False, "allow custom code of the tokenizer / processor that tokenizes the data")
+    custom_cls: CustomClassConfig = _sub(CustomClassConfig, "your own dataset class instead of rlvr's RLHFDataset")
+    filter_overlong_prompts_workers: int = _f(1, "processes that measure the prompts' lengths for filter_overlong_prompts (the same prompts are kept)")
+    apply_chat_template_kwargs: dict = _f({}, "keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking: false)")
+    mm_processor_kwargs: dict = _f({}, "keyword arguments of the processor's call on a row with images (e.g. max_pixels)")
+    reward_fn_key: str = _f("data_source", "column that names each row's data source for the reward manager's compute_score")
 
 
 # ---------------------------------------------------------------------------------- model / optim
@@ -61,6 +78,10 @@ class ModelConfig:
     lora_alpha: int = _f(16, "LoRA scaling alpha")
     lora_dropout: float = _f(0.0, "LoRA dropout")
     target_modules: Any = _f("all-linear", "LoRA target modules: 'all-linear' or a list of module names")
+    use_fused_kernels: bool = _f(True, "log-probs and entropy from the last hidden states through rlvr's fused linear head (a chunk of tokens at a time: the micro-batch's full logits never exist; one rank, a bias-free LM head); false: from the full logits")
+    custom_chat_template: Optional[str] = _f(None, "a Jinja chat template that replaces the tokenizer's (data, rollout and agent loops)")
+    exclude_modules: Any = _f(None, "LoRA: module names (or a regex) left without adapters")
+    override_config: dict = _f({}, "values that replace the model config's own (e.g. attention_dropout: 0.0), given to from_pretrained")
     external_lib: Any = _f(None, "verl's key: a module (or .py file, or a list) of your own imported before the model is built; rlvr imports it like trainer.user_modules")
 
 
@@ -72,8 +93,20 @@ class OptimConfig:
     weight_decay: float = _f(0.01, "AdamW weight decay")
     warmup_steps: int = _f(0, "linear warmup steps (takes precedence over warmup_steps_ratio when > 0)")
     warmup_steps_ratio: float = _f(0.0, "warmup as a fraction of the total training steps")
-    lr_scheduler_type: str = _f("constant", "learning-rate schedule after warmup: constant | cosine")
-    min_lr_ratio: float = _f(0.0, "cosine schedule floor as a fraction of lr")
+    lr_scheduler_type: Optional[str] = _f("constant", "learning-rate schedule after warmup: constant | cosine (None = constant)")
+    min_lr_ratio: Optional[float] = _f(0.0, "cosine schedule floor as a fraction of lr (None = 0)")
+    num_cycles: float = _f(0.5, "waves of the cosine schedule over the decay (0.5: one half cosine, lr down to the floor)")
+    zero_indexed_step: Optional[bool] = _f(None, "verl's step counting of the schedule: True = from 0 (the first warmup step has lr 0), False = from 1; None = rlvr's (warmup from lr / warmup_steps, decay from the end of the warmup)")
+    lr_decay_style: Optional[str] = _f(None, "Megatron's schedule after warmup (replaces lr_scheduler_type when set): constant | linear | cosine | inverse-square-root | WSD")
+    min_lr: float = _f(0.0, "lr_decay_style: the lr at the end of the decay")
+    lr_decay_steps: Optional[int] = _f(None, "lr_decay_style: steps from the start to the end of the decay (None = total_training_steps)")
+    lr_warmup_init: float = _f(0.0, "lr_decay_style: the lr the warmup starts from")
+    lr_wsd_decay_style: str = _f("exponential", "lr_decay_style=WSD: shape of the final decay: linear | cosine | exponential | minus_sqrt")
+    lr_wsd_decay_steps: Optional[int] = _f(None, "lr_decay_style=WSD: steps of the final decay (the lr stays at lr before it)")
+    clip_grad: Optional[float] = _f(None, "max global gradient norm (verl's name; None = the role's grad_clip)")
+    optimizer: str = _f("AdamW", "optimizer class in optimizer_impl (AdamW, Adam, ...; Megatron's adam = AdamW)")
+    optimizer_impl: str = _f("torch.optim", "module of the optimizer class (torch.optim, or a package of yours)")
+    override_optimizer_config: Optional[dict] = _f(None, "more keyword arguments of the optimizer class")
     total_training_steps: int = _f(-1, "set by the trainer from the data; used by the schedule")
 
 
@@ -83,6 +116,12 @@ class RefFSDPConfig:
 
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
     reshard_after_forward: bool = _f(True, "FSDP2 reshard_after_forward")
+    model_dtype: Optional[str] = _f(None, "dtype the model's parameters are loaded and kept in: fp32 | bf16 (None = model.dtype)")
+    dtype: Optional[str] = _f(None, "mixed precision: compute in this dtype, keep parameters in model_dtype (bf16 | fp32; None = no mixed precision)")
+    offload_policy: bool = _f(False, "FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer state live on CPU (several ranks)")
+    forward_prefetch: bool = _f(False, "FSDP2: all-gather the next decoder layer while the current one computes (several ranks)")
+    seed: Optional[int] = _f(None, "seed of this role's randomly initialised parts (LoRA, value head); None = trainer.seed")
+    full_determinism: bool = _f(False, "deterministic torch kernels for this role (torch.use_deterministic_algorithms; slower)")
 
 
 @dataclass
@@ -100,6 +139,12 @@ class RefMegatronConfig:
     tensor_model_parallel_size: Optional[int] = _f(None, "ranks that split every weight matrix (must divide the key/value heads); None = 1 for the actor, the actor's for reference and critic")
     pipeline_model_parallel_size: Optional[int] = _f(None, "ranks that split the layers into stages (must divide the layers); None = 1 for the actor, the actor's for reference and critic")
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
+    override_transformer_config: dict = _f({}, "megatron-core TransformerConfig fields (recompute_granularity, recompute_method, recompute_num_layers, recompute_modules, ...)")
+    seed: Optional[int] = _f(None, "seed of the model's random init (and Megatron's RNG tracker); None = trainer.seed")
+    dtype: Optional[str] = _f(None, "mixed precision: compute in this dtype, keep parameters in model.dtype (bf16 | fp32; None = no mixed precision)")
+    use_dist_checkpointing: bool = _f(False, "start this role from a Megatron distributed checkpoint (dist_checkpointing_path) instead of model.path's weights (model.path still gives the config and tokenizer)")
+    dist_checkpointing_path: Optional[str] = _f(None, "the Megatron distributed checkpoint folder (megatron.core.dist_checkpointing, e.g. verl's HF -> mcore converter's output)")
+    dist_checkpointing_prefix: str = _f("", "the prefix of the parameter names in that checkpoint")
 
 
 @dataclass
@@ -142,7 +187,8 @@ GPG_ALPHA_COUNTS = ("nonzero_score", "informative")
 class ActorConfig:
     strategy: str = _f("fsdp2", "training backend: fsdp | fsdp2 (PyTorch FSDP2 over the worker group) | megatron (megatron-core tensor/pipeline parallel)")
     ppo_mini_batch_size: int = _f(8, "prompts per optimizer step (times rollout.n sequences)")
-    ppo_micro_batch_size_per_gpu: int = _f(8, "sequences per forward/backward on one worker (gradient accumulation)")
+    ppo_micro_batch_size_per_gpu: Optional[int] = _f(8, "sequences per forward/backward on one worker (gradient accumulation); None = the worker's whole mini-batch at once")
+    ppo_micro_batch_size: Optional[int] = _f(None, "verl's older global micro-batch: when set, ppo_micro_batch_size_per_gpu = it / the data-parallel workers")
     use_dynamic_bsz: bool = _f(False, "size micro-batches by token budget instead of sequence count")
     ppo_max_token_len_per_gpu: int = _f(16384, "token budget of a micro-batch when use_dynamic_bsz (real tokens with use_remove_padding, rows x longest row without)")
     ulysses_sequence_parallel_size: int = _f(1, "Ulysses sequence parallelism: ranks that split each packed sequence (needs model.use_remove_padding; heads must split over it)")
@@ -166,6 +212,15 @@ class ActorConfig:
     optim: OptimConfig = _sub(OptimConfig, "optimizer and schedule")
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
     megatron: MegatronConfig = _sub(MegatronConfig, "strategy=megatron: tensor/pipeline parallel sizes and offload")
+    use_torch_compile: bool = _f(False, "torch.compile the model forward of the actor (and reference) passes; a model that does not compile runs eagerly, with a warning (verl's default is true; rlvr's false: compiling costs more than it saves in short runs, docs/PERFORMANCE.md)")
+    use_fused_kernels: bool = _f("${actor_rollout_ref.model.use_fused_kernels}", "the actor's log-probs and entropy through the fused linear head (default: model.use_fused_kernels)")
+    calculate_entropy: bool = _f(False, "compute the policy's entropy in the update even when entropy_coeff is 0 (the actor/entropy metric)")
+    entropy_from_logits_with_chunking: bool = _f(False, "compute the entropy in chunks of entropy_from_logits_chunk_size rows (memory; the same values)")
+    entropy_from_logits_chunk_size: int = _f(2048, "rows (tokens) per chunk of the chunked entropy")
+    freeze_vision_tower: bool = _f(False, "vision-language models: the vision encoder does not train")
+    loss_scale_factor: Optional[float] = _f(None, "seq-mean-token-sum-norm: the constant each sequence's token sum is divided by (None = the response length)")
+    data_loader_seed: Optional[int] = _f(None, "seed of the shuffle between mini-batches (shuffle=true); None = trainer.seed")
+    checkpoint: CheckpointConfig = _sub(CheckpointConfig, "what the actor's checkpoints hold")
     share_prompt_forward: bool = _f(True, "on one rank, run each distinct prompt of a micro-batch once and its responses on its KV cache (exact; about n times less prompt compute)")
     use_rollout_log_probs: bool = _f(True, "reuse the rollout's exact sampling log-probs as old_log_probs when they match the actor (skips a forward pass)")
 
@@ -173,7 +228,9 @@ class ActorConfig:
 @dataclass
 class RefConfig:
     strategy: Optional[str] = _f(None, "training backend of a separate reference: fsdp | fsdp2 | megatron (None = the actor's)")
-    log_prob_micro_batch_size_per_gpu: int = _f(16, "sequences per forward when computing reference log-probs")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = _f(16, "sequences per forward when computing reference log-probs (None = the worker's whole batch)")
+    log_prob_micro_batch_size: Optional[int] = _f(None, "verl's older global micro-batch: when set, log_prob_micro_batch_size_per_gpu = it / the workers")
+    use_torch_compile: bool = _f("${actor_rollout_ref.actor.use_torch_compile}", "torch.compile the reference's forward (default: the actor's)")
     log_prob_use_dynamic_bsz: bool = _f("${actor_rollout_ref.actor.use_dynamic_bsz}", "size the reference log-prob micro-batches by token budget (default: the actor's use_dynamic_bsz)")
     log_prob_max_token_len_per_gpu: int = _f("${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}", "token budget of a reference log-prob micro-batch (default: the actor's ppo_max_token_len_per_gpu)")
     ulysses_sequence_parallel_size: int = _f("${actor_rollout_ref.actor.ulysses_sequence_parallel_size}", "Ulysses sequence-parallel ranks of the reference (default: the actor's)")
@@ -209,7 +266,9 @@ class AgentConfig:
 
 @dataclass
 class MultiTurnConfig:
-    max_assistant_turns: int = _f(4, "most model turns in one multi-turn rollout (tool_agent, env_agent)")
+    max_assistant_turns: Optional[int] = _f(4, "most model turns in one multi-turn rollout (tool_agent, env_agent); None = until the response budget ends")
+    max_user_turns: Optional[int] = _f(None, "most inserted turns (tool results, environment replies) in one rollout; None = no limit")
+    tool_response_truncate_side: str = _f("right", "where a tool result or reply longer than max_tool_response_tokens is cut: left (keep its end) | middle | right (keep its start)")
     max_tool_response_tokens: int = _f(256, "an inserted tool result or environment reply is cut to this many tokens")
     tool_config_path: Optional[str] = _f(None, "YAML file of the tools of tool_agent (see rlvr.agent.tools)")
     format: str = _f("hermes", "tool-call parser (registry): hermes = <tool_call>{json}</tool_call>")
@@ -256,7 +315,8 @@ class RolloutConfig:
     stop: list = _f([], "stop strings that end a response (in addition to EOS)")
     ignore_eos: bool = _f(False, "keep generating after EOS (benchmarks force full-length responses)")
     micro_batch_size: int = _f(256, "sequences generated together on one worker")
-    log_prob_micro_batch_size_per_gpu: int = _f(16, "sequences per forward for compute_log_prob")
+    log_prob_micro_batch_size_per_gpu: Optional[int] = _f(16, "sequences per forward for compute_log_prob (None = the worker's whole batch)")
+    log_prob_micro_batch_size: Optional[int] = _f(None, "verl's older global micro-batch: when set, log_prob_micro_batch_size_per_gpu = it / the workers")
     log_prob_use_dynamic_bsz: bool = _f("${actor_rollout_ref.actor.use_dynamic_bsz}", "size the compute_log_prob micro-batches by token budget (default: the actor's use_dynamic_bsz)")
     log_prob_max_token_len_per_gpu: int = _f("${actor_rollout_ref.actor.ppo_max_token_len_per_gpu}", "token budget of a compute_log_prob micro-batch (default: the actor's ppo_max_token_len_per_gpu)")
     static_cache: bool = _f(False, "use a static KV cache (GPU fast path)")
@@ -264,7 +324,7 @@ class RolloutConfig:
     free_cache_engine: bool = _f(True, "free the rollout's KV cache after generation (vllm: sleep between phases, GPU only)")
     quantization: Optional[str] = _f(None, "rollout weights: fp8 (hf: e4m3 linear layers, per-channel scales, re-quantised at every weight sync; vllm: its quantization='fp8') | null = off")
     val_kwargs: SamplingConfig = _sub(SamplingConfig, "sampling settings for validation")
-    dtype: Optional[str] = _f(None, "vllm: dtype of the engine's weights: float32 | bfloat16 (None = model.dtype)")
+    dtype: Optional[str] = _f(None, "dtype of the engine's weights: float32 | bfloat16 (None = the actor's; the HF engine keeps its own copy in another dtype)")
     gpu_memory_utilization: float = _f(0.5, "vllm: share of GPU memory for weights and KV cache (the actor lives beside it)")
     tensor_model_parallel_size: int = _f(1, "vllm: tensor-parallel ranks per engine (1: one engine per worker)")
     enforce_eager: bool = _f(True, "vllm: no CUDA graphs / compilation (fast start; False compiles for speed)")
@@ -272,6 +332,16 @@ class RolloutConfig:
     enable_sleep_mode: bool = _f(True, "vllm: free weights and KV cache between phases on GPU (sleep/wake_up); no-op on CPU")
     max_num_batched_tokens: Optional[int] = _f(None, "vllm: token budget of one engine step (None = vLLM's default)")
     max_num_seqs: int = _f(256, "vllm: most sequences decoded together")
+    calculate_log_probs: bool = _f(True, "return the sampled tokens' log-probs (rollout_log_probs): the mismatch metrics, the rollout correction, bypass_mode and reusing them as old log-probs need them")
+    seed: Optional[int] = _f(None, "seed of the rollout's sampling (worker i samples with seed + i); None = from trainer.seed")
+    full_determinism: bool = _f(False, "deterministic kernels in the rollout workers (torch.use_deterministic_algorithms; slower)")
+    enable_chunked_prefill: Optional[bool] = _f(None, "vllm: split long prefills into chunks scheduled with decodes (None = vLLM's default)")
+    max_model_len: Optional[int] = _f(None, "vllm: the engine's longest sequence (None = prompt_length + response_length)")
+    disable_log_stats: bool = _f(True, "vllm: no periodic engine statistics in the log")
+    cudagraph_capture_sizes: Optional[list] = _f(None, "vllm (CUDA, enforce_eager=false): batch sizes to capture CUDA graphs for (None = vLLM's)")
+    scheduling_policy: str = _f("fcfs", "vllm: request scheduling: fcfs | priority")
+    engine_kwargs: EngineKwargsConfig = _sub(EngineKwargsConfig, "more arguments of the inference engine")
+    checkpoint_engine: CheckpointEngineConfig = _sub(CheckpointEngineConfig, "how new weights reach the rollout")
     load_format: str = _f("dummy", "vllm: the engine's first weights: dummy (random; the actor's are loaded in place before the first generation) | auto (read from the model folder)")
     kv_cache_memory_bytes: Optional[int] = _f(None, "vllm: KV-cache size in bytes (None = gpu_memory_utilization on GPU, 1 GiB on CPU)")
     block_size: Optional[int] = _f(None, "vllm: KV-cache block in tokens (None = 32 on CPU, where the default 128 outgrows short prompts; vLLM's default on GPU)")
@@ -282,6 +352,7 @@ class RolloutConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
+    nccl_timeout: Optional[float] = _f(None, "seconds a collective of the actor / rollout / reference process group may take (None = trainer.call_timeout_s)")
     hybrid_engine: bool = _f(True, "actor, rollout and reference share one worker group; false: the rollout runs in a resource pool of its own (top-level rollout section; the local backend: a child process)")
     model: ModelConfig = _sub(ModelConfig, "the policy model")
     actor: ActorConfig = _sub(ActorConfig, "policy training")
@@ -294,6 +365,7 @@ class ActorRolloutRefConfig:
 class CriticModelConfig(ModelConfig):
     path: Optional[str] = _f(None, "critic model location (LM with a scalar value head); None = the actor's model.path")
     tokenizer_path: Optional[str] = _f(None, "critic's tokenizer; it reads the policy's token ids, so it must have the policy's vocabulary (None = the policy's tokenizer)")
+    use_fused_kernels: bool = _f(False, "verl's key: the critic computes values, not log-probs, so it has no fused head (false only)")
 
 
 @dataclass
@@ -303,7 +375,15 @@ class CriticConfig:
     model: CriticModelConfig = _sub(CriticModelConfig, "critic model; unset fields follow the actor's model")
     optim: OptimConfig = _sub(OptimConfig, "critic optimizer")
     ppo_mini_batch_size: int = _f(8, "prompts per critic optimizer step")
-    ppo_micro_batch_size_per_gpu: int = _f(8, "sequences per critic forward/backward")
+    ppo_micro_batch_size_per_gpu: Optional[int] = _f(8, "sequences per critic forward/backward (None = the worker's whole mini-batch)")
+    ppo_micro_batch_size: Optional[int] = _f(None, "verl's older global micro-batch: when set, ppo_micro_batch_size_per_gpu = it / the workers")
+    forward_micro_batch_size_per_gpu: Optional[int] = _f("${critic.ppo_micro_batch_size_per_gpu}", "sequences per compute_values forward (default: ppo_micro_batch_size_per_gpu)")
+    forward_micro_batch_size: Optional[int] = _f(None, "verl's older global micro-batch of compute_values (divided by the workers)")
+    shuffle: bool = _f("${actor_rollout_ref.actor.shuffle}", "shuffle sequences between the critic's mini-batches (default: the actor's)")
+    data_loader_seed: Optional[int] = _f(None, "seed of the critic's mini-batch shuffle; None = trainer.seed")
+    loss_scale_factor: Optional[float] = _f(None, "seq-mean-token-sum-norm: the constant each sequence's token sum is divided by (None = the response length)")
+    checkpoint: CheckpointConfig = _sub(CheckpointConfig, "what the critic's checkpoints hold")
+    nccl_timeout: Optional[float] = _f(None, "seconds a collective of the critic's process group may take (None = trainer.call_timeout_s)")
     use_dynamic_bsz: bool = _f(False, "size the critic's micro-batches by token budget instead of sequence count")
     ppo_max_token_len_per_gpu: int = _f(32768, "token budget of a critic update micro-batch when use_dynamic_bsz")
     forward_max_token_len_per_gpu: int = _f("${critic.ppo_max_token_len_per_gpu}", "token budget of a compute_values micro-batch when use_dynamic_bsz (default: ppo_max_token_len_per_gpu)")
@@ -333,17 +413,19 @@ class KLControlConfig:
 @dataclass
 class FilterGroupsConfig:
     enable: bool = _f(False, "DAPO dynamic sampling: drop groups whose metric is equal across samples")
-    metric: str = _f("acc", "what must differ within a group: acc | score")
+    metric: str = _f("acc", "what must differ within a group: acc | score (verl's reward / seq_reward: the score)")
     max_num_gen_batches: int = _f(10, "max generation batches per step before giving up (0 = unlimited)")
 
 
 @dataclass
 class RolloutCorrectionConfig:
     rollout_is: Optional[str] = _f(None, "truncated importance sampling of the rollout/actor mismatch, ratio level: token | sequence | geometric (None = off)")
-    rollout_is_threshold: float = _f(2.0, "cap of the IS weights pi_old / pi_rollout")
+    rollout_is_threshold: Any = _f(2.0, "cap of the IS weights pi_old / pi_rollout: a number (or number string), or 'lower_upper' (IcePop: weights outside [lower, upper] are zeroed)")
     rollout_rs: Optional[str] = _f(None, "rejection (masked IS): drop tokens or sequences whose ratio leaves the band, level: token | sequence | geometric (None = off)")
-    rollout_rs_threshold: Optional[float] = _f(None, "upper bound of the rejection band (None = rollout_is_threshold)")
+    rollout_rs_threshold: Any = _f(None, "upper bound of the rejection band, or 'lower_upper' (None = rollout_is_threshold)")
     rollout_rs_threshold_lower: Optional[float] = _f(None, "lower bound of the rejection band (None = 1 / upper)")
+    loss_type: str = _f("ppo_clip", "bypass_mode: ppo_clip (the PPO ratio pi_theta / pi_rollout, clipped) | reinforce (no clipping: the policy gradient weighted by the truncated IS weight)")
+    rollout_is_batch_normalize: bool = _f(False, "divide the IS weights by their batch mean (over valid tokens, or sequences for sequence-level weights) so they average 1")
     bypass_mode: bool = _f(False, "use the rollout's log-probs as old_log_probs (no actor forward); the PPO ratio then corrects the whole rollout/actor gap")
     log_prob_diff_threshold: float = _f(0.1, "a token counts as mismatched in training/rollout_log_probs_diff_frac_over when |rollout - actor log-prob| exceeds this")
 
@@ -418,7 +500,8 @@ class TrainerConfig:
     save_freq: int = _f(-1, "checkpoint every N steps (-1 = only at the end)")
     resume_mode: str = _f("auto", "auto (latest in default_local_dir) | disable | resume_path")
     resume_from_path: Optional[str] = _f(None, "checkpoint directory for resume_mode=resume_path")
-    max_actor_ckpt_to_keep: Optional[int] = _f(None, "keep only the last k checkpoints (None = all)")
+    max_actor_ckpt_to_keep: Optional[int] = _f(None, "keep the actor's state in the last k checkpoints only (None = all)")
+    max_critic_ckpt_to_keep: Optional[int] = _f(None, "keep the critic's state in the last k checkpoints only (None = all)")
     default_local_dir: str = _f("runs/${trainer.project_name}/${trainer.experiment_name}", "run directory: checkpoints, metrics, report")
     export_hf: bool = _f(True, "at the end, export the actor to <run dir>/hf_model (loads with from_pretrained)")
     logger: list = _f(["console", "jsonl"], "metric sinks: console | jsonl | tensorboard | wandb")
@@ -446,3 +529,5 @@ class RlvrConfig:
     rollout: RolloutPoolConfig = _sub(RolloutPoolConfig, "resource pool of a rollout that runs apart from the actor")
     async_training: AsyncTrainingConfig = _sub(AsyncTrainingConfig, "overlap of generation and training: schedule, staleness bound, partial rollouts")
     trainer: TrainerConfig = _sub(TrainerConfig, "loop, schedule, checkpoints, logging")
+    ray_kwargs: RayKwargsConfig = _sub(RayKwargsConfig, "Ray start-up settings")
+    model_engine: str = _f("dp", "verl's training-engine selector (model_engine=NAME picks the strategies): dp (FSDP2) | megatron | veomni / torchtitan (FSDP2-based engines: rlvr runs its FSDP2, with a start-up note)")

@@ -33,7 +33,9 @@ from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES, RlvrConfig
 from rlvr.trainer.config.suggest import did_you_mean
+from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
+from rlvr.trainer.config.validate_verl import check_verl_settings, rejection_band
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 from rlvr.utils.registry import Registry, RegistryKeyError
 from rlvr.utils.user_code import is_object_path
@@ -45,7 +47,7 @@ BACKENDS = ("ray", "local")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = {"console": None, "jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 RESUME_MODES = ("auto", "disable", "resume_path")
-FILTER_METRICS = ("acc", "score")
+FILTER_METRICS = ("acc", "score", "reward", "seq_reward")
 
 
 def world_size(cfg: DictConfig) -> int:
@@ -113,6 +115,7 @@ def _check_files(key: str, value: Any, required: bool) -> None:
 def _check_trainer(cfg: DictConfig) -> None:
     t = cfg.trainer
     _check_one_of(t.backend, "trainer.backend", BACKENDS)
+    _require(t.device != "npu", "trainer.device", "Ascend NPUs are hardware rlvr does not run on; use cuda (or cpu)")
     _check_one_of(t.device, "trainer.device", DEVICES)
     _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1, "trainer.n_gpus_per_node",
              "nnodes and n_gpus_per_node must be >= 1")
@@ -230,7 +233,6 @@ def _check_actor(cfg: DictConfig) -> None:
     _require(actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c", "dual-clip bound must be > 1 (typically 3)")
     _require(actor.grad_clip > 0, "actor_rollout_ref.actor.grad_clip", "must be > 0")
     _require(actor.optim.lr > 0, "actor_rollout_ref.actor.optim.lr", "must be > 0")
-    _check_one_of(actor.optim.lr_scheduler_type, "actor_rollout_ref.actor.optim.lr_scheduler_type", ("constant", "cosine"))
     _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", AGG_LOSS_MODES)
     _check_token_kl(actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type")
     loss = actor.policy_loss
@@ -263,7 +265,6 @@ def _check_agent(rollout: DictConfig) -> None:
     environment's are registry names: :func:`check_names`)."""
     key = "actor_rollout_ref.rollout.multi_turn"
     loop, mt = rollout.agent.default_agent_loop, rollout.multi_turn
-    _require(mt.max_assistant_turns >= 1, f"{key}.max_assistant_turns", "must be >= 1 model turn")
     _require(mt.max_tool_response_tokens >= 1, f"{key}.max_tool_response_tokens", "must be >= 1 token")
     _require(mt.max_parallel_calls >= 1, f"{key}.max_parallel_calls", "must be >= 1 call per turn")
     _require(mt.tool_timeout_s > 0, f"{key}.tool_timeout_s", "must be > 0 seconds")
@@ -294,9 +295,11 @@ def _check_vllm(rollout: DictConfig, workers: int) -> None:
     key = "actor_rollout_ref.rollout"
     _require(rollout.mode == "async" or importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
     _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
-             "the in-process vLLM engine runs one engine per worker; set it to 1")
+             "the in-process vLLM engine runs one engine per worker; set it to 1 (rollout tensor parallelism: "
+             "issue 42 builds it)")
     _require(workers == 1, "trainer.n_gpus_per_node",
-             f"rollout.name=vllm runs with one worker for now (got {workers}): an in-process vLLM engine would take "
+             f"rollout.name=vllm runs with one worker for now (got {workers}; vLLM on every worker: issue 42 builds "
+             "it): an in-process vLLM engine would take "
              "the workers' process group for its own tensor parallelism; use trainer.nnodes=1 "
              "trainer.n_gpus_per_node=1 (or trainer.backend=local), or rollout.name=hf for several workers")
     truncated = rollout.do_sample and (rollout.top_p < 1 or rollout.top_k > 0)
@@ -352,17 +355,16 @@ def _check_algorithm(cfg: DictConfig, needs: EstimatorNeeds | None) -> None:
 
 def _check_rollout_correction(rc: DictConfig) -> None:
     key = "algorithm.rollout_correction"
-    _require(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold", "the IS weight cap must be > 0 (typically 2)")
     if rc.rollout_rs is not None:
-        upper = rc.rollout_is_threshold if rc.rollout_rs_threshold is None else rc.rollout_rs_threshold
-        lower = 1.0 / upper if rc.rollout_rs_threshold_lower is None else rc.rollout_rs_threshold_lower
+        lower, upper = rejection_band(rc)
         _require(0 < lower < upper, f"{key}.rollout_rs_threshold",
                  f"the rejection band [{lower}, {upper}] needs 0 < lower < upper (e.g. 0.5 and 2.0)")
     _require(rc.log_prob_diff_threshold >= 0, f"{key}.log_prob_diff_threshold", "must be >= 0")
-    _require(not (rc.bypass_mode and rc.rollout_is is not None), f"{key}.rollout_is",
+    _require(not (rc.bypass_mode and rc.rollout_is is not None and rc.loss_type == "ppo_clip"), f"{key}.rollout_is",
              "bypass_mode uses the rollout's log-probs as the old policy, so the PPO ratio already is "
              "pi_theta / pi_rollout; IS weights on top would count that gap twice. Set rollout_is=null (rollout_rs "
-             "still drops outlier tokens on that ratio) or bypass_mode=false")
+             "still drops outlier tokens on that ratio), loss_type=reinforce (no ratio: the IS weights correct "
+             "the gap) or bypass_mode=false")
 
 
 def _check_critic(cfg: DictConfig) -> None:
@@ -494,6 +496,8 @@ def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
         value = OmegaConf.select(cfg, key)
         if value is None and key in NULLABLE_NAMES:
             continue
+        if key == "algorithm.rollout_correction.rollout_rs" and is_rs_option_list(value):
+            continue  # verl's rejection options (token_k1, seq_mean_k3, ...), not a ratio level
         if isinstance(valid, Registry) and is_object_path(value):
             try:
                 valid[value]
@@ -527,6 +531,7 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     needs = estimator_needs or BUILTIN_ESTIMATOR_NEEDS.get(cfg.algorithm.adv_estimator)
     check_field_choices(cfg, RlvrConfig)
     _check_trainer(cfg)
+    check_verl_settings(cfg)
     _check_data(cfg, require_data_files)
     _check_rollout(cfg)
     _check_algorithm(cfg, needs)

@@ -55,6 +55,7 @@ from rlvr.single_controller import ClassWithInitArgs
 from rlvr.trainer.async_schedule import AsyncRollout, prox_log_prob_from_update, rollout_correction_config
 from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
 from rlvr.trainer.checkpoint import RunCheckpoints
+from rlvr.trainer.run_settings import checkpoints_to_keep
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
 from rlvr.trainer.config.async_checks import rollout_apart
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
@@ -180,7 +181,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             check_data_routes(self.config, train_dataset, val_dataset)
         self.reward_workers: RestartableGroup | None = None  # over a RewardWorkerGroups
         self.run_dir = Path(self.config.trainer.default_local_dir)
-        self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
+        self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints",
+                                          checkpoints_to_keep(self.config.trainer, self.use_critic))
         self.global_steps = 0
         self.workers = TrainerWorkerGroups(resource_pool_manager, ray_worker_group_cls,
                                            self.config.trainer.call_timeout_s)
@@ -217,9 +219,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
         data = self.config.data
         if train_dataset is None:
-            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor)
+            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor, is_train=True)
         if val_dataset is None and data.val_files is not None:
-            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor,
+            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor, is_train=False,
                                             max_samples=data.val_max_samples)
         self.train_dataset, self.val_dataset, self.collate_fn = train_dataset, val_dataset, collate_fn
         sampler = train_sampler if train_sampler is not None else create_rl_sampler(data, train_dataset)
@@ -482,8 +484,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _compute_old_log_prob(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """``old_log_probs`` from the actor (the worker reuses the rollout's sampling log-probs when
         they are exact for the current weights), the rollout/actor mismatch metrics and the rollout
-        correction. ``actor/entropy`` is the Monte-Carlo estimate
-        ``mean(-log p)`` of the sampled tokens, unless the worker returned per-token ``entropys``."""
+        correction (both need the rollout's log-probs: ``rollout.calculate_log_probs``).
+        ``actor/entropy`` is the Monte-Carlo estimate ``mean(-log p)`` of the sampled tokens, unless
+        the worker returned per-token ``entropys`` (asked for with ``actor.calculate_entropy``)."""
         rc = self.rollout_correction
         if rc.bypass_mode:
             metrics.update(bypass_old_log_probs(batch, rc))
@@ -493,6 +496,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             return
         if self.config.actor_rollout_ref.actor.calculate_sum_pi_squared:
             batch.meta_info["calculate_sum_pi_squared"] = True
+        batch.meta_info["calculate_entropy"] = bool(self.config.actor_rollout_ref.actor.calculate_entropy)
         with _timer("old_log_prob", timing):
             output = self.actor_rollout_wg.compute_log_prob(batch)
         mask = batch.batch["response_mask"]
@@ -505,9 +509,11 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             metrics["actor/entropy"] = agg_loss(output.batch["entropys"], mask, loss_agg_mode).item()
         else:
             metrics["actor/entropy"] = masked_mean(-output.batch["old_log_probs"], mask).item()
-        metrics.update(compute_rollout_mismatch_metrics(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
-                                                         mask, rc.log_prob_diff_threshold))
-        metrics.update(compute_rollout_correction_and_add_to_batch(batch, rc)[1])
+        if "rollout_log_probs" in batch.batch.keys():
+            metrics.update(compute_rollout_mismatch_metrics(batch.batch["old_log_probs"],
+                                                             batch.batch["rollout_log_probs"], mask,
+                                                             rc.log_prob_diff_threshold))
+            metrics.update(compute_rollout_correction_and_add_to_batch(batch, rc)[1])
 
     def _compute_ref_log_prob(self, batch: DataProto, timing: dict[str, float]) -> None:
         with _timer("ref", timing):

@@ -33,7 +33,10 @@ run unpacked.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+from omegaconf import OmegaConf
 from peft import PeftModel
 from torch import nn
 from transformers import PreTrainedModel
@@ -44,7 +47,9 @@ from rlvr.trainer.ppo.rollout_correction import (
     BYPASS_RS_KEY,
     PROX_FROM_UPDATE_KEY,
     ProxFromUpdate,
+    bypass_is_weights,
     compute_bypass_rejection,
+    compute_policy_loss_reinforce,
 )
 from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
@@ -55,11 +60,13 @@ from rlvr.workers.actor.token_stats import logits_token_stats
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
+from rlvr.workers.optimizer import max_grad_norm
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group, shared_generator
 
 __all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "response_window"]
 
+logger = logging.getLogger(__name__)
 _FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 _METRICS = ("pg_loss", "pg_clipfrac", "ppo_kl", "entropy", "kl_loss")
 
@@ -138,6 +145,12 @@ def _has_plain_lm_head(module: nn.Module) -> bool:
     return isinstance(head, nn.Linear) and head.bias is None
 
 
+def _reinforce(old_log_prob: torch.Tensor, **kwargs) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """:func:`compute_policy_loss_reinforce` called like a registered policy loss (in bypass mode
+    ``old_log_prob`` is the rollout's)."""
+    return compute_policy_loss_reinforce(rollout_log_prob=old_log_prob, **kwargs)
+
+
 def _pad_right(values: torch.Tensor, length: int) -> torch.Tensor:
     return torch.nn.functional.pad(values, (0, length - values.shape[1]))
 
@@ -159,6 +172,17 @@ class DataParallelPPOActor:
         use_remove_padding: run every forward on packed micro-batches (the module must be on the
             packed attention, :func:`~rlvr.workers.packed_attention.use_packed_attention`).
         sp_size: Ulysses sequence-parallel ranks per group (needs ``use_remove_padding``).
+        compute_dtype: mixed precision on one rank (``fsdp_config.dtype``): forward passes run
+            under ``torch.autocast`` in this dtype, the parameters keep theirs (with several ranks
+            FSDP2's mixed-precision policy does it: :func:`~rlvr.workers.fsdp.shard_module`).
+        compile_forward: ``torch.compile`` the micro-batch forward (model and log-prob head; the
+            rollout's calls of the same module stay eager); a forward that does not compile runs
+            eagerly from then on, with a warning.
+
+    ``config.use_fused_kernels`` (verl's key) selects the fused linear log-prob head on one rank
+    (:func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: no ``[b, r, vocab]`` logits);
+    off, or on several ranks, the full logits of a micro-batch are used. The entropy is computed
+    ``entropy_from_logits_chunk_size`` rows at a time with ``entropy_from_logits_with_chunking``.
     """
 
     clip_grad_norm_fn = staticmethod(clip_grad_norm)
@@ -169,7 +193,8 @@ class DataParallelPPOActor:
     def __init__(self, config, module: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
                  device: str | torch.device, log_prob_use_dynamic_bsz: bool = False,
-                 log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1) -> None:
+                 log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1,
+                 compute_dtype: torch.dtype | None = None, compile_forward: bool = False) -> None:
         self.config = config
         self.module = module
         self.optimizer = optimizer
@@ -184,8 +209,17 @@ class DataParallelPPOActor:
             raise ValueError("Ulysses sequence parallelism runs on packed sequences: it needs use_remove_padding")
         self.sp = sequence_parallel_group(sp_size, world_size)
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
-        self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
+        self.chunked_head = bool(config.use_fused_kernels) and world_size == 1 and _has_plain_lm_head(module)
+        self.entropy_chunk = (int(config.entropy_from_logits_chunk_size) if config.entropy_from_logits_with_chunking
+                              else DEFAULT_CHUNK_ROWS)
+        self._compiled = torch.compile(self._forward_in_dtype, dynamic=True) if compile_forward else None
         self.share_prompts = self.chunked_head and config.share_prompt_forward and not use_remove_padding
+        self.autocast_dtype = compute_dtype if world_size == 1 else None
+        seed = config.data_loader_seed
+        self.shuffle_generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
+        # verl's loss_scale_factor reaches agg_loss through the loss's config (global_batch_info), as in verl
+        self.loss_config = config if config.loss_scale_factor is None else OmegaConf.merge(
+            config, {"global_batch_info": {"loss_scale_factor": float(config.loss_scale_factor)}})
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int, use_dynamic_bsz: bool,
                        max_token_len: int) -> list[list[int]]:
@@ -205,11 +239,33 @@ class DataParallelPPOActor:
     def _forward_stats(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                        entropy_grad: bool, calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """``{"log_probs": [b, R]}`` (float32, 0 past the last response column) and, when asked,
-        ``"entropy"`` and ``"sum_pi_squared"`` ``[b, R]`` of each token's (tempered) distribution."""
+        ``"entropy"`` and ``"sum_pi_squared"`` ``[b, R]`` of each token's (tempered) distribution;
+        under autocast in ``compute_dtype`` when set."""
+        args = (batch, temperature, calculate_entropy, entropy_grad, calculate_sum_pi_squared)
+        if self.autocast_dtype is None:
+            return self._compiled_or_eager(*args)
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype):
+            stats = self._compiled_or_eager(*args)
+        return {name: values.float() for name, values in stats.items()}
+
+    def _compiled_or_eager(self, *args) -> dict[str, torch.Tensor]:
+        """The compiled forward while it works (``compile_forward``), else the eager one."""
+        if self._compiled is not None:
+            try:
+                return self._compiled(*args)
+            except Exception as err:  # noqa: BLE001 - any compiler failure: the eager forward is the same function
+                logger.warning("torch.compile of the actor's forward failed (%s: %s); running it eagerly from now "
+                               "on (actor_rollout_ref.actor.use_torch_compile=false skips the attempt)",
+                               type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                self._compiled = None
+        return self._forward_in_dtype(*args)
+
+    def _forward_in_dtype(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
+                          entropy_grad: bool, calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         core_lending.check_per_layer(self.module)  # the rollout's cores, while it waits
         if self.use_remove_padding:
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
-                                    self.chunked_head, self.sp, calculate_sum_pi_squared)
+                                    self.chunked_head, self.sp, calculate_sum_pi_squared, self.entropy_chunk)
         response_len = batch["responses"].shape[1]
         if self.chunked_head and not (calculate_entropy and entropy_grad):
             hidden, weight = response_hidden(self.module, batch, self.share_prompts)
@@ -219,7 +275,8 @@ class DataParallelPPOActor:
         else:
             logits = response_logits(self.module, batch, temperature)
             labels = batch["responses"][:, : logits.shape[1]]
-            stats = logits_token_stats(logits, labels, calculate_entropy, entropy_grad, calculate_sum_pi_squared)
+            stats = logits_token_stats(logits, labels, calculate_entropy, entropy_grad, calculate_sum_pi_squared,
+                                       self.entropy_chunk)
         return {name: _pad_right(values, response_len) for name, values in stats.items()}
 
     def _forward(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
@@ -299,7 +356,8 @@ class DataParallelPPOActor:
         metrics = run_ppo_epochs(
             batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox),
             epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size * self.sp.size,
-            shuffle=self.config.shuffle, generator=shared_generator(self.sp) if self.config.shuffle else None,
+            shuffle=self.config.shuffle,
+            generator=self.shuffle_generator or (shared_generator(self.sp) if self.config.shuffle else None),
         )
         if prox is not None:
             metrics.update({name: [value] for name, value in prox.metrics().items()})
@@ -364,17 +422,22 @@ class DataParallelPPOActor:
             old_log_prob, is_weights = prox.micro_batch(log_prob, micro["rollout_log_probs"], mask)
         else:
             old_log_prob, is_weights = micro["old_log_probs"], micro.get("rollout_is_weights")
-        pg_loss, pg_metrics = self.policy_loss_fn(
+        loss_fn = self.policy_loss_fn
+        if bypass_rs is not None and bypass_rs["loss_type"] == "reinforce":  # verl's bypass REINFORCE
+            is_weights = bypass_is_weights(log_prob, micro["rollout_log_probs"], mask, bypass_rs)
+            loss_fn = _reinforce
+        pg_loss, pg_metrics = loss_fn(
             old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"],
-            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=config,
+            response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=self.loss_config,
             rollout_is_weights=is_weights,
         )
-        entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode)
+        scale = config.loss_scale_factor
+        entropy_loss = agg_loss(entropy, mask, config.loss_agg_mode, loss_scale_factor=scale)
         loss = pg_loss - config.entropy_coeff * entropy_loss if config.entropy_coeff != 0 else pg_loss
         kl_loss = torch.zeros(())
         if config.use_kl_loss:
             kl_loss = agg_loss(kl_penalty(log_prob, micro["ref_log_prob"], config.kl_loss_type), mask,
-                               config.loss_agg_mode)
+                               config.loss_agg_mode, loss_scale_factor=scale)
             loss = loss + config.kl_loss_coef * kl_loss
         values = [pg_metrics["pg_loss"], pg_metrics["pg_clipfrac"], pg_metrics["ppo_kl"], entropy_loss, kl_loss]
         return loss, torch.stack([v.detach().float().cpu() for v in values])
@@ -388,7 +451,7 @@ class DataParallelPPOActor:
         update = update_mini_batch(
             self.module, self.optimizer, mini, micro_batches,
             lambda micro: self._micro_loss(micro, temperature, bypass_rs, prox),
-            len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
+            len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=max_grad_norm(config),
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
             clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
         )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from rlvr.utils.torch_functional import DEFAULT_CHUNK_ROWS
 from rlvr.workers.actor.linear_log_probs import linear_token_stats
 from rlvr.workers.actor.token_stats import logits_token_stats
 from rlvr.workers.models import unwrap_hf_model
@@ -50,7 +51,8 @@ def _head_inputs(module: nn.Module, packed: PackedBatch, sp: SequenceParallel, c
 
 def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                      calculate_entropy: bool, entropy_grad: bool, chunked_head: bool, sp: SequenceParallel,
-                     calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+                     calculate_sum_pi_squared: bool = False, entropy_chunk: int = DEFAULT_CHUNK_ROWS
+                     ) -> dict[str, torch.Tensor]:
     """Log-probs of the response tokens and optionally their statistics, from a packed forward.
 
     Args:
@@ -63,6 +65,7 @@ def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperat
         chunked_head: use the chunked LM head (one unsharded rank, bias-free head).
         sp: the sequence-parallel group (size 1: none).
         calculate_sum_pi_squared: also return ``sum_v p_v^2`` of each token's distribution.
+        entropy_chunk: rows per chunk of the entropy (``actor.entropy_from_logits_chunk_size``).
 
     Returns:
         ``{"log_probs": [b, R]}`` plus ``"entropy"`` / ``"sum_pi_squared"`` ``[b, R]`` when asked,
@@ -76,5 +79,6 @@ def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperat
                                    with_sum_pi_squared=calculate_sum_pi_squared)
     else:
         logits = head_input / temperature if temperature != 1.0 else head_input
-        stats = logits_token_stats(logits, labels, calculate_entropy, entropy_grad, calculate_sum_pi_squared)
+        stats = logits_token_stats(logits, labels, calculate_entropy, entropy_grad, calculate_sum_pi_squared,
+                                   entropy_chunk)
     return {name: packed.unpack(values, sp) for name, values in stats.items()}

@@ -84,19 +84,23 @@ class MegatronPPOActor(DataParallelPPOActor):
     """
 
     def __init__(self, config, module: MegatronPolicy, optimizer: torch.optim.Optimizer | None, *,
-                 mini_batch_size: int, log_prob_micro_batch_size: int) -> None:
+                 mini_batch_size: int, log_prob_micro_batch_size: int, compute_dtype: torch.dtype | None = None) -> None:
         p = module.parallel
         super().__init__(config, module, optimizer, mini_batch_size=mini_batch_size,
                          log_prob_micro_batch_size=log_prob_micro_batch_size, world_size=p.dp,
                          device=module.inv_freq.device)
+        self.autocast_dtype = compute_dtype  # megatron.dtype: mixed precision by autocast on every layout
         self.clip_grad_norm_fn = clip_grad_norm
         self.dp_group = p.dp_group
 
     def _forward_stats(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                        entropy_grad: bool, calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """Log-probs ``[b, R]`` and, when asked, the entropy (with its gradient only when
-        ``entropy_grad``) and ``sum_pi_squared``."""
-        stats = policy_log_probs(self.module, batch, temperature, calculate_entropy, calculate_sum_pi_squared)
+        ``entropy_grad``) and ``sum_pi_squared``; under autocast in ``compute_dtype`` when set."""
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            stats = policy_log_probs(self.module, batch, temperature, calculate_entropy, calculate_sum_pi_squared)
+        stats = {name: values.float() for name, values in stats.items()}
         if "entropy" in stats and not entropy_grad:
             stats["entropy"] = stats["entropy"].detach()
         return stats
@@ -118,15 +122,21 @@ class MegatronPPOCritic(DataParallelPPOCritic):
     """
 
     def __init__(self, config, module: MegatronValueModel, optimizer: torch.optim.Optimizer, *,
-                 mini_batch_size: int) -> None:
+                 mini_batch_size: int, compute_dtype: torch.dtype | None = None) -> None:
         p = module.parallel
         super().__init__(config, module, optimizer, mini_batch_size=mini_batch_size, world_size=p.dp,
                          device=module.inv_freq.device)
+        self.autocast_dtype = compute_dtype  # megatron.dtype
         self.clip_grad_norm_fn = clip_grad_norm
         self.dp_group = p.dp_group
 
     def _forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Values of the response positions ``[b, R]`` (float32), the same on every rank of the model."""
+        with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
+                            enabled=self.autocast_dtype is not None):
+            return self._stage_values(batch)
+
+    def _stage_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         hidden, link = self.module(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
         rows, response_len = batch["responses"].shape
         values = None

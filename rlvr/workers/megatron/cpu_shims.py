@@ -5,7 +5,7 @@ when an installed version changes one of the sites below). Applied by
 :func:`~rlvr.workers.megatron.parallel.init_megatron_parallel` on CPU only, after
 ``parallel_state.initialize_model_parallel``; nothing in megatron's files is edited.
 
-Patched (two process-global objects are replaced by CPU versions):
+Patched (two process-global objects and two functions are replaced by CPU versions):
 
 1. ``tensor_parallel.random``'s RNG tracker keeps *CUDA* generator states (``add`` seeds with
    ``torch.cuda.manual_seed``, ``fork`` swaps ``torch.cuda`` states). Attention forks it around its
@@ -14,14 +14,19 @@ Patched (two process-global objects are replaced by CPU versions):
 2. ``parallel_state``'s global memory buffer (the scratch tensor that attention's ``baddbmm``
    writes its scores into) allocates on ``torch.cuda.current_device()``. :class:`CpuMemoryBuffer`
    allocates on the CPU.
+3. Activation recompute (``recompute_granularity``: ``model.enable_gradient_checkpointing`` or
+   ``megatron.override_transformer_config``) saves and restores the CUDA generator state around each
+   recomputed layer (``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` of ``tensor_parallel.random``).
+   On CPU there is no CUDA generator: the CPU state, which megatron saves and restores beside it,
+   and the tracker's states (shim 1) are all there is, so the CUDA state is an empty tensor.
 
 Avoided (rlvr never reaches these sites, so nothing is patched):
 
-3. ``RotaryEmbedding`` moves its ``inv_freq`` to ``torch.cuda.current_device()``: rlvr builds the
+4. ``RotaryEmbedding`` moves its ``inv_freq`` to ``torch.cuda.current_device()``: rlvr builds the
    ``GPTModel`` with ``position_embedding_type="none"`` and passes the rotary angles of each row's
    ``position_ids`` itself (also needed to match Hugging Face on left-padded batches).
-4. ``FusedScaleMaskSoftmax`` builds its default causal mask on CUDA: rlvr always passes a mask.
-5. With pipeline stages and tied embeddings, ``GPTModel`` copies the embedding to the last stage
+5. ``FusedScaleMaskSoftmax`` builds its default causal mask on CUDA: rlvr always passes a mask.
+6. With pipeline stages and tied embeddings, ``GPTModel`` copies the embedding to the last stage
    through ``.cuda()``: rlvr builds that stage with an untied head, loads the embedding into it and
    sums the two gradients itself (:mod:`rlvr.workers.megatron.grads`).
 
@@ -92,7 +97,7 @@ class CpuMemoryBuffer(GlobalMemoryBuffer):
 
 
 def apply_cpu_shims(model_parallel_seed: int) -> None:
-    """Install shims 1 and 2 (after ``initialize_model_parallel``, which creates the buffer).
+    """Install shims 1, 2 and 3 (after ``initialize_model_parallel``, which creates the buffer).
 
     Args:
         model_parallel_seed: seed of this tensor-parallel rank's ``model-parallel-rng`` state.
@@ -102,3 +107,15 @@ def apply_cpu_shims(model_parallel_seed: int) -> None:
     megatron_random._CUDA_RNG_STATE_TRACKER = tracker
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuMemoryBuffer()
+    megatron_random._get_cuda_rng_state = _no_cuda_rng_state
+    megatron_random._set_cuda_rng_state = _set_no_cuda_rng_state
+
+
+def _no_cuda_rng_state(*args, **kwargs) -> torch.Tensor:
+    """Shim 3: the CUDA generator state of a process without CUDA (nothing to save)."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _set_no_cuda_rng_state(new_state: torch.Tensor, *args, **kwargs) -> None:
+    """Shim 3: restoring the (empty) CUDA generator state of a process without CUDA."""
+    return None

@@ -36,6 +36,11 @@ def strategy_of(cfg, role: str) -> str:
     return cfg.actor_rollout_ref.actor.strategy
 
 
+def megatron_section(cfg, role: str) -> RefMegatronConfig:
+    """The ``megatron`` section of ``role`` (``actor``, ``ref`` or ``critic``)."""
+    return _megatron_config(cfg, role)
+
+
 def _megatron_config(cfg, role: str) -> RefMegatronConfig:
     if role == "critic":
         return cfg.critic.megatron
@@ -81,9 +86,6 @@ def _check_role(cfg, role: str) -> None:
     if model.lora_rank > 0:
         raise ConfigError(f"{model_key}.lora_rank", "LoRA is not available with strategy=megatron; train all "
                           "weights (lora_rank=0) or use strategy=fsdp2")
-    if model.enable_gradient_checkpointing:
-        raise ConfigError(f"{model_key}.enable_gradient_checkpointing", "rlvr's Megatron backend does not recompute "
-                          "activations; set it to false, split the model over more ranks, or use strategy=fsdp2")
     t = cfg.trainer
     workers = t.nnodes * t.n_gpus_per_node
     if t.backend == "ray" and workers % (tp * pp):

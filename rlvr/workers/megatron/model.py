@@ -28,7 +28,8 @@ from rlvr.workers.megatron.hf_mapping import SUPPORTED_MODEL_TYPES, LlamaShape, 
 from rlvr.workers.megatron.parallel import MegatronParallel
 from rlvr.workers.megatron.pipeline import receive_forward, send_forward
 
-__all__ = ["check_supported", "MegatronStage", "MegatronPolicy", "MegatronValueModel"]
+__all__ = ["check_supported", "MegatronStage", "MegatronPolicy", "MegatronValueModel", "transformer_overrides",
+           "RECOMPUTE_ALL_LAYERS"]
 
 
 def check_supported(config: PretrainedConfig, attention_scaling: float) -> None:
@@ -48,9 +49,28 @@ def check_supported(config: PretrainedConfig, attention_scaling: float) -> None:
         raise ValueError("strategy=megatron cannot run this model: " + "; ".join(problems))
 
 
+RECOMPUTE_ALL_LAYERS = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+"""``model.enable_gradient_checkpointing`` on Megatron: every decoder layer recomputes its
+activations in backward (megatron-core's full uniform recompute, one layer per checkpoint)."""
+
+
+def transformer_overrides(megatron_config, model_config) -> dict:
+    """The TransformerConfig fields a role sets: ``RECOMPUTE_ALL_LAYERS`` with
+    ``model.enable_gradient_checkpointing``, then ``megatron.override_transformer_config`` (its
+    entries win; None entries keep megatron-core's default)."""
+    overrides = dict(RECOMPUTE_ALL_LAYERS) if model_config.enable_gradient_checkpointing else {}
+    overrides.update({key: value for key, value in dict(megatron_config.override_transformer_config).items()
+                      if value is not None})
+    return overrides
+
+
 def _transformer_config(config: PretrainedConfig, shape: LlamaShape, parallel: MegatronParallel,
-                        dtype: torch.dtype) -> TransformerConfig:
-    return TransformerConfig(
+                        dtype: torch.dtype, overrides: dict | None = None) -> TransformerConfig:
+    return TransformerConfig(**{**_base_fields(config, shape, parallel, dtype), **(overrides or {})})
+
+
+def _base_fields(config: PretrainedConfig, shape: LlamaShape, parallel: MegatronParallel, dtype: torch.dtype) -> dict:
+    return dict(
         num_layers=shape.num_layers, hidden_size=config.hidden_size, ffn_hidden_size=config.intermediate_size,
         num_attention_heads=shape.num_heads, num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim,
         normalization="RMSNorm", layernorm_epsilon=config.rms_norm_eps, gated_linear_unit=True,
@@ -75,10 +95,12 @@ class MegatronStage(nn.Module):
         dtype: parameter dtype.
         lm_head: build the (vocabulary-parallel) LM head on the last stage.
         prefix: HF prefix of the decoder's weights (see :func:`~rlvr.workers.megatron.hf_mapping.stage_rules`).
+        overrides: TransformerConfig fields of the role (:func:`transformer_overrides`).
     """
 
     def __init__(self, config: PretrainedConfig, inv_freq: torch.Tensor, padding_idx: int | None,
-                 parallel: MegatronParallel, dtype: torch.dtype, lm_head: bool, prefix: str) -> None:
+                 parallel: MegatronParallel, dtype: torch.dtype, lm_head: bool, prefix: str,
+                 overrides: dict | None = None) -> None:
         super().__init__()
         self.parallel = parallel
         self.padding_idx = padding_idx
@@ -86,7 +108,8 @@ class MegatronStage(nn.Module):
         self.shape = LlamaShape.from_hf_config(config, parallel.tp)
         stage_layers(self.shape.num_layers, parallel.pp, parallel.pp_rank)  # checks the split
         self.gpt = GPTModel(
-            _transformer_config(config, self.shape, parallel, dtype), get_gpt_layer_local_spec(normalization="RMSNorm"),
+            _transformer_config(config, self.shape, parallel, dtype, overrides),
+            get_gpt_layer_local_spec(normalization="RMSNorm"),
             vocab_size=self.shape.padded_vocab, max_sequence_length=config.max_position_embeddings,
             pre_process=parallel.first_stage, post_process=parallel.last_stage,
             share_embeddings_and_output_weights=self.shape.tied and parallel.pp == 1,
@@ -138,8 +161,9 @@ class MegatronPolicy(MegatronStage):
     """The policy: decoder stage plus the vocabulary-parallel LM head on the last stage."""
 
     def __init__(self, config: PretrainedConfig, inv_freq: torch.Tensor, padding_idx: int | None,
-                 parallel: MegatronParallel, dtype: torch.dtype) -> None:
-        super().__init__(config, inv_freq, padding_idx, parallel, dtype, lm_head=True, prefix="model.")
+                 parallel: MegatronParallel, dtype: torch.dtype, overrides: dict | None = None) -> None:
+        super().__init__(config, inv_freq, padding_idx, parallel, dtype, lm_head=True, prefix="model.",
+                         overrides=overrides)
         self.hf_generation_config = None  # the HF model's, for export_hf (set by policy_from_hf)
 
     @property
@@ -162,8 +186,10 @@ class MegatronValueModel(MegatronStage):
     """
 
     def __init__(self, config: PretrainedConfig, inv_freq: torch.Tensor, padding_idx: int | None,
-                 parallel: MegatronParallel, dtype: torch.dtype, value_head: nn.Linear) -> None:
-        super().__init__(config, inv_freq, padding_idx, parallel, dtype, lm_head=False, prefix="backbone.")
+                 parallel: MegatronParallel, dtype: torch.dtype, value_head: nn.Linear,
+                 overrides: dict | None = None) -> None:
+        super().__init__(config, inv_freq, padding_idx, parallel, dtype, lm_head=False, prefix="backbone.",
+                         overrides=overrides)
         self.value_head = value_head if parallel.last_stage else None
         if self.value_head is not None:
             for name in ("weight", "bias"):

@@ -88,19 +88,23 @@ def _decoder_settings(base_model: nn.Module) -> tuple[torch.Tensor, int | None]:
     return rotary.inv_freq, base_model.get_input_embeddings().padding_idx
 
 
-def policy_from_hf(hf_model: PreTrainedModel, parallel: MegatronParallel) -> MegatronPolicy:
-    """This rank's stage of the policy, with the weights of the HF causal LM ``hf_model`` (CPU)."""
-    policy = MegatronPolicy(hf_model.config, *_decoder_settings(hf_model.base_model), parallel, hf_model.dtype)
+def policy_from_hf(hf_model: PreTrainedModel, parallel: MegatronParallel, overrides: dict | None = None
+                   ) -> MegatronPolicy:
+    """This rank's stage of the policy, with the weights of the HF causal LM ``hf_model`` (CPU);
+    ``overrides``: TransformerConfig fields (:func:`~rlvr.workers.megatron.model.transformer_overrides`)."""
+    policy = MegatronPolicy(hf_model.config, *_decoder_settings(hf_model.base_model), parallel, hf_model.dtype,
+                            overrides)
     policy.hf_generation_config = hf_model.generation_config
     load_hf_state(policy, hf_model.state_dict())
     return policy
 
 
-def value_model_from_hf(critic: CriticModel, parallel: MegatronParallel) -> MegatronValueModel:
+def value_model_from_hf(critic: CriticModel, parallel: MegatronParallel, overrides: dict | None = None
+                        ) -> MegatronValueModel:
     """This rank's stage of the value model, with the weights of rlvr's HF critic (backbone and
     value head, so that both backends start from the same values)."""
     backbone = critic.backbone
     model = MegatronValueModel(backbone.config, *_decoder_settings(backbone), parallel, backbone.dtype,
-                               critic.value_head)
+                               critic.value_head, overrides)
     load_hf_state(model, critic.state_dict())
     return model

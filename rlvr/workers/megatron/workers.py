@@ -24,6 +24,7 @@ batches and gets the same outputs; ``main_ppo`` picks the classes from ``strateg
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -37,13 +38,19 @@ from rlvr.workers.checkpoint import save_model_files
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
-from rlvr.workers.megatron.layout import megatron_sizes
+from rlvr.workers.megatron.dist_checkpoint import load_dist_checkpoint
+from rlvr.workers.megatron.layout import megatron_section, megatron_sizes
+from rlvr.workers.fsdp import compute_dtype
 from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, on_every_rank
+from rlvr.workers.megatron.model import transformer_overrides
 from rlvr.workers.megatron.parallel import MegatronParallel, init_megatron_parallel
 from rlvr.workers.megatron.weights import gather_hf_weights, policy_from_hf, value_model_from_hf
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.worker_utils import Placement, per_rank_batch_size, set_cpu_threads
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RefMegatronConfig
 
 __all__ = ["MegatronActorRolloutRefWorker", "MegatronCriticWorker"]
 
@@ -69,10 +76,19 @@ def _join(worker) -> MegatronParallel:
     if worker.world_size > 1:
         worker.init_process_group(timeout_s=float(worker.config.trainer.call_timeout_s))
     tp, pp = megatron_sizes(worker.config, worker.megatron_role)
-    seed = int(worker.config.trainer.seed)
+    megatron: RefMegatronConfig = megatron_section(worker.config, worker.megatron_role)
+    seed = int(worker.config.trainer.seed if megatron.seed is None else megatron.seed)  # verl's megatron.seed
     parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s))
     set_seed(seed)
     return parallel
+
+
+def _load_dist_checkpoint(module, megatron: RefMegatronConfig, prefix: str = "model.", lm_head: bool = True) -> None:
+    """verl's ``megatron.use_dist_checkpointing``: the role's weights from ``dist_checkpointing_path``
+    (a Megatron distributed checkpoint) replace the HF ones in ``module``, before it is sharded."""
+    config = module.backbone.config if prefix == "backbone." else module.config
+    load_dist_checkpoint(module, megatron.dist_checkpointing_path, config, megatron.dist_checkpointing_prefix,
+                         prefix, lm_head)
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -107,7 +123,11 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
     def _init_actor(self, cfg) -> None:
         hf = self._hf_model(cfg)
-        module = policy_from_hf(hf, self.parallel).to(self.device)
+        megatron = cfg.actor.megatron
+        if megatron.use_dist_checkpointing:  # the policy and the rollout's replica start from it; the
+            self._hf_source = None  # reference reloads the HF weights unless its own section says so too
+            _load_dist_checkpoint(hf, megatron)
+        module = policy_from_hf(hf, self.parallel, transformer_overrides(megatron, cfg.model)).to(self.device)
         if self._is_rollout and helper_rank() is None:
             self._rollout_replica = hf.to(self.device)
         optimizer = build_optimizer(module, cfg.actor.optim)
@@ -116,7 +136,8 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
                                    "actor_rollout_ref.actor.ppo_mini_batch_size")
         self.actor_module = module
         self.actor = MegatronPPOActor(cfg.actor, module, optimizer, mini_batch_size=mini,
-                                      log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu)
+                                      log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
+                                      compute_dtype=compute_dtype(megatron, module))
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
 
@@ -125,9 +146,15 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             super()._init_rollout(cfg)
 
     def _init_ref(self, cfg) -> None:
-        module = policy_from_hf(self._hf_model(cfg), self.parallel).to(self.device).requires_grad_(False)
+        overrides = transformer_overrides(cfg.ref.megatron, cfg.model)
+        hf = self._hf_model(cfg)
+        if cfg.ref.megatron.use_dist_checkpointing:
+            self._hf_source = None
+            _load_dist_checkpoint(hf, cfg.ref.megatron)
+        module = policy_from_hf(hf, self.parallel, overrides).to(self.device).requires_grad_(False)
         self.ref = MegatronPPOActor(cfg.actor, module, None, mini_batch_size=1,
-                                    log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu)
+                                    log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
+                                    compute_dtype=compute_dtype(cfg.ref.megatron, module))
         self.ref_placement = Placement(module, None, self.device)
         self._rest_ref()
 
@@ -246,13 +273,18 @@ class MegatronCriticWorker(CriticWorker):
         cfg = self.config.critic
         self.tokenizer = critic_tokenizer(self.config)
         path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
-        module = value_model_from_hf(build_critic(cfg.model, path), self.parallel).to(self.device)
+        critic = build_critic(cfg.model, path)
+        if cfg.megatron.use_dist_checkpointing:  # the backbone; the value head keeps its init (as in verl)
+            _load_dist_checkpoint(critic, cfg.megatron, prefix="backbone.", lm_head=False)
+        module = value_model_from_hf(critic, self.parallel, transformer_overrides(cfg.megatron, cfg.model)
+                                     ).to(self.device)
         optimizer = build_optimizer(module, cfg.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
         mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n, self.parallel.dp,
                                    "critic.ppo_mini_batch_size")
         self.critic_module = module
-        self.critic = MegatronPPOCritic(cfg, module, optimizer, mini_batch_size=mini)
+        self.critic = MegatronPPOCritic(cfg, module, optimizer, mini_batch_size=mini,
+                                        compute_dtype=compute_dtype(cfg.megatron, module))
         self.placement = Placement(module, optimizer, self.device)
         self._rest()
 

@@ -41,6 +41,7 @@ from rlvr.protocol import DataProto
 from rlvr.utils.errors import VLLM_MISSING, RlvrError
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.rollout.base import CallSettings, Weights, call_settings, register_rollout_engine, response_tensors
+from rlvr.workers.rollout.vllm_options import engine_options
 from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
 
 __all__ = ["VLLMRollout", "VLLMEngineFactory"]
@@ -118,7 +119,6 @@ class VLLMRollout:
             "enable_prefix_caching": bool(cfg.enable_prefix_caching), "max_num_seqs": int(cfg.max_num_seqs),
             "tensor_parallel_size": int(cfg.tensor_model_parallel_size), "load_format": cfg.load_format,
             "gpu_memory_utilization": float(cfg.gpu_memory_utilization), "enable_sleep_mode": self.sleep_mode,
-            "max_model_len": int(cfg.prompt_length) + int(cfg.response_length),
             "logprobs_mode": "processed_logprobs",
         }
         if cfg.quantization is not None:  # vLLM quantises the weights it loads (its own key and values)
@@ -129,6 +129,7 @@ class VLLMRollout:
             options["kv_cache_memory_bytes"] = int(cfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES)
         if cfg.block_size is not None or not self.on_gpu:
             options["block_size"] = int(cfg.block_size or CPU_BLOCK_SIZE)
+        options.update(engine_options(cfg))  # verl's keys (max_model_len, chunked prefill, ...) and engine_kwargs.vllm
         return LLM(model=model, tokenizer=str(folder), **options)
 
     # ------------------------------------------------------------------ weights and memory
