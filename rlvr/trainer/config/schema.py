@@ -422,6 +422,7 @@ class TrainerConfig:
     max_restarts: int = _f(3, "Ray backend: restarts after a dead or hung worker (all groups restart, the last whole checkpoint is restored); 0 = stop at the first")
     progress_bar: bool = _f(True, "show a progress bar with ETA")
     num_threads: Optional[int] = _f(None, "torch intra-op threads per worker on CPU (None = cores / workers)")
+    balance_batch: bool = _f(True, "before the old log-probs, reorder the batch so that every data-parallel rank gets about the same tokens; rows move only within their mini-batch (the update is unchanged), a prompt's group stays whole when the estimator needs groups")
     user_modules: list = _f([], "your own modules (names or .py files) imported by the driver before the config check and by every worker process before it builds anything; their registrations are then valid names")
 
 
