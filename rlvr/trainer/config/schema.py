@@ -98,6 +98,7 @@ class RefMegatronConfig:
 
     tensor_model_parallel_size: Optional[int] = _f(None, "ranks that split every weight matrix (must divide the key/value heads); None = 1 for the actor, the actor's for reference and critic")
     pipeline_model_parallel_size: Optional[int] = _f(None, "ranks that split the layers into stages (must divide the layers); None = 1 for the actor, the actor's for reference and critic")
+    context_parallel_size: Optional[int] = _f(None, "ranks that split every sequence (context parallelism: each holds 2 of 2 x cp chunks, attention over the all-gathered keys); None = 1 for the actor, the actor's for reference and critic")
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
 
 
