@@ -65,6 +65,7 @@ from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
 from rlvr.workers.rollout.partial import WeightInbox
+from rlvr.workers.rollout.placement import RolloutPlacement
 from rlvr.workers.worker_utils import (
     Placement,
     StageTimer,
@@ -206,7 +207,10 @@ class ActorRolloutRefWorker(TrainingWorker):
             # frozen weights PyTorch's CPU linear on the prefill's last hidden state (logits_to_keep=1) takes
             # another path, 1e-7 apart, and a rollout apart would not sample what the one-rank hybrid does
             shared, module = False, build_causal_lm(cfg.model, trainable=False).requires_grad_(True).to(self.device)
-        seed = int(self.config.trainer.seed) + 1_000_003 * (self.rank + 1)
+        # in-process engines span tensor_model_parallel_size consecutive workers; server replicas have their own ranks
+        ranks = int(cfg.rollout.tensor_model_parallel_size) if cfg.rollout.mode == "sync" else 1
+        self.rollout_placement = RolloutPlacement(ranks, self.rank, self.world_size)
+        seed = self.rollout_placement.engine_seed(int(self.config.trainer.seed))
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
         self._rollout_shares_actor = shared
         # a rollout worker of its own takes weights while it generates (async_training.partial_rollout)
@@ -273,9 +277,10 @@ class ActorRolloutRefWorker(TrainingWorker):
             if self._is_actor:
                 self._sync_rollout_weights()
                 self.actor_placement.place(params=self._rollout_shares_actor, optimizer=False)
+            rows, counts = self.rollout_placement.gather(prompts)  # the rows of every rank of this engine
             with self.weight_inbox.generation(bool(prompts.meta_info.get("validate", False)),
                                               self.config.actor_rollout_ref.rollout.free_cache_engine) as engine:
-                output = self.agent_loops.generate_sequences(engine, prompts)
+                output = self.rollout_placement.own(self.agent_loops.generate_sequences(engine, rows), counts)
         metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen"),
                    **core_lending.take_lent_share("rollout")}
         if self.weight_inbox.interrupt is not None:
