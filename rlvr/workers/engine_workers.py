@@ -64,6 +64,7 @@ from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
+from rlvr.workers.rollout.base import check_weights_version
 from rlvr.workers.rollout.partial import WeightInbox
 from rlvr.workers.rollout.placement import RolloutPlacement
 from rlvr.workers.worker_utils import (
@@ -288,6 +289,9 @@ class ActorRolloutRefWorker(TrainingWorker):
         output.meta_info.update(metrics=metrics, timing=timer.result())
         if self._is_actor:
             output.meta_info["actor_weights_version"] = self._weights_version
+            if self.rollout_placement.num_engines > 1:  # the trainer sees the engines' outputs merged: each checks itself
+                check_weights_version(output.meta_info, f"rollout engine {self.rollout_placement.engine} of "
+                                                        f"{self.rollout_placement.num_engines} (worker rank {self.rank})")
         else:  # a rollout group apart: its ranks may end a call on different versions; response_versions say which
             output.meta_info.pop("rollout_weights_version")
         return output

@@ -32,9 +32,15 @@ VERL_SIGNATURE_ONLY = {
     "f_norm": "verl's GPG argument that its trainer never passes (the paper's optional std scaling)",
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
 }
-VALIDATED_VERL_KEYS: dict[str, str] = {}
+VALIDATED_VERL_KEYS: dict[str, str] = {
+    "actor_rollout_ref.rollout.data_parallel_size": "in-process engines: a replica of tensor x data parallel workers "
+    "is that many independent engines (a dense model), which the tensor-parallel placement makes anyway; servers: 1",
+    "actor_rollout_ref.rollout.pipeline_model_parallel_size": "1 only: the rollout is split by tensor parallelism",
+    "actor_rollout_ref.rollout.expert_parallel_size": "1 only: no expert parallelism in the rollout engines",
+}
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""
+VALIDATION_MODULES = [CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_rollout_scale.py"]
 
 
 def _code_files() -> list[Path]:
@@ -60,7 +66,7 @@ def test_every_schema_field_is_read_by_the_code():
 
 
 def test_the_validated_verl_keys_are_validated_and_read_nowhere_else():
-    validated = fields_read([CONFIG_PACKAGE / "validate.py"], RlvrConfig)
+    validated = fields_read(VALIDATION_MODULES, RlvrConfig)
     assert [key for key in VALIDATED_VERL_KEYS if key not in validated] == []
     assert [key for key in VALIDATED_VERL_KEYS if key in _read_by_the_code(RlvrConfig)] == []
 
