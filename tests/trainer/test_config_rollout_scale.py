@@ -22,6 +22,8 @@ def test_engines_that_fit_the_workers_are_accepted():
     for tp, dp in ((1, 1), (2, 1), (4, 1), (2, 2), (1, 4)):
         check_rollout_scale(_config(f"{KEY}.tensor_model_parallel_size={tp}", f"{KEY}.data_parallel_size={dp}"))
     check_rollout_scale(_config(f"{KEY}.mode=async", f"{KEY}.tensor_model_parallel_size=8"))  # servers: their own ranks
+    check_rollout_scale(_config(f"{KEY}.mode=async", f"{KEY}.tensor_model_parallel_size=2",
+                                f"{KEY}.server.cpu_binds=['0|1']", f"{KEY}.server.num_replicas=1"))
     assert rollout_workers(_config()) == 4
     assert rollout_workers(_config("trainer.backend=local")) == 1
     assert rollout_workers(_config("actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=2")) == 2
@@ -39,6 +41,9 @@ def test_engines_that_fit_the_workers_are_accepted():
     ((f"{KEY}.tensor_model_parallel_size=0",), "tensor_model_parallel_size", "must be >= 1"),
     ((f"{KEY}.mode=async", f"{KEY}.data_parallel_size=2"), "data_parallel_size", "server.num_replicas"),
     ((f"{KEY}.pipeline_model_parallel_size=2",), "pipeline_model_parallel_size", "tensor parallelism only"),
+    ((f"{KEY}.mode=async", f"{KEY}.tensor_model_parallel_size=2", f"{KEY}.server.cpu_binds=['0-1']"),
+     "server.cpu_binds", "binds 1 worker.s., but each replica runs tensor_model_parallel_size=2"),
+    ((f"{KEY}.mode=async", f"{KEY}.server.port=8100"), "server.port", "cannot all listen on port 8100"),
     ((f"{KEY}.expert_parallel_size=2",), "expert_parallel_size", "expert parallelism"),
     ((f"{KEY}.name=hf", f"{KEY}.tensor_model_parallel_size=2"), "tensor_model_parallel_size",
      "apply to rollout.name=vllm"),

@@ -57,6 +57,14 @@ def check_rollout_scale(cfg: DictConfig) -> None:
         _require(dp == 1, f"{KEY}.data_parallel_size",
                  "server replicas are rlvr's data parallelism in rollout.mode=async: set data_parallel_size=1 and "
                  "rollout.server.num_replicas to the number of engines (each with tensor_model_parallel_size ranks)")
+        for i, bind in enumerate(rollout.server.cpu_binds):
+            _require(len(str(bind).split("|")) == tp, f"{KEY}.server.cpu_binds",
+                     f"entry {i} ({bind!r}) binds {len(str(bind).split('|'))} worker(s), but each replica runs "
+                     f"tensor_model_parallel_size={tp}: give one core list per worker joined by '|' (vLLM's "
+                     "VLLM_CPU_OMP_THREADS_BIND), e.g. '0|1'")
+        _require(rollout_workers(cfg) == 1 or rollout.server.urls or rollout.server.port == 0, f"{KEY}.server.port",
+                 f"each of the {rollout_workers(cfg)} rollout workers starts its own managed replicas, which cannot all "
+                 f"listen on port {rollout.server.port}: set server.port=0 (free ports)")
         return
     workers = rollout_workers(cfg)
     _require(workers % (tp * dp) == 0, f"{KEY}.tensor_model_parallel_size",
