@@ -283,7 +283,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                                               self.config.actor_rollout_ref.rollout.free_cache_engine) as engine:
                 output = self.rollout_placement.own(self.agent_loops.generate_sequences(engine, rows), counts)
         metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen"),
-                   **core_lending.take_lent_share("rollout")}
+                   **core_lending.take_lent_share("rollout"),
+                   "rollout/weights_version": float(self.rollout.weights_version)}  # one entry per worker
         if self.weight_inbox.interrupt is not None:
             metrics["async/interrupted_generations"] = float(self.weight_inbox.last_interrupted_rows)
         output.meta_info.update(metrics=metrics, timing=timer.result())
