@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from rlvr.trainer.config.async_checks import rollout_apart, rollout_world_size
 from rlvr.trainer.config.validate import use_reference, world_size
-from rlvr.workers.megatron.layout import data_parallel_size, megatron_sizes, strategy_of
+from rlvr.workers.megatron.layout import context_parallel_size, data_parallel_size, megatron_sizes, strategy_of
 
 
 def _algorithm(cfg: DictConfig) -> str:
@@ -75,8 +75,9 @@ def _placement(cfg: DictConfig) -> str:
         where += (f"; rollout in {rollout_world_size(cfg)} Ray worker process(es) of its own ({cfg.rollout.nnodes} "
                   f"node(s) x {cfg.rollout.n_gpus_per_node})") if apart else ""
     model_roles = {"actor": "actor", "reference": "ref", "critic": "critic"}
-    megatron = ["{} {}x{}".format(name, *megatron_sizes(cfg, model_roles[name])) for name in roles
-                if name in model_roles and strategy_of(cfg, model_roles[name]) == "megatron"]
+    megatron = ["{} {}x{}".format(name, *megatron_sizes(cfg, model_roles[name]))
+                + (f" (context parallel {cp})" if (cp := context_parallel_size(cfg, model_roles[name])) > 1 else "")
+                for name in roles if name in model_roles and strategy_of(cfg, model_roles[name]) == "megatron"]
     if megatron:
         where += (f"; megatron tensor x pipeline parallel: {', '.join(megatron)}"
                   + (" (the driver starts the extra ranks as processes)" if t.backend == "local" else ""))

@@ -66,7 +66,9 @@ from rlvr.workers.fsdp import compute_dtype, full_parameters, full_state_dict, s
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer, unwrap_hf_model
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
+from rlvr.workers.rollout.base import check_weights_version
 from rlvr.workers.rollout.partial import WeightInbox
+from rlvr.workers.rollout.placement import RolloutPlacement
 from rlvr.workers.worker_utils import (
     Placement,
     rollout_dtype,
@@ -235,7 +237,10 @@ class ActorRolloutRefWorker(TrainingWorker):
             # another path, 1e-7 apart, and a rollout apart would not sample what the one-rank hybrid does
             module = build_causal_lm(cfg.model, trainable=False, dtype=cfg.rollout.dtype)
             shared, module = False, module.requires_grad_(True).to(self.device)
-        seed = rollout_seed(self.config, self.rank)
+        # in-process engines span tensor_model_parallel_size consecutive workers; server replicas have their own ranks
+        ranks = int(cfg.rollout.tensor_model_parallel_size) if cfg.rollout.mode == "sync" else 1
+        self.rollout_placement = RolloutPlacement(ranks, self.rank, self.world_size)
+        seed = rollout_seed(self.config, self.rollout_placement.engine)
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
         self._rollout_shares_actor = shared
         # a rollout worker of its own takes weights while it generates (async_training.partial_rollout)
@@ -302,11 +307,13 @@ class ActorRolloutRefWorker(TrainingWorker):
             if self._is_actor:
                 self._sync_rollout_weights()
                 self.actor_placement.place(params=self._rollout_shares_actor, optimizer=False)
+            rows, counts = self.rollout_placement.gather(prompts)  # the rows of every rank of this engine
             with self.weight_inbox.generation(bool(prompts.meta_info.get("validate", False)),
                                               self.config.actor_rollout_ref.rollout.free_cache_engine) as engine:
-                output = self.agent_loops.generate_sequences(engine, prompts)
+                output = self.rollout_placement.own(self.agent_loops.generate_sequences(engine, rows), counts)
         metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen"),
-                   **core_lending.take_lent_share("rollout")}
+                   **core_lending.take_lent_share("rollout"),
+                   "rollout/weights_version": float(self.rollout.weights_version)}  # one entry per worker
         if self.weight_inbox.interrupt is not None:
             metrics["async/interrupted_generations"] = float(self.weight_inbox.last_interrupted_rows)
         output.meta_info.update(metrics=metrics, timing=timer.result())
@@ -314,6 +321,9 @@ class ActorRolloutRefWorker(TrainingWorker):
             output.batch.pop("rollout_log_probs")  # verl's calculate_log_probs=false: no rollout log-probs
         if self._is_actor:
             output.meta_info["actor_weights_version"] = self._weights_version
+            if self.rollout_placement.num_engines > 1:  # the trainer sees the engines' outputs merged: each checks itself
+                check_weights_version(output.meta_info, f"rollout engine {self.rollout_placement.engine} of "
+                                                        f"{self.rollout_placement.num_engines} (worker rank {self.rank})")
         else:  # a rollout group apart: its ranks may end a call on different versions; response_versions say which
             output.meta_info.pop("rollout_weights_version")
         return output

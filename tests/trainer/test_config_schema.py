@@ -40,6 +40,10 @@ VALIDATED_VERL_KEYS: dict[str, str] = {
     "critic.checkpoint.load_contents": "a resume restores the whole state; other contents refused",
     "critic.checkpoint.save_contents": "the critic's checkpoints are whole; hf_model refused (no HF form)",
     "critic.model.use_fused_kernels": "the critic computes values, no log-probs: true refused",
+    "actor_rollout_ref.rollout.data_parallel_size": "in-process engines: a replica of tensor x data parallel workers "
+    "is that many independent engines (a dense model), which the tensor-parallel placement makes anyway; servers: 1",
+    "actor_rollout_ref.rollout.pipeline_model_parallel_size": "1 only: the rollout is split by tensor parallelism",
+    "actor_rollout_ref.rollout.expert_parallel_size": "1 only: no expert parallelism in the rollout engines",
 }
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""
@@ -77,6 +81,10 @@ def _schema_defaults(schema: type, prefix: str = "") -> dict:
     return out
 
 
+VALIDATION_MODULES = [CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_verl.py",
+                      CONFIG_PACKAGE / "validate_rollout_scale.py"]
+
+
 def _code_files() -> list[Path]:
     """rlvr's modules outside the config package: what the config package does with a key (its
     schema, defaults and validation) does not make the key do anything."""
@@ -102,7 +110,7 @@ def test_every_schema_field_is_read_by_the_code():
 
 
 def test_the_validated_verl_keys_are_validated_and_read_nowhere_else():
-    validated = fields_read([CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_verl.py"], RlvrConfig)
+    validated = fields_read(VALIDATION_MODULES, RlvrConfig)
     assert [key for key in VALIDATED_VERL_KEYS if key not in validated] == []
     assert [key for key in VALIDATED_VERL_KEYS if key in _read_by_the_code(RlvrConfig)] == []
 

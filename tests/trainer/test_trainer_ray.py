@@ -24,7 +24,8 @@ def ray_cluster():
 
 @pytest.mark.parametrize(("preset", "extra", "expected"), [
     # 5 validation prompts: padded to 6 over the 2 ranks and unpadded
-    ("grpo", {"data.val_max_samples": 5, "trainer.total_training_steps": 2}, ["actor/kl_loss", "timing/ref"]),
+    ("grpo", {"data.val_max_samples": 5, "trainer.total_training_steps": 2},
+     ["actor/kl_loss", "timing/ref", "global_seqlen/balanced_max", "global_seqlen/groups_kept"]),
     pytest.param("ppo", {"actor_rollout_ref.rollout.n": 2, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
                          "critic.ppo_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": 1},
                  ["critic/vf_loss", "timing/update_critic"], marks=pytest.mark.slow),
@@ -41,6 +42,7 @@ def test_two_ray_workers(tiny_model_dir, tiny_data, tmp_path, preset, extra, exp
                    if k not in row]
         assert not missing, missing
         assert row["perf/throughput_per_worker"] == pytest.approx(row["perf/throughput"] / 2)  # 2 workers
+        assert row["global_seqlen/balanced_max"] <= row["global_seqlen/max"]  # trainer.balance_batch: verl's default
     val = [row for row in trainer.metrics_history if "val/acc" in row]
     assert len(val) == (1 if preset == "rloo" else 2)
     assert (tmp_path / "run" / "checkpoints" / f"global_step_{len(steps)}" / "actor").is_dir()

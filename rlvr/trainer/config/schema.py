@@ -138,6 +138,7 @@ class RefMegatronConfig:
 
     tensor_model_parallel_size: Optional[int] = _f(None, "ranks that split every weight matrix (must divide the key/value heads); None = 1 for the actor, the actor's for reference and critic")
     pipeline_model_parallel_size: Optional[int] = _f(None, "ranks that split the layers into stages (must divide the layers); None = 1 for the actor, the actor's for reference and critic")
+    context_parallel_size: Optional[int] = _f(None, "ranks that split every sequence (context parallelism: each holds 2 of 2 x cp chunks, attention over the all-gathered keys); None = 1 for the actor, the actor's for reference and critic")
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
     override_transformer_config: dict = _f({}, "megatron-core TransformerConfig fields (recompute_granularity, recompute_method, recompute_num_layers, recompute_modules, ...)")
     seed: Optional[int] = _f(None, "seed of the model's random init (and Megatron's RNG tracker); None = trainer.seed")
@@ -326,7 +327,10 @@ class RolloutConfig:
     val_kwargs: SamplingConfig = _sub(SamplingConfig, "sampling settings for validation")
     dtype: Optional[str] = _f(None, "dtype of the engine's weights: float32 | bfloat16 (None = the actor's; the HF engine keeps its own copy in another dtype)")
     gpu_memory_utilization: float = _f(0.5, "vllm: share of GPU memory for weights and KV cache (the actor lives beside it)")
-    tensor_model_parallel_size: int = _f(1, "vllm: tensor-parallel ranks per engine (1: one engine per worker)")
+    tensor_model_parallel_size: int = _f(1, "vllm: ranks per engine; mode=sync: that many consecutive rollout workers hold one in-process engine (1: an engine on every worker); mode=async: each server replica's --tensor-parallel-size")
+    data_parallel_size: int = _f(1, "vllm, mode=sync: engines per replica of tensor x data parallel workers (a dense model's vLLM data parallelism: independent engines); mode=async: 1 (replicas are server.num_replicas)")
+    pipeline_model_parallel_size: int = _f(1, "verl's key; 1 only: rlvr's rollout engines split the model by tensor parallelism")
+    expert_parallel_size: int = _f(1, "verl's key; 1 only: rlvr's rollout engines do not split mixture-of-experts layers by expert")
     enforce_eager: bool = _f(True, "vllm: no CUDA graphs / compilation (fast start; False compiles for speed)")
     enable_prefix_caching: bool = _f(True, "vllm: reuse the KV cache of shared prompt prefixes (the n samples of a prompt)")
     enable_sleep_mode: bool = _f(True, "vllm: free weights and KV cache between phases on GPU (sleep/wake_up); no-op on CPU")
@@ -512,6 +516,7 @@ class TrainerConfig:
     max_restarts: int = _f(3, "Ray backend: restarts after a dead or hung worker (all groups restart, the last whole checkpoint is restored); 0 = stop at the first")
     progress_bar: bool = _f(True, "show a progress bar with ETA")
     num_threads: Optional[int] = _f(None, "torch intra-op threads per worker on CPU (None = cores / workers)")
+    balance_batch: bool = _f(True, "before the old log-probs, reorder the batch so that every data-parallel rank gets about the same tokens; rows move only within their mini-batch (the update is unchanged), a prompt's group stays whole when the estimator needs groups")
     user_modules: list = _f([], "your own modules (names or .py files) imported by the driver before the config check and by every worker process before it builds anything; their registrations are then valid names")
 
 

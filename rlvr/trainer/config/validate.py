@@ -34,6 +34,7 @@ from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_N
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES, RlvrConfig
 from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list
+from rlvr.trainer.config.validate_rollout_scale import check_rollout_scale
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.trainer.config.validate_verl import check_verl_settings, rejection_band
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
@@ -256,8 +257,9 @@ def _check_rollout(cfg: DictConfig) -> None:
     check_openai_endpoint(rollout.agent, rollout.agent.default_agent_loop)
     check_rollout_server(rollout)
     _check_quantization(cfg)
+    check_rollout_scale(cfg)
     if rollout.name == "vllm":
-        _check_vllm(rollout, world_size(cfg))
+        _check_vllm(rollout)
 
 
 def _check_agent(rollout: DictConfig) -> None:
@@ -289,19 +291,11 @@ def _check_quantization(cfg: DictConfig) -> None:
              "(model.lora_rank > 0); train without LoRA or set rollout.quantization=null")
 
 
-def _check_vllm(rollout: DictConfig, workers: int) -> None:
+def _check_vllm(rollout: DictConfig) -> None:
     """vLLM must be importable (its own venv: it pins its own torch and transformers), unless it runs
     as servers (``rollout.mode=async``: checked by :func:`check_rollout_server`)."""
     key = "actor_rollout_ref.rollout"
     _require(rollout.mode == "async" or importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
-    _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
-             "the in-process vLLM engine runs one engine per worker; set it to 1 (rollout tensor parallelism: "
-             "issue 42 builds it)")
-    _require(workers == 1, "trainer.n_gpus_per_node",
-             f"rollout.name=vllm runs with one worker for now (got {workers}; vLLM on every worker: issue 42 builds "
-             "it): an in-process vLLM engine would take "
-             "the workers' process group for its own tensor parallelism; use trainer.nnodes=1 "
-             "trainer.n_gpus_per_node=1 (or trainer.backend=local), or rollout.name=hf for several workers")
     truncated = rollout.do_sample and (rollout.top_p < 1 or rollout.top_k > 0)
     _require(not truncated, f"{key}.top_p" if rollout.top_p < 1 else f"{key}.top_k",
              f"rollout.name=vllm cannot sample with top_p={rollout.top_p} / top_k={rollout.top_k}: vLLM then "

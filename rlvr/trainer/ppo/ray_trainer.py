@@ -60,6 +60,7 @@ from rlvr.trainer.config import to_config, use_reference, validate_config, world
 from rlvr.trainer.config.async_checks import rollout_apart
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
+from rlvr.trainer.ppo.balance import balance_batch, update_layouts
 from rlvr.trainer.ppo.core_algos import (
     agg_loss,
     get_adv_estimator_fn,
@@ -380,7 +381,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         return metrics
 
     def _train_on_batch(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
-        """Log-probs, reference, values, advantages, then the critic and actor updates."""
+        """Balanced over the ranks, log-probs, reference, values, advantages, then the critic and actor updates."""
+        if self.config.trainer.balance_batch:
+            self._balance_batch(batch, metrics)
         self._compute_old_log_prob(batch, timing, metrics)
         if self.use_reference:
             self._compute_ref_log_prob(batch, timing)
@@ -393,6 +396,15 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             self._update_actor(batch, timing, metrics)
 
     # ------------------------------------------------------------------ stages
+    def _balance_batch(self, batch: DataProto, metrics: dict[str, float], logging_prefix: str = "global_seqlen") -> None:
+        """``trainer.balance_batch`` (verl's method): reorder ``batch`` in place so that every data-parallel
+        rank gets about the same tokens, each row within its mini-batch (:mod:`rlvr.trainer.ppo.balance`);
+        nothing to do with one rank."""
+        layouts = update_layouts(self.config, self.use_critic)
+        if layouts[0].dp_size > 1:
+            keep_groups = get_adv_estimator_needs(self.config.algorithm.adv_estimator).needs_groups
+            metrics.update(balance_batch(batch, layouts, keep_groups, logging_prefix))
+
     def _collect_batch(self, timing: dict[str, float], metrics: dict[str, float]) -> DataProto | None:
         """Generate and score prompts. With ``filter_groups`` (DAPO) keep only informative groups
         and generate more until ``train_batch_size`` groups are kept; after ``max_num_gen_batches``

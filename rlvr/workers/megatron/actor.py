@@ -20,10 +20,12 @@ gradient finishing:
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from rlvr.protocol import DataProto
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor, response_window
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
+from rlvr.workers.megatron.context_parallel import gather_positions
 from rlvr.workers.megatron.grads import clip_grad_norm
 from rlvr.workers.megatron.model import MegatronPolicy, MegatronStage, MegatronValueModel
 from rlvr.workers.megatron.parallel import broadcast_rng_state
@@ -63,11 +65,18 @@ def policy_log_probs(model: MegatronPolicy, batch: dict[str, torch.Tensor], temp
     names = ["log_probs", *(["entropy"] if with_entropy else []), *(["sum_pi_squared"] if with_sum_pi_squared else [])]
     outputs: list[torch.Tensor | None] = [None] * len(names)
     if hidden is not None:
-        logits = model.logits(hidden[-(num_response + 1) : -1]).transpose(0, 1)  # [b, r, vocab / tp]
-        labels = batch["responses"][:, :num_response]
+        cp, length = model.parallel.context, window["input_ids"].shape[1]
+        if cp.size > 1:  # every local position, labelled with its next token, then gathered in sequence order
+            labels = F.pad(window["input_ids"][:, 1:], (0, cp.padded_length(length) - length + 1))
+            labels = labels[:, cp.positions(labels.shape[1]).to(labels.device)]
+        else:  # the positions that predict the responses
+            hidden, labels = hidden[-(num_response + 1) : -1], batch["responses"][:, :num_response]
+        logits = model.logits(hidden).transpose(0, 1)  # [b, positions, vocab / tp]
         stats = vocab_parallel_token_stats(logits, labels, model.vocab_start, model.shape.vocab_size,
                                            model.parallel.tp_group, temperature, with_entropy, with_sum_pi_squared)
         outputs = [stats[name] for name in names]
+        if cp.size > 1:
+            outputs = [gather_positions(t, 1, cp)[:, length - num_response - 1 : length - 1] for t in outputs]
     shared = _share_with_stages(model, outputs, [(rows, num_response)] * len(outputs), link)
     return {name: torch.nn.functional.pad(t, (0, response_len - num_response)) for name, t in zip(names, shared)}
 
@@ -139,7 +148,9 @@ class MegatronPPOCritic(DataParallelPPOCritic):
     def _stage_values(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         hidden, link = self.module(batch["input_ids"], batch["attention_mask"], batch["position_ids"])
         rows, response_len = batch["responses"].shape
+        length = batch["input_ids"].shape[1]
         values = None
-        if hidden is not None:
-            values = self.module.values(hidden)[:, -response_len - 1 : -1]
+        if hidden is not None:  # with context parallelism: all positions of the padded rows, gathered
+            values = gather_positions(self.module.values(hidden), 1, self.module.parallel.context)[:, :length]
+            values = values[:, -response_len - 1 : -1]
         return _share_with_stages(self.module, [values], [(rows, response_len)], link)[0]

@@ -35,7 +35,7 @@ def save_megatron_state(path: str | os.PathLike, module: nn.Module, optimizer: t
                         scheduler: Any, parallel: MegatronParallel) -> None:
     """Write this rank's shard of the model, optimizer and scheduler states into the folder ``path``
     (collective: every rank of the model calls it)."""
-    if parallel.dp_rank == 0:
+    if parallel.dp_rank == 0 and parallel.cp_rank == 0:  # context-parallel peers hold the same shard
         atomic_save({
             "layout": {"tensor_model_parallel_size": parallel.tp, "pipeline_model_parallel_size": parallel.pp},
             "model": {name: param.detach().cpu() for name, param in module.named_parameters()},

@@ -3,7 +3,8 @@
 After the micro-batches of a mini-batch have been accumulated, :func:`clip_grad_norm` (the
 ``clip_grad_norm_fn`` of the update loop in :mod:`rlvr.workers.ppo_update`):
 
-1. averages the gradients over the data-parallel ranks (what FSDP2's reduce-scatter does);
+1. averages the gradients over the data-parallel ranks (what FSDP2's reduce-scatter does), after
+   summing them over the context-parallel ranks (each holds the gradient of its own tokens);
 2. with tied embeddings over several pipeline stages, sums the gradient of the embedding (first
    stage) and of its copy in the LM head (last stage), so both copies take the same step;
 3. computes the global norm over all ranks, counting every weight once: tensor-parallel slices on
@@ -41,8 +42,8 @@ def clip_grad_norm(model: MegatronStage, max_norm: float) -> float:
     nothing is clipped). A collective over every rank of the model."""
     p = model.parallel
     named = [(name, param.grad) for name, param in model.named_parameters() if param.grad is not None]
-    if p.dp_group is not None:
-        _average_over_data_parallel([g for _, g in named], p.dp, p.dp_group)
+    if p.dp_cp_group is not None:  # summed over context-parallel peers, averaged over data-parallel ones
+        _average_over_data_parallel([g for _, g in named], p.dp, p.dp_cp_group)
     tied_copy = model.shape.tied and p.pp > 1
     if tied_copy and p.embedding_group is not None:
         for name, grad in named:

@@ -16,7 +16,8 @@ from rlvr.utils.errors import ConfigError
 if TYPE_CHECKING:
     from rlvr.trainer.config.schema import RefMegatronConfig
 
-__all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "data_parallel_size",
+__all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "context_parallel_size",
+           "data_parallel_size",
            "check_megatron_config"]
 
 MEGATRON_INSTALL = "pip install 'rlvr[megatron]' (or `make setup-megatron` in a clone)"
@@ -57,17 +58,26 @@ def megatron_sizes(cfg, role: str) -> tuple[int, int]:
     return (own.tensor_model_parallel_size or defaults[0], own.pipeline_model_parallel_size or defaults[1])
 
 
+def context_parallel_size(cfg, role: str) -> int:
+    """``megatron.context_parallel_size`` of ``role``: unset is 1 for the actor and the actor's for the
+    others (1 when the actor does not use Megatron)."""
+    own = _megatron_config(cfg, role).context_parallel_size
+    if own is not None:
+        return own
+    return context_parallel_size(cfg, "actor") if role != "actor" and strategy_of(cfg, "actor") == "megatron" else 1
+
+
 def data_parallel_size(cfg, role: str) -> int:
     """Ranks that hold different data for ``role``: the workers on Ray divided by the model-parallel
-    size with Megatron; 1 on the local backend (where a Megatron worker starts its model-parallel
-    ranks itself)."""
+    size (tensor x context x pipeline) with Megatron; 1 on the local backend (where a Megatron worker
+    starts its model-parallel ranks itself)."""
     if cfg.trainer.backend == "local":
         return 1
     workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if strategy_of(cfg, role) != "megatron":
         return workers
     tp, pp = megatron_sizes(cfg, role)
-    return max(1, workers // (tp * pp))
+    return max(1, workers // (tp * pp * context_parallel_size(cfg, role)))
 
 
 _KEYS = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref", "critic": "critic"}
@@ -78,9 +88,12 @@ def _check_role(cfg, role: str) -> None:
     if not megatron_installed():
         raise ConfigError(f"{key}.strategy", f"megatron needs megatron-core, which is not installed: {MEGATRON_INSTALL}")
     tp, pp = megatron_sizes(cfg, role)
+    cp = context_parallel_size(cfg, role)
     if tp < 1 or pp < 1:
         raise ConfigError(f"{key}.megatron.tensor_model_parallel_size",
                           f"the tensor and pipeline parallel sizes must be >= 1, got {tp} and {pp}")
+    if cp < 1:
+        raise ConfigError(f"{key}.megatron.context_parallel_size", f"must be >= 1 (1 = no context parallelism), got {cp}")
     model, model_key = ((cfg.critic.model, "critic.model") if role == "critic"
                         else (cfg.actor_rollout_ref.model, "actor_rollout_ref.model"))
     if model.lora_rank > 0:
@@ -88,11 +101,11 @@ def _check_role(cfg, role: str) -> None:
                           "weights (lora_rank=0) or use strategy=fsdp2")
     t = cfg.trainer
     workers = t.nnodes * t.n_gpus_per_node
-    if t.backend == "ray" and workers % (tp * pp):
+    if t.backend == "ray" and workers % (tp * cp * pp):
         raise ConfigError(f"{key}.megatron.tensor_model_parallel_size",
                           f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node) do not split into blocks of "
-                          f"tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp} ranks; use sizes whose "
-                          "product divides the number of workers")
+                          f"tensor_model_parallel_size={tp} x context_parallel_size={cp} x "
+                          f"pipeline_model_parallel_size={pp} ranks; use sizes whose product divides the number of workers")
 
 
 def check_megatron_config(cfg, roles: list[str]) -> None:
@@ -104,6 +117,11 @@ def check_megatron_config(cfg, roles: list[str]) -> None:
         _check_role(cfg, role)
     for role in megatron_roles[1:]:
         first = megatron_roles[0]
+        if context_parallel_size(cfg, role) != context_parallel_size(cfg, first):
+            raise ConfigError(f"{_KEYS[role]}.megatron.context_parallel_size",
+                              f"context_parallel_size={context_parallel_size(cfg, role)} differs from the {first}'s "
+                              f"{context_parallel_size(cfg, first)}; the model roles share each worker process and "
+                              "megatron-core's layout is global to a process: give them the same size (or leave it unset)")
         if megatron_sizes(cfg, role) != megatron_sizes(cfg, first):
             raise ConfigError(
                 f"{_KEYS[role]}.megatron.tensor_model_parallel_size",

@@ -11,7 +11,9 @@ the rotary angles of each row's ``position_ids`` (``[s, b, 1, head_dim]``, the H
 batches exactly. The attention mask (``[b, 1, s, s]``, True = masked) is causal and hides padding.
 
 Activations are ``[seq, batch, hidden]`` inside megatron; the helpers here take and return
-``[batch, seq]`` tensors like the FSDP workers.
+``[batch, seq]`` tensors like the FSDP workers. With context parallelism (``cp > 1``) a stage runs
+only this rank's positions of every (padded) sequence and attends over the keys of all of them
+(:mod:`~rlvr.workers.megatron.context_parallel`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 from transformers import PretrainedConfig
 
+from rlvr.workers.megatron.context_parallel import ContextParallelAttention
 from rlvr.workers.megatron.hf_mapping import SUPPORTED_MODEL_TYPES, LlamaShape, Rule, stage_layers, stage_rules
 from rlvr.workers.megatron.parallel import MegatronParallel
 from rlvr.workers.megatron.pipeline import receive_forward, send_forward
@@ -107,9 +110,11 @@ class MegatronStage(nn.Module):
         self.hf_config = config
         self.shape = LlamaShape.from_hf_config(config, parallel.tp)
         stage_layers(self.shape.num_layers, parallel.pp, parallel.pp_rank)  # checks the split
+        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        if parallel.cp > 1:  # megatron's own context-parallel attention is transformer-engine's (CUDA)
+            spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
         self.gpt = GPTModel(
-            _transformer_config(config, self.shape, parallel, dtype, overrides),
-            get_gpt_layer_local_spec(normalization="RMSNorm"),
+            _transformer_config(config, self.shape, parallel, dtype, overrides), spec,
             vocab_size=self.shape.padded_vocab, max_sequence_length=config.max_position_embeddings,
             pre_process=parallel.first_stage, post_process=parallel.last_stage,
             share_embeddings_and_output_weights=self.shape.tied and parallel.pp == 1,
@@ -134,14 +139,23 @@ class MegatronStage(nn.Module):
         """Run this stage on ``[b, s]`` inputs.
 
         Returns:
-            ``(hidden, link)``: on the last stage the final-normed hidden states ``[s, b, H]``, else
-            None; ``link`` is a zero scalar to add to the loss (see :mod:`~rlvr.workers.megatron.pipeline`).
+            ``(hidden, link)``: on the last stage the final-normed hidden states ``[s, b, H]`` (with
+            ``cp > 1``: ``[padded / cp, b, H]`` of this rank's positions of the sequences padded on the
+            right to ``padded = cp.padded_length(s)``), else None; ``link`` is a zero scalar to add
+            to the loss (see :mod:`~rlvr.workers.megatron.pipeline`).
         """
-        p = self.parallel
+        p, cp = self.parallel, self.parallel.context
         b, s = input_ids.shape
         keys = attention_mask.bool()
-        causal = torch.ones(s, s, dtype=torch.bool, device=input_ids.device).tril()
-        masked = ~(causal[None] & keys[:, None, :])[:, None]  # [b, 1, s, s]
+        local = torch.arange(s, device=input_ids.device)
+        if cp.size > 1:  # this rank's positions; the right padding is masked out as keys
+            pad = cp.padded_length(s) - s
+            input_ids, position_ids, keys = (F.pad(t, (0, pad)) for t in (input_ids, position_ids, keys))
+            local = cp.positions(s + pad).to(input_ids.device)
+            input_ids, position_ids = input_ids[:, local], position_ids[:, local]
+            s = len(local)
+        causal = torch.arange(keys.shape[1], device=keys.device)[None, :] <= local[:, None]  # [s, all keys]
+        masked = ~(causal[None] & keys[:, None, :])[:, None]  # [b, 1, s, all keys]
         if p.first_stage:
             hidden = self.gpt.embedding(input_ids=input_ids, position_ids=position_ids)
             if self.padding_idx is not None:  # as HF's nn.Embedding(padding_idx): lookups of it do not train it

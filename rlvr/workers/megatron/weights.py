@@ -61,7 +61,6 @@ def gather_hf_weights(model: MegatronStage, prefix: str = "model.", lm_head: boo
     """
     p = model.parallel
     params = dict(model.named_parameters())
-    rank = dist.get_rank() if dist.is_initialized() else 0
     for stage, name, rule in all_stage_rules(model.shape, p.pp, prefix, lm_head):
         tensors: list[torch.Tensor] | None = None
         if stage == p.pp_rank:
@@ -69,7 +68,7 @@ def gather_hf_weights(model: MegatronStage, prefix: str = "model.", lm_head: boo
             shards = _all_gather(local, p.tp, p.tp_group) if rule.tensor_parallel else [local]
             tensors = rule.unshard(shards)
         if p.pp > 1:
-            src = rank + p.tp * p.dp * (stage - p.pp_rank)
+            src = dist.get_global_rank(p.pp_group, stage)
             if tensors is None:
                 tensors = [torch.empty(model.hf_shapes[n], dtype=model.gpt.config.params_dtype,
                                        device=model.inv_freq.device) for n in rule.hf_names]

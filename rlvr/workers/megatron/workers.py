@@ -5,11 +5,11 @@
 :class:`~rlvr.workers.engine_workers.CriticWorker`: the trainer calls the same methods with the same
 batches and gets the same outputs; ``main_ppo`` picks the classes from ``strategy``. What differs:
 
-- Layout: ``tp x pp`` ranks hold one copy of the model (tensor and pipeline parallel,
-  :mod:`~rlvr.workers.megatron.parallel`), the rest of the worker group is data parallel. The
-  batch methods dispatch with ``DP_MP_COMPUTE`` (each data-parallel group gets one part of the
-  batch; model-parallel rank 0 returns it). On the local backend the driver's worker starts the
-  other ``tp x pp - 1`` ranks itself (:mod:`~rlvr.workers.megatron.local_ranks`).
+- Layout: ``tp x cp x pp`` ranks hold one copy of the model and share its rows (tensor, context
+  and pipeline parallel, :mod:`~rlvr.workers.megatron.parallel`), the rest of the worker group is
+  data parallel. The batch methods dispatch with ``DP_MP_COMPUTE`` (each data-parallel group gets
+  one part of the batch; its first rank returns it). On the local backend the driver's worker
+  starts the other ``tp x cp x pp - 1`` ranks itself (:mod:`~rlvr.workers.megatron.local_ranks`).
 - Models: an HF Llama/Qwen2 checkpoint is loaded, cut into this rank's shard
   (:mod:`~rlvr.workers.megatron.weights`) and trained with rlvr's update loop
   (:mod:`~rlvr.workers.megatron.actor`).
@@ -38,9 +38,9 @@ from rlvr.workers.checkpoint import save_model_files
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
-from rlvr.workers.megatron.dist_checkpoint import load_dist_checkpoint
-from rlvr.workers.megatron.layout import megatron_section, megatron_sizes
 from rlvr.workers.fsdp import compute_dtype
+from rlvr.workers.megatron.dist_checkpoint import load_dist_checkpoint
+from rlvr.workers.megatron.layout import context_parallel_size, megatron_section, megatron_sizes
 from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, on_every_rank
 from rlvr.workers.megatron.model import transformer_overrides
 from rlvr.workers.megatron.parallel import MegatronParallel, init_megatron_parallel
@@ -58,17 +58,17 @@ __all__ = ["MegatronActorRolloutRefWorker", "MegatronCriticWorker"]
 def _prepare(worker, role: str, init_args: tuple) -> None:
     """In ``__init__``: the layout of ``role``, the rank info of ``DP_MP_COMPUTE``, CPU threads and,
     on the local backend, the started model-parallel ranks."""
-    tp, pp = megatron_sizes(worker.config, role)
+    (tp, pp), cp = megatron_sizes(worker.config, role), context_parallel_size(worker.config, role)
     worker.megatron_role, worker.parallel = role, None
-    if worker.world_size > 1:
-        tp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(worker.rank, tp, pp, worker.world_size)
+    if worker.world_size > 1:  # the ranks that share a batch: model-parallel rank 0 of the first context rank collects
+        tp_rank, cp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(worker.rank, tp, pp, worker.world_size, cp)
         worker.rank_info = RankInfo(rank=worker.rank, world_size=worker.world_size, dp_rank=dp_rank,
-                                    dp_size=worker.world_size // (tp * pp), tp_rank=tp_rank + tp * pp_rank,
-                                    tp_size=tp * pp)
+                                    dp_size=worker.world_size // (tp * cp * pp),
+                                    tp_rank=tp_rank + tp * (cp_rank + cp * pp_rank), tp_size=tp * cp * pp)
     elif worker.device == "cpu":  # the local backend: this process and the ranks it starts share the cores
-        set_cpu_threads(worker.config.trainer.num_threads, tp * pp)
+        set_cpu_threads(worker.config.trainer.num_threads, tp * cp * pp)
     timeout_s = float(worker.config.trainer.call_timeout_s)
-    worker._local_ranks, worker._local_key = attach_local_ranks(worker, tp * pp, init_args, timeout_s)
+    worker._local_ranks, worker._local_key = attach_local_ranks(worker, tp * cp * pp, init_args, timeout_s)
 
 
 def _join(worker) -> MegatronParallel:
@@ -78,7 +78,8 @@ def _join(worker) -> MegatronParallel:
     tp, pp = megatron_sizes(worker.config, worker.megatron_role)
     megatron: RefMegatronConfig = megatron_section(worker.config, worker.megatron_role)
     seed = int(worker.config.trainer.seed if megatron.seed is None else megatron.seed)  # verl's megatron.seed
-    parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s))
+    parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s),
+                                      context_parallel_size(worker.config, worker.megatron_role))
     set_seed(seed)
     return parallel
 
