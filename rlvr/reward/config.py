@@ -9,8 +9,15 @@ is built (an unknown ``match_mode`` names the key and the choices).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Optional
 
+from rlvr.reward.rm_config import (
+    DiscriminativeRewardModelConfig,
+    LegacyRMModelConfig,
+    RewardCustomFunctionConfig,
+    RewardManagerSourceConfig,
+    SandboxFusionConfig,
+)
 from rlvr.sandbox.config import SandboxConfig
 
 DEFAULT_JUDGE_TEMPLATE = (
@@ -128,6 +135,20 @@ class RewardModelConfig:
     on_error: str = field(default="raise", metadata={"help": "a scorer that raises or times out: raise | fallback (score fallback_score, counted)"})
     fallback_score: float = field(default=0.0, metadata={"help": "score used for a failed sample when on_error=fallback"})
     num_examine: int = field(default=1, metadata={"help": "decoded samples printed per data source per step"})
+    # verl's legacy reward-model keys (None: not set); mapped onto reward.reward_model when the config loads
+    enable: Optional[bool] = field(default=None, metadata={"help": "legacy key of reward.reward_model.enable"})
+    enable_resource_pool: Optional[bool] = field(default=None, metadata={"help": "legacy key of reward.reward_model.enable_resource_pool"})
+    n_gpus_per_node: Optional[int] = field(default=None, metadata={"help": "legacy key of reward.reward_model.n_gpus_per_node"})
+    nnodes: Optional[int] = field(default=None, metadata={"help": "legacy key of reward.reward_model.nnodes"})
+    model: LegacyRMModelConfig = field(default_factory=LegacyRMModelConfig, metadata={"help": "legacy reward-model keys: path, input_tokenizer, external_lib, trust_remote_code"})
+    rollout: dict = field(default_factory=dict, metadata={"help": "legacy keys of reward.reward_model.rollout (each copied there)"})
+    micro_batch_size_per_gpu: Optional[int] = field(default=None, metadata={"help": "legacy key of reward.reward_model.micro_batch_size_per_gpu"})
+    max_length: Optional[int] = field(default=None, metadata={"help": "legacy key of reward.reward_model.rollout.max_model_len: the longest reward-model input"})
+    use_dynamic_bsz: Optional[bool] = field(default=None, metadata={"help": "legacy key of reward.reward_model.use_dynamic_bsz"})
+    forward_max_token_len_per_gpu: Optional[int] = field(default=None, metadata={"help": "legacy key of reward.reward_model.forward_max_token_len_per_gpu"})
+    reward_loop_source: Optional[str] = field(default=None, metadata={"help": "legacy key of reward.reward_manager.source"})
+    reward_loop_module_path: Optional[str] = field(default=None, metadata={"help": "legacy key of reward.reward_manager.module.path"})
+    reward_loop_class_name: Optional[str] = field(default=None, metadata={"help": "legacy key of reward.reward_manager.module.name"})
 
 
 @dataclass
@@ -167,6 +188,10 @@ class RewardConfig:
     """Which reward source scores which domain (the RLVR pipeline's reward routing)."""
 
     route_key: Literal["data_source", "tag"] = field(default="data_source", metadata={"help": "non-tensor field that names a sample's domain: data_source | tag"})
-    routes: dict[str, str] = field(default_factory=dict, metadata={"help": "domain -> reward worker (math_rule | code_sandbox | llm_judge | general_val | crossthinkqa | mc_boxed | ifeval | detection, each its own worker group) or reward manager (naive | dapo | batch | parallel, on the driver); empty: reward_model.reward_manager scores every sample"})
+    routes: dict[str, str] = field(default_factory=dict, metadata={"help": "domain -> reward worker (math_rule | code_sandbox | llm_judge | general_val | crossthinkqa | mc_boxed | ifeval | detection, each its own worker group) or reward manager (naive | dapo | batch | parallel, on the driver), reward_model (the discriminative reward model), or a weighted sum of them such as 'reward_model+0.5*math_rule' (a 0* term is computed and logged, not rewarded); empty: the reward model when reward.reward_model.enable, else reward_model.reward_manager, scores every sample"})
     num_workers: int = field(default=1, metadata={"help": "processes per reward worker group on the Ray backend (each scores its share of a domain's samples); the local backend runs 1 in the driver"})
     workers: RewardWorkersConfig = field(default_factory=RewardWorkersConfig, metadata={"help": "settings of each reward worker"})
+    reward_manager: RewardManagerSourceConfig = field(default_factory=RewardManagerSourceConfig, metadata={"help": "verl 0.9's reward manager keys (copied to reward_model.reward_manager when the config loads)"})
+    reward_model: DiscriminativeRewardModelConfig = field(default_factory=DiscriminativeRewardModelConfig, metadata={"help": "a discriminative reward model (sequence classification): alone, or routed as 'reward_model' in reward.routes"})
+    custom_reward_function: RewardCustomFunctionConfig = field(default_factory=RewardCustomFunctionConfig, metadata={"help": "verl 0.9's key of the top-level custom_reward_function (copied there when the config loads)"})
+    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig, metadata={"help": "verl 0.9's SandboxFusion service (refused when set; see url)"})

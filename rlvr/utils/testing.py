@@ -13,13 +13,15 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",
     "tiny_tokenizer",
     "tiny_causal_lm",
     "save_tiny_model",
+    "save_tiny_reward_model",
+    "RM_CHAT_TEMPLATE",
     "judge_stub_server",
     "local_ray_cluster",
     "forward_log_probs",
@@ -34,6 +36,14 @@ TINY_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+RM_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '### ' + message['role'] + ': ' + message['content'] + '\n' }}"
+    "{% endfor %}{{ '### end' }}"
+)
+"""A chat template unlike :data:`TINY_CHAT_TEMPLATE` (a reward model's own format, opening with BOS)."""
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -107,6 +117,27 @@ def save_tiny_model(path: str | os.PathLike, **kwargs) -> Path:
     ``path``, loadable with :func:`rlvr.utils.model.load_causal_lm`; returns the folder."""
     path = Path(path)
     model, tokenizer = tiny_causal_lm(**kwargs)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def save_tiny_reward_model(path: str | os.PathLike, seed: int = 1, num_labels: int = 1,
+                           chat_template: str | None = RM_CHAT_TEMPLATE, hidden_size: int = 32) -> Path:
+    """Write a small random ``LlamaForSequenceClassification`` (``num_labels`` outputs, the weights
+    depending only on ``seed``) and :func:`tiny_tokenizer` with ``chat_template`` to the folder
+    ``path``; returns the folder."""
+    path = Path(path)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = chat_template
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=512,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, num_labels=num_labels)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForSequenceClassification(config)
+        torch.nn.init.normal_(model.score.weight, std=0.5)  # scores of order 1, not ~0
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

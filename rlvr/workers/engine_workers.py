@@ -60,6 +60,7 @@ from rlvr.utils.tokenizer import hf_processor
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_lora, save_training_state
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
+from rlvr.workers.frozen import frozen_policy
 from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
@@ -193,6 +194,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,
             log_prob_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.actor.ulysses_sequence_parallel_size,
+            distillation=self.config.distillation,
         )
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -218,34 +220,21 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.agent_loops = AgentLoopManager(cfg.rollout, self.tokenizer, self.processor)
 
     def _init_ref(self, cfg) -> None:
-        if self._is_actor and cfg.model.lora_rank > 0:
-            self._ref_shares_actor = True
-            module = self.actor_module
-        else:
-            module = build_causal_lm(cfg.model, trainable=False).to(self.device)
-            module = shard_module(module, self.world_size, self._device_type(),
-                                  cfg.ref.fsdp_config.reshard_after_forward)
-        self.ref = DataParallelPPOActor(
-            cfg.actor, module, None, mini_batch_size=1,
-            log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
-            world_size=self.world_size, device=self.device,
-            log_prob_use_dynamic_bsz=cfg.ref.log_prob_use_dynamic_bsz,
-            log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
-            use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.ref.ulysses_sequence_parallel_size,
-        )
-        self.ref_placement = Placement(module, None, self.device)
-        if not self._ref_shares_actor:
-            self._rest_ref()
+        """The reference: a frozen policy (:func:`~rlvr.workers.frozen.frozen_policy`) of its own, or -
+        when the actor trains LoRA adapters - the actor's module with the adapters disabled."""
+        self._ref_shares_actor = self._is_actor and cfg.model.lora_rank > 0
+        module = self.actor_module if self._ref_shares_actor else build_causal_lm(cfg.model, trainable=False).to(self.device)
+        ref = cfg.ref
+        self.ref_model, self.ref = frozen_policy(
+            module, cfg.actor, world_size=self.world_size, device=self.device, fsdp_config=ref.fsdp_config,
+            micro_batch_size=ref.log_prob_micro_batch_size_per_gpu, use_dynamic_bsz=ref.log_prob_use_dynamic_bsz,
+            max_token_len=ref.log_prob_max_token_len_per_gpu, use_remove_padding=cfg.model.use_remove_padding,
+            sp_size=ref.ulysses_sequence_parallel_size, shared=self._ref_shares_actor)
 
     def _rest_actor(self) -> None:
         """Actor placement between phases (CPU when offload is configured; GPU only)."""
         fsdp = self.config.actor_rollout_ref.actor.fsdp_config
         self.actor_placement.place(params=not fsdp.param_offload, optimizer=not fsdp.optimizer_offload)
-
-    def _rest_ref(self) -> None:
-        """Placement of a separate reference between phases (CPU with param_offload; GPU only)."""
-        self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.fsdp_config.param_offload,
-                                 optimizer=False)
 
     def _temperature(self, data: DataProto) -> float:
         data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
@@ -377,9 +366,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 with self.actor_module.disable_adapter():
                     log_probs, _ = self.ref.compute_log_prob(data)
             else:
-                self.ref_placement.place(params=True, optimizer=False)
-                log_probs, _ = self.ref.compute_log_prob(data)
-                self._rest_ref()
+                with self.ref_model.on_device():
+                    log_probs, _ = self.ref.compute_log_prob(data)
         return self._reply({"ref_log_prob": log_probs}, {}, timer, "ref")
 
     # ------------------------------------------------------------------ checkpoints and export

@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from rlvr.reward.verl_keys import migrate_reward_keys
 from rlvr.trainer.config.schema import RlvrConfig
 from rlvr.trainer.config.suggest import suggest_key
 from rlvr.trainer.user_code import import_run_modules
@@ -90,10 +91,12 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
     :mod:`rlvr.trainer.user_code`), then fill the derived fields: rollout lengths from ``data``, the
     data seed from ``trainer.seed``, the critic's model and tokenizer from the actor's (verl's
     defaults), ``critic.enable`` from what the estimator's registry entry needs (an unknown
-    estimator leaves it off; validation then names the estimator), and the tools file of
+    estimator leaves it off; validation then names the estimator), verl's reward keys onto
+    ``reward.reward_model`` and the reward manager (:mod:`rlvr.reward.verl_keys`), and the tools file of
     ``tool_agent`` as an absolute path (read by rollout workers, which may run in another working
     directory)."""
     import_run_modules(cfg)
+    migrate_reward_keys(cfg)
     rollout = cfg.actor_rollout_ref.rollout
     rollout.response_length = cfg.data.max_response_length
     rollout.prompt_length = cfg.data.max_prompt_length

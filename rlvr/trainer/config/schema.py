@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlvr.reward.config import CustomRewardFunctionConfig, OverlongBufferConfig, RewardConfig, RewardModelConfig
+from rlvr.trainer.ppo.distillation_config import DistillationConfig
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
@@ -439,3 +440,4 @@ class RlvrConfig:
     rollout: RolloutPoolConfig = _sub(RolloutPoolConfig, "resource pool of a rollout that runs apart from the actor")
     async_training: AsyncTrainingConfig = _sub(AsyncTrainingConfig, "overlap of generation and training: schedule, staleness bound, partial rollouts")
     trainer: TrainerConfig = _sub(TrainerConfig, "loop, schedule, checkpoints, logging")
+    distillation: DistillationConfig = _sub(DistillationConfig, "on-policy distillation from a frozen teacher (verl 0.9's keys)")

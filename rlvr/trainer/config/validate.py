@@ -28,6 +28,7 @@ from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
+from rlvr.trainer.config.validate_models import check_distillation, check_reward_model, uses_teacher
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 from rlvr.utils.registry import Registry, RegistryKeyError
@@ -436,6 +437,7 @@ def registered_names() -> dict[str, Collection[str]]:
     from rlvr.agent import AGENT_LOOPS, ENVIRONMENTS, TOOL_PARSERS
     from rlvr.reward.managers import REWARD_MANAGER_REGISTRY
     from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
+    from rlvr.trainer.ppo.distillation import DISTILLATION_LOSS_REGISTRY
     from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
     from rlvr.trainer.ppo.policy_loss import POLICY_LOSS_REGISTRY
     from rlvr.trainer.ppo.rollout_correction import ROLLOUT_RATIO_LEVELS
@@ -453,6 +455,7 @@ def registered_names() -> dict[str, Collection[str]]:
         "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOPS,
         "actor_rollout_ref.rollout.multi_turn.format": TOOL_PARSERS,
         "actor_rollout_ref.rollout.multi_turn.env_name": ENVIRONMENTS,
+        "distillation.distillation_loss.loss_mode": DISTILLATION_LOSS_REGISTRY,
     }
 
 
@@ -483,7 +486,8 @@ def uses_user_code(cfg: DictConfig) -> bool:
     against the built-in names."""
     from rlvr.trainer.user_code import user_module_entries
 
-    values = [OmegaConf.select(cfg, key) for key in BUILTIN_NAMES] + list(cfg.reward.routes.values())
+    values = [OmegaConf.select(cfg, key) for key in BUILTIN_NAMES] + [
+        part.rpartition("*")[2].strip() for target in cfg.reward.routes.values() for part in str(target).split("+")]
     return bool(user_module_entries(cfg)) or any(is_object_path(value) for value in values)
 
 
@@ -507,6 +511,8 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
              *(["critic"] if cfg.critic.enable else [])]
     check_megatron_config(cfg, roles)
     _check_reward(cfg)
+    check_reward_model(cfg)
+    check_distillation(cfg)
 
 
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
@@ -533,6 +539,14 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     check_names(cfg, names)
     check_reward_routes(cfg)
     check_sequence_parallel_heads(cfg)
+    if uses_teacher(cfg):
+        from rlvr.workers.teacher import check_teacher_tokenizer
+
+        check_teacher_tokenizer(cfg)
+    if cfg.reward.reward_model.enable:
+        from rlvr.workers.models import check_sequence_classifier
+
+        check_sequence_classifier(cfg.reward.reward_model.model_path, cfg.reward.reward_model.trust_remote_code)
     _check_partial_rollout_engine(cfg)
     if cfg.trainer.device == "cuda":
         import torch

@@ -15,9 +15,7 @@ import numpy as np
 import torch
 
 from rlvr.protocol import DataProto
-
-ACC_THRESHOLD = 1.0
-"""Without an ``acc`` from the reward manager, a sample counts as correct when its score is >= 1."""
+from rlvr.reward.contract import ACC_THRESHOLD
 
 
 def sample_accuracy(scores: torch.Tensor, reward_extra_info: dict[str, Sequence[Any]]) -> np.ndarray:
