@@ -52,7 +52,13 @@ from omegaconf import OmegaConf
 
 from rlvr.agent.metrics import tool_use_metrics
 from rlvr.protocol import DataProto
-from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
+from rlvr.reward.routing import (
+    RewardWorkerGroups,
+    check_data_routes,
+    check_reward_functions,
+    reward_routers,
+    routed_worker_names,
+)
 from rlvr.single_controller import ClassWithInitArgs
 from rlvr.trainer.async_schedule import AsyncRollout, prox_log_prob_from_update, rollout_correction_config
 from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
@@ -239,7 +245,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
         (:meth:`add_stateless_group`: a dead or hung reward worker restarts them alone, training is
         not rolled back), and route the training and validation rewards through them."""
         cfg, backend = self.config, self.resource_pool_manager.backend
-        self.reward_workers = self.add_stateless_group("reward workers", lambda: RewardWorkerGroups(cfg, backend), None)
+        if routed_worker_names(cfg):  # routes to reward managers or the reward model alone need no worker group
+            self.reward_workers = self.add_stateless_group("reward workers", lambda: RewardWorkerGroups(cfg, backend),
+                                                           None)
         self.reward_fn, self.val_reward_fn = reward_routers(cfg, self.tokenizer, self.reward_workers,
                                                             self.val_dataset is not None)
 
@@ -254,7 +262,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
     def _start_workers(self) -> None:
         """:meth:`init_workers` without the retries (the reward worker groups are started once: a
         restart starts them again with the other stateless groups)."""
-        if self.routes_rewards and self.reward_workers is None:
+        if self.routes_rewards and self.reward_fn is None:
             self.create_reward_worker_groups()
         cfg = self.config
         actor_role = ("actor" if self.rollout_apart else "actor_rollout") + ("_ref" if self.ref_in_actor else "")
