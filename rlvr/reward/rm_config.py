@@ -142,7 +142,7 @@ class LegacyRMModelConfig:
     trust_remote_code: Optional[bool] = _f(None, "legacy key of reward.reward_model.trust_remote_code")
 
 
-def rm_max_length(rm: Any) -> int:
+def rm_max_length(rm: DiscriminativeRewardModelConfig) -> int:
     """The longest reward-model input in tokens of a ``reward.reward_model`` section:
     ``rollout.max_model_len``, else verl's ``prompt_length + response_length`` of its rollout section."""
     rollout = rm.rollout

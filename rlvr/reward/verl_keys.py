@@ -21,6 +21,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from rlvr.reward.config import RewardModelConfig
 from rlvr.reward.rm_config import RMRolloutConfig
 from rlvr.utils.errors import ConfigError
 
@@ -28,27 +29,23 @@ __all__ = ["migrate_reward_keys", "LEGACY_RM_KEYS"]
 
 DEFAULT_MANAGER = "naive"
 
-LEGACY_RM_KEYS = {
-    "reward_model.enable": "enable",
-    "reward_model.enable_resource_pool": "enable_resource_pool",
-    "reward_model.n_gpus_per_node": "n_gpus_per_node",
-    "reward_model.nnodes": "nnodes",
-    "reward_model.model.path": "model_path",
-    "reward_model.model.input_tokenizer": "input_tokenizer",
-    "reward_model.model.trust_remote_code": "trust_remote_code",
-    "reward_model.micro_batch_size_per_gpu": "micro_batch_size_per_gpu",
-    "reward_model.use_dynamic_bsz": "use_dynamic_bsz",
-    "reward_model.forward_max_token_len_per_gpu": "forward_max_token_len_per_gpu",
-}
-"""Legacy key -> its field of ``reward.reward_model`` (verl's migration, plus the pre-0.6 keys of
-the FSDP reward-model worker)."""
+LEGACY_RM_KEYS = ("reward_model.enable", "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node",
+                  "reward_model.nnodes", "reward_model.model.path", "reward_model.model.input_tokenizer",
+                  "reward_model.model.trust_remote_code", "reward_model.micro_batch_size_per_gpu",
+                  "reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu", "reward_model.max_length",
+                  "reward_model.rollout")
+"""The legacy reward-model keys (verl's migration, plus the pre-0.6 keys of its FSDP reward-model worker)."""
 
 
-def _get(cfg: DictConfig, dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        node = node[part]
-    return node
+def _legacy_reward_model(legacy: RewardModelConfig) -> dict[str, Any]:
+    """Field of ``reward.reward_model`` -> the value a legacy key sets (None: not set)."""
+    return {
+        "enable": legacy.enable, "enable_resource_pool": legacy.enable_resource_pool,
+        "n_gpus_per_node": legacy.n_gpus_per_node, "nnodes": legacy.nnodes, "model_path": legacy.model.path,
+        "input_tokenizer": legacy.model.input_tokenizer, "trust_remote_code": legacy.model.trust_remote_code,
+        "micro_batch_size_per_gpu": legacy.micro_batch_size_per_gpu, "use_dynamic_bsz": legacy.use_dynamic_bsz,
+        "forward_max_token_len_per_gpu": legacy.forward_max_token_len_per_gpu,
+    }
 
 
 def _migrate_manager(cfg: DictConfig) -> None:
@@ -87,8 +84,7 @@ def _migrate_custom_function(cfg: DictConfig) -> None:
 
 def _migrate_reward_model(cfg: DictConfig) -> None:
     legacy, rm = cfg.reward_model, cfg.reward.reward_model
-    for key, target in LEGACY_RM_KEYS.items():
-        value = _get(cfg, key)
+    for target, value in _legacy_reward_model(legacy).items():
         if value is not None:
             rm[target] = value
     if legacy.max_length is not None:

@@ -19,6 +19,7 @@ import rlvr
 from rlvr.trainer.config import ActorConfig, AlgorithmConfig, PolicyLossConfig, RlvrConfig, help_config, load_config
 from rlvr.trainer.config.schema import CriticConfig
 from rlvr.trainer.config.suggest import schema_keys
+from rlvr.trainer.config.validate_models import RM_SERVING_KNOBS
 from rlvr.trainer.ppo import advantage, policy_loss
 from rlvr.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 from rlvr.utils.errors import ConfigError
@@ -32,9 +33,20 @@ VERL_SIGNATURE_ONLY = {
     "f_norm": "verl's GPG argument that its trainer never passes (the paper's optional std scaling)",
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
 }
-VALIDATED_VERL_KEYS: dict[str, str] = {}
+VALIDATED_VERL_KEYS: dict[str, str] = {
+    **{f"reward.reward_model.rollout.{name}": "would configure or change verl's reward-model server; refused unless "
+       "left at verl's default" for name in ("engine_kwargs", "limit_images", "skip_tokenizer_init", "quantization",
+                                             "quantization_config_file", "mtp", "disaggregation")},
+    "reward.sandbox_fusion.url": "SandboxFusion's protocol; refused (route code to the code_sandbox reward worker)",
+}
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""
+NOTED_VERL_KEYS = {
+    *(f"reward.reward_model.rollout.{name}" for name in RM_SERVING_KNOBS),
+    "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb", "distillation.teacher_key",
+}
+"""verl's serving knobs that are accepted without effect, each with a start-up note when set
+(:func:`rlvr.trainer.config.validate_models.frozen_model_notes`, tested in test_config_reward_model)."""
 
 
 def _code_files() -> list[Path]:
@@ -50,7 +62,8 @@ def _read_by_the_code(schema: type) -> dict[str, set[str]]:
 
 def _dead_keys(schema: type = RlvrConfig) -> list[str]:
     read = _read_by_the_code(schema)
-    return [key for key in schema_keys(schema) if key not in read and key not in VALIDATED_VERL_KEYS]
+    return [key for key in schema_keys(schema)
+            if key not in read and key not in VALIDATED_VERL_KEYS and key not in NOTED_VERL_KEYS]
 
 
 def test_every_schema_field_is_read_by_the_code():
@@ -60,7 +73,7 @@ def test_every_schema_field_is_read_by_the_code():
 
 
 def test_the_validated_verl_keys_are_validated_and_read_nowhere_else():
-    validated = fields_read([CONFIG_PACKAGE / "validate.py"], RlvrConfig)
+    validated = fields_read([CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_models.py"], RlvrConfig)
     assert [key for key in VALIDATED_VERL_KEYS if key not in validated] == []
     assert [key for key in VALIDATED_VERL_KEYS if key in _read_by_the_code(RlvrConfig)] == []
 

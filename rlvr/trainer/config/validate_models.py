@@ -14,12 +14,20 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from rlvr.reward.rm_config import RM_ENGINE_NAMES, rm_max_length
+from rlvr.reward.rm_config import RM_ENGINE_NAMES, RMRolloutConfig, SandboxFusionConfig, rm_max_length
 from rlvr.reward.route_spec import RM_ROUTE, parse_route
-from rlvr.trainer.ppo.distillation_config import TEACHER_ENGINE_NAMES, TOPK_LOSS_MODES, teacher_config
+from rlvr.trainer.ppo.distillation_config import (
+    TEACHER_ENGINE_NAMES,
+    TOPK_LOSS_MODES,
+    DistillationConfig,
+    TeacherInferenceConfig,
+    TeacherModelConfig,
+    teacher_config,
+)
 from rlvr.utils.errors import ConfigError
 
-__all__ = ["check_reward_model", "check_distillation", "frozen_model_notes", "uses_reward_model", "uses_teacher"]
+__all__ = ["check_reward_model", "check_distillation", "frozen_model_notes", "uses_reward_model", "uses_teacher",
+           "RM_SERVING_KNOBS", "TEACHER_SERVING_KNOBS"]
 
 DTYPES = ("float32", "bfloat16")
 RM_KEY = "reward.reward_model"
@@ -79,9 +87,10 @@ def check_reward_model(cfg: DictConfig) -> None:
     _check_engine_knobs(rollout, f"{RM_KEY}.rollout")
     _require(not rollout.skip_tokenizer_init, f"{RM_KEY}.rollout.skip_tokenizer_init",
              "the reward model tokenizes its chat-templated input; set it to false (verl asserts the same)")
-    for name in ("quantization", "quantization_config_file", "mtp"):
-        _require(rollout[name] is None, f"{RM_KEY}.rollout.{name}", "would change the reward model's scores and "
-                 "rlvr scores with the weights as stored; remove the key")
+    for name, value in (("quantization", rollout.quantization), ("mtp", rollout.mtp),
+                        ("quantization_config_file", rollout.quantization_config_file)):
+        _require(value is None, f"{RM_KEY}.rollout.{name}", "would change the reward model's scores and rlvr "
+                 "scores with the weights as stored; remove the key")
     _require(not rollout.disaggregation.get("enabled", False), f"{RM_KEY}.rollout.disaggregation.enabled",
              "prefill/decode disaggregation is a generation server's layout; a reward model only reads; set it false")
     _require(rm_max_length(rm) >= 2, f"{RM_KEY}.rollout.max_model_len", "the longest input must be >= 2 tokens")
@@ -175,15 +184,52 @@ def _check_teacher_engine_kwargs(inference: DictConfig, loss: DictConfig) -> Non
              f"must be >= distillation_loss.topk={loss.topk} (verl checks the same)")
 
 
+RM_SERVING_KNOBS = ("name", "gpu_memory_utilization", "enforce_eager", "cudagraph_capture_sizes", "free_cache_engine",
+                    "data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size",
+                    "pipeline_model_parallel_size", "max_num_batched_tokens", "max_num_seqs", "load_format",
+                    "layered_summon", "scheduling_policy", "full_determinism", "seed", "multi_stage_wake_up",
+                    "enable_chunked_prefill", "enable_prefix_caching", "disable_log_stats", "ignore_eos", "temperature",
+                    "top_k", "top_p", "do_sample", "n")
+"""Keys of ``reward.reward_model.rollout`` that configure verl's inference server and sampling:
+accepted, without effect on rlvr's frozen-model worker (the same score), with a start-up note."""
+TEACHER_SERVING_KNOBS = ("name", "gpu_memory_utilization", "enforce_eager", "cudagraph_capture_sizes",
+                         "free_cache_engine", "data_parallel_size", "expert_parallel_size", "tensor_model_parallel_size",
+                         "max_num_batched_tokens", "max_num_seqs", "load_format", "enable_chunked_prefill",
+                         "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init", "temperature")
+"""The same for the teacher's ``inference`` section (and ``num_replicas`` of the teacher)."""
+
+
+def _changed(section: Any, defaults: Any, names: tuple[str, ...]) -> list[str]:
+    return [name for name in names if section[name] != getattr(defaults, name)]
+
+
 def frozen_model_notes(cfg: DictConfig) -> list[str]:
-    """One line per accepted verl setting that has no effect here (engine names and serving knobs)."""
+    """One start-up line per frozen model whose verl serving settings are set away from their
+    defaults: accepted, and without effect here (rlvr scores with its frozen-model worker)."""
     notes = []
-    if cfg.reward.reward_model.enable and cfg.reward.reward_model.rollout.name != "hf":
-        notes.append(f"{RM_KEY}.rollout.name={cfg.reward.reward_model.rollout.name}: rlvr scores the discriminative "
-                     "reward model with its frozen-model worker (the same score: the classifier at the last token); "
-                     "the rollout section's serving knobs have no effect")
-    if cfg.distillation.enabled and teacher_config(cfg).inference.name != "hf":
-        notes.append(f"{TEACHER_KEY}.inference.name={teacher_config(cfg).inference.name}: rlvr computes the "
-                     "teacher's log-probs with its frozen-model worker (the same log-probs, in inference.dtype); the "
-                     "inference section's serving knobs have no effect")
+    sandbox = cfg.reward.sandbox_fusion
+    changed = _changed(sandbox, SandboxFusionConfig(), ("max_concurrent", "memory_limit_mb"))
+    if changed:
+        notes.append(f"reward.sandbox_fusion: {', '.join(changed)} apply to a SandboxFusion url only, which rlvr does "
+                     "not use (reward.workers.code_sandbox has the code sandbox's limits), so they have no effect")
+    rm = cfg.reward.reward_model
+    changed = _changed(rm.rollout, RMRolloutConfig(), RM_SERVING_KNOBS) if rm.enable else []
+    if changed:
+        notes.append(f"{RM_KEY}.rollout: {', '.join(f'{k}={rm.rollout[k]}' for k in changed)} configure verl's "
+                     "inference server; rlvr scores the discriminative reward model with its frozen-model worker (the "
+                     "same score, the classifier at the last token), so they have no effect")
+    dist = cfg.distillation
+    if not dist.enabled:
+        return notes
+    teacher = teacher_config(cfg)
+    changed = [f"inference.{k}={teacher.inference[k]}" for k in _changed(teacher.inference, TeacherInferenceConfig(),
+                                                                         TEACHER_SERVING_KNOBS)]
+    changed += [f"num_replicas={teacher.num_replicas}"] if teacher.num_replicas != TeacherModelConfig().num_replicas else []
+    if changed:
+        notes.append(f"{TEACHER_KEY}: {', '.join(changed)} configure verl's teacher server; rlvr computes the "
+                     "teacher's log-probs with its frozen-model worker (the same log-probs, in inference.dtype), so "
+                     "they have no effect")
+    if dist.teacher_key != DistillationConfig().teacher_key:
+        notes.append(f"distillation.teacher_key={dist.teacher_key}: with one teacher every sample goes to it (as in "
+                     "verl), so the routing key has no effect")
     return notes
