@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -23,6 +25,8 @@ __all__ = [
     "save_tiny_reward_model",
     "RM_CHAT_TEMPLATE",
     "judge_stub_server",
+    "openai_stub_server",
+    "StubReply",
     "local_ray_cluster",
     "forward_log_probs",
 ]
@@ -155,40 +159,89 @@ def forward_log_probs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor],
     return logits.log_softmax(-1).gather(-1, responses[..., None]).squeeze(-1)
 
 
-@contextmanager
-def judge_stub_server(reply: Callable[[str], str]) -> Iterator[tuple[str, list[tuple[str, str | None, dict]]]]:
-    """Serve an OpenAI-compatible chat-completions stub on a free local port while the block runs.
+@dataclass
+class StubReply:
+    """What the OpenAI-compatible stub answers to one request: an HTTP ``status``, the assistant
+    message ``content`` (a 200 only), after ``delay_s`` seconds."""
 
-    Every POST answers ``{"choices": [{"message": {"role": "assistant", "content": reply(prompt)}}]}``
-    where ``prompt`` is the content of the request's first message.
+    content: str = ""
+    status: int = 200
+    delay_s: float = 0.0
+
+
+@dataclass
+class StubLog:
+    """What the stub received: ``requests`` as ``(path, Authorization header or None, JSON body)`` in
+    arrival order, and the most requests it had in flight at once (``max_in_flight``)."""
+
+    requests: list = field(default_factory=list)
+    max_in_flight: int = 0
+    in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@contextmanager
+def openai_stub_server(answer: Callable[[dict, int], StubReply]) -> Iterator[tuple[str, StubLog]]:
+    """Serve an OpenAI-compatible ``/v1/chat/completions`` stub on a free local port while the block runs.
+
+    Args:
+        answer: ``(request body, number of the request from 0) -> StubReply``; a 200 answers
+            ``{"choices": [{"message": {"role": "assistant", "content": ...}}]}``, any other status
+            an error body with that status.
 
     Yields:
-        ``(api_base, requests)``: ``http://127.0.0.1:<port>/v1`` and the list of received
-        requests as ``(path, Authorization header or None, JSON body)``, in arrival order.
+        ``(api_base, log)``: ``http://127.0.0.1:<port>/v1`` and the :class:`StubLog`.
     """
-    requests: list[tuple[str, str | None, dict]] = []
+    log = StubLog()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            requests.append((self.path, self.headers.get("Authorization"), body))
-            content = reply(body["messages"][0]["content"])
-            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            with log.lock:
+                number = len(log.requests)
+                log.requests.append((self.path, self.headers.get("Authorization"), body))
+                log.in_flight += 1
+                log.max_in_flight = max(log.max_in_flight, log.in_flight)
+            try:
+                reply = answer(body, number)
+                time.sleep(reply.delay_s)
+                payload = ({"choices": [{"message": {"role": "assistant", "content": reply.content}}]}
+                           if reply.status == 200 else {"error": {"message": f"stub status {reply.status}"}})
+                data = json.dumps(payload).encode()
+                self.send_response(reply.status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (its time limit)
+                pass
+            finally:
+                with log.lock:
+                    log.in_flight -= 1
 
         def log_message(self, *args: object) -> None:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", requests
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", log
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def judge_stub_server(reply: Callable[[str], str]) -> Iterator[tuple[str, list[tuple[str, str | None, dict]]]]:
+    """:func:`openai_stub_server` answering ``reply(prompt)`` to every request, ``prompt`` being the
+    content of the request's first message.
+
+    Yields:
+        ``(api_base, requests)``: ``http://127.0.0.1:<port>/v1`` and the list of received
+        requests as ``(path, Authorization header or None, JSON body)``, in arrival order.
+    """
+    with openai_stub_server(lambda body, _: StubReply(reply(body["messages"][0]["content"]))) as (url, log):
+        yield url, log.requests
 
 
 @contextmanager
