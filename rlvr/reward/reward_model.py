@@ -28,7 +28,8 @@ import torch
 from rlvr.protocol import DataProto
 from rlvr.utils.errors import RewardError
 
-__all__ = ["RM_SCORES", "rm_chat_text", "rm_input_ids", "place_rm_scores", "RewardModelScores"]
+__all__ = ["RM_SCORES", "response_text", "rm_chat", "rm_chat_text", "rm_tokenize", "rm_input_ids", "place_rm_scores",
+           "RewardModelScores"]
 
 RM_SCORES = "rm_scores"
 """Batch key of the reward model's scores ``[B, R]`` (verl's)."""
@@ -38,6 +39,30 @@ def _valid_response_ids(data: DataProto, row: int) -> torch.Tensor:
     responses = data.batch["responses"][row]
     valid = int(data.batch["attention_mask"][row, -responses.shape[0]:].sum())
     return responses[:valid]
+
+
+def response_text(data: DataProto, row: int, input_tokenizer: Any) -> str:
+    """Sample ``row``'s response as the reward model reads it (step 1): its valid ids decoded with
+    special tokens, the EOS token's text removed."""
+    response = input_tokenizer.decode(_valid_response_ids(data, row).tolist())
+    return response.replace(input_tokenizer.eos_token, "") if input_tokenizer.eos_token else response
+
+
+def rm_chat(messages: Any, response: str, rm_tokenizer: Any) -> str:
+    """The reward model's input text of a conversation and its response (step 2 and the BOS strip
+    of step 3); the RM trainer builds its pairs with it too, so training and scoring read the same text.
+
+    Raises:
+        RewardError: the reward model's tokenizer has no chat template.
+    """
+    if not rm_tokenizer.chat_template:
+        raise RewardError("the reward model's tokenizer has no chat template, and its input is the conversation "
+                          "rendered with it (as verl builds it); give the reward model a tokenizer with a chat template")
+    chat = [dict(message) for message in messages]
+    chat.append({"role": "assistant", "content": response})
+    text = rm_tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+    bos = rm_tokenizer.bos_token
+    return text[len(bos):] if bos and text.startswith(bos) else text
 
 
 def rm_chat_text(data: DataProto, row: int, input_tokenizer: Any, rm_tokenizer: Any) -> str:
@@ -50,17 +75,12 @@ def rm_chat_text(data: DataProto, row: int, input_tokenizer: Any, rm_tokenizer: 
         raise RewardError("the reward model needs each sample's chat messages (non-tensor 'raw_prompt', kept by "
                           "rlvr's datasets); the batch has only "
                           f"{sorted(data.non_tensor_batch)}")
-    if not rm_tokenizer.chat_template:
-        raise RewardError("the reward model's tokenizer has no chat template, and its input is the conversation "
-                          "rendered with it (as verl builds it); give the reward model a tokenizer with a chat template")
-    response = input_tokenizer.decode(_valid_response_ids(data, row).tolist())
-    if input_tokenizer.eos_token:
-        response = response.replace(input_tokenizer.eos_token, "")
-    chat = [dict(message) for message in data.non_tensor_batch["raw_prompt"][row]]
-    chat.append({"role": "assistant", "content": response})
-    text = rm_tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
-    bos = rm_tokenizer.bos_token
-    return text[len(bos):] if bos and text.startswith(bos) else text
+    return rm_chat(data.non_tensor_batch["raw_prompt"][row], response_text(data, row, input_tokenizer), rm_tokenizer)
+
+
+def rm_tokenize(text: str, rm_tokenizer: Any) -> list[int]:
+    """Step 3's ids: the text tokenized with the reward model's special tokens added."""
+    return list(rm_tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
 def rm_input_ids(data: DataProto, input_tokenizer: Any, rm_tokenizer: Any, max_length: int) -> list[list[int]]:
@@ -72,7 +92,7 @@ def rm_input_ids(data: DataProto, input_tokenizer: Any, rm_tokenizer: Any, max_l
     """
     inputs = []
     for row in range(len(data)):
-        ids = rm_tokenizer(rm_chat_text(data, row, input_tokenizer, rm_tokenizer), add_special_tokens=True)["input_ids"]
+        ids = rm_tokenize(rm_chat_text(data, row, input_tokenizer, rm_tokenizer), rm_tokenizer)
         if len(ids) > max_length:
             uid = data.non_tensor_batch["uid"][row] if "uid" in data.non_tensor_batch else None
             which = f"sample {row}" + (f" (uid {uid!r})" if uid is not None else "")
@@ -81,7 +101,7 @@ def rm_input_ids(data: DataProto, input_tokenizer: Any, rm_tokenizer: Any, max_l
                 "(reward.reward_model.rollout.max_model_len, legacy reward_model.max_length; default "
                 "prompt_length + response_length of reward.reward_model.rollout); raise it or lower "
                 "data.max_response_length. rlvr refuses rather than truncates: the score is read at the last token")
-        inputs.append(list(ids))
+        inputs.append(ids)
     return inputs
 
 

@@ -135,26 +135,30 @@ def merge_lora(state: dict[str, torch.Tensor], module: PeftModel) -> dict[str, t
 
 
 def export_hf_model(path: str | os.PathLike, module: nn.Module, tokenizer: PreTrainedTokenizerBase | None,
-                    rank: int, world_size: int, processor: ProcessorMixin | None = None) -> None:
+                    rank: int, world_size: int, processor: ProcessorMixin | None = None,
+                    auto_cls: type | None = None) -> None:
     """Write the policy as a Hugging Face folder (``from_pretrained`` loads it); LoRA merged.
 
     Rank 0 builds the plain model from the gathered weights, saves it with its tokenizer (a
     vision-language model: its processor, tokenizer included) into a temporary folder and renames it
-    to ``path`` (an existing folder there is replaced).
+    to ``path`` (an existing folder there is replaced). ``auto_cls`` builds the saved model (None:
+    the causal LM's or vision-language model's auto class; a reward model passes
+    ``AutoModelForSequenceClassification``).
     """
     state = full_state_dict(module, world_size)
     if rank == 0:
         hf_model = unwrap_hf_model(module)
         if isinstance(module, PeftModel):
             state = merge_lora(state, module)
-        save_hf_folder(path, hf_model.config, hf_model.generation_config, state, tokenizer, processor)
+        generation_config = hf_model.generation_config if hf_model.can_generate() else None  # a classifier has none
+        save_hf_folder(path, hf_model.config, generation_config, state, tokenizer, processor, auto_cls)
     _barrier(world_size)
 
 
-def save_hf_folder(path: str | os.PathLike, config: PretrainedConfig, generation_config: GenerationConfig,
+def save_hf_folder(path: str | os.PathLike, config: PretrainedConfig, generation_config: GenerationConfig | None,
                    state: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase | None,
-                   processor: ProcessorMixin | None = None) -> None:
-    """Write the model of ``config`` (its auto class: a causal LM, or a vision-language model) with
+                   processor: ProcessorMixin | None = None, auto_cls: type | None = None) -> None:
+    """Write the model of ``config`` (``auto_cls``, else its auto class: a causal LM, or a vision-language model) with
     the full weights ``state`` (HF names, every key of the model's state dict) and the processor, else
     the tokenizer, as a Hugging Face folder: into a temporary folder, renamed to ``path`` (an existing
     folder there is replaced)."""
@@ -162,9 +166,11 @@ def save_hf_folder(path: str | os.PathLike, config: PretrainedConfig, generation
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
     try:
-        plain = auto_model_class(config.model_type).from_config(config, dtype=next(iter(state.values())).dtype)
+        model_cls = auto_cls or auto_model_class(config.model_type)
+        plain = model_cls.from_config(config, dtype=next(iter(state.values())).dtype)
         plain.load_state_dict(state, strict=True)
-        plain.generation_config = generation_config
+        if generation_config is not None:
+            plain.generation_config = generation_config
         plain.save_pretrained(tmp)
         if processor is not None:
             save_processor(processor, tmp)
