@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer_helpers import tiny_config
+
+from rlvr.data_prep.rm_pairs import pairs_of_group, sample_and_score, split_by_prompt
 from rlvr.trainer.data import write_rows
 from rlvr.trainer.rm_trainer import RewardModelTrainer, load_rm_config, main, split_overrides
 from rlvr.trainer.config import load_config
@@ -85,3 +88,24 @@ def test_command_line_splits_its_keys_and_refuses_bad_pairs(tmp_path, tiny_model
                            load_rm_config([f"train_files={bad}", f"model_path={tiny_model_dir}"]))
     assert main([f"rm.train_files={bad}", f"rm.model_path={tiny_model_dir}", "trainer.backend=local"]) == 2
     assert main(["rm.no_such_key=1"]) == 2
+
+
+def test_pairs_of_a_group_pair_distinct_right_and_wrong_answers():
+    texts = ["4", "5", "4", "6", "4", "7"]
+    acc = [1.0, 0.0, 1.0, 0.0, 0.0, 1.0]  # row 2 repeats row 0's text; row 4 is a wrong "4" (another prompt's rule)
+    assert pairs_of_group(list(range(6)), acc, texts) == [(0, 1), (5, 3)]
+    assert pairs_of_group([0, 2], acc, texts) == []  # only right answers: no pair
+
+
+def test_pairs_from_the_policys_own_samples(tiny_model_dir, tiny_data, tmp_path):
+    cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "run", **{"actor_rollout_ref.rollout.n": 6})
+    rows, summary = sample_and_score(cfg, prompts=8, batch_size=4)
+    assert summary["prompts"] == 8 and summary["samples"] == 48
+    assert rows and all(row["chosen"] != row["rejected"] for row in rows)
+    reward = {}
+    exec(tiny_data["reward"].read_text(), reward)  # the run's scorer: chosen answers are right, rejected wrong
+    for row in rows:
+        assert reward["compute_score"]("tiny", row["chosen"], None)["acc"] == 1.0
+        assert reward["compute_score"]("tiny", row["rejected"], None)["acc"] == 0.0
+    train, test = split_by_prompt(rows, 0.25, seed=1)
+    assert {r["prompt_index"] for r in train}.isdisjoint({r["prompt_index"] for r in test}) and len(train) + len(test) == len(rows)
