@@ -205,18 +205,19 @@ def openai_stub_server(answer: Callable[[dict, int], StubReply]) -> Iterator[tup
             try:
                 reply = answer(body, number)
                 time.sleep(reply.delay_s)
-                payload = ({"choices": [{"message": {"role": "assistant", "content": reply.content}}]}
-                           if reply.status == 200 else {"error": {"message": f"stub status {reply.status}"}})
-                data = json.dumps(payload).encode()
+            finally:  # counted as in flight until answered (not while the answer is sent: the client is done)
+                with log.lock:
+                    log.in_flight -= 1
+            payload = ({"choices": [{"message": {"role": "assistant", "content": reply.content}}]}
+                       if reply.status == 200 else {"error": {"message": f"stub status {reply.status}"}})
+            data = json.dumps(payload).encode()
+            try:
                 self.send_response(reply.status)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):  # the client gave up (its time limit)
                 pass
-            finally:
-                with log.lock:
-                    log.in_flight -= 1
 
         def log_message(self, *args: object) -> None:
             return

@@ -65,6 +65,8 @@ def test_reward_manager_and_custom_function_of_verl_09_map_onto_the_keys_rlvr_re
      "no route names 'reward_model'"),
     ((f"{RM}.enable=true", f"{RM}.model_path=/rm", f"custom_reward_function.path={__file__}"), "custom_reward_function.path",
      "generative-RM pattern"),
+    ((f"{RM}.enable=true", f"{RM}.model_path=/rm", "reward_model.reward_manager=dapo"), "reward_model.reward_manager",
+     "the reward model alone scores every sample"),
     ((f"{RM}.enable=true", f"{RM}.model_path=/rm", f"{RM}.rollout.quantization=fp8"), f"{RM}.rollout.quantization",
      "would change the reward model's scores"),
     ((f"{RM}.enable=true", f"{RM}.model_path=/rm", f"{RM}.rollout.engine_kwargs.vllm.x=1"), f"{RM}.rollout.engine_kwargs",

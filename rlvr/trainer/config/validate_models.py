@@ -102,6 +102,10 @@ def check_reward_model(cfg: DictConfig) -> None:
                  f"domain to it (e.g. reward.routes.<domain>={RM_ROUTE} or '{RM_ROUTE}+0*naive'), or set "
                  f"{RM_KEY}.enable=false")
     else:
+        _require(cfg.reward_model.reward_manager == "naive", "reward_model.reward_manager",
+                 f"the reward model alone scores every sample (no reward.routes), so the reward manager "
+                 f"{cfg.reward_model.reward_manager!r} would score nothing; combine them with a route, e.g. "
+                 f"reward.routes.<domain>='{RM_ROUTE}+{cfg.reward_model.reward_manager}', or leave the manager at naive")
         _require(cfg.custom_reward_function.path is None, "custom_reward_function.path",
                  "with the reward model enabled and a custom reward function, verl hands the function the address of "
                  "a reward-model server (its generative-RM pattern); rlvr's reward model is a frozen classifier "
