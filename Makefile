@@ -13,7 +13,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-megatron train train-tools train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-faults bench-long bench-async gpu-rehearsal clean
+.PHONY: setup setup-vllm setup-megatron train train-tools train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -134,6 +134,16 @@ test-all: setup
 bench: setup
 	$(PIP) install -q -e ".[bench]"
 	$(PY) -m benchmarks.bench_grpo_vs_trl --size tiny --steps 4 --warmup 1
+
+# the hot-path guard (about a minute): rlvr against TRL on a short CPU workload, appended with the commit to
+# benchmarks/results/hot_path_history.jsonl; exits 1 when the ratio is >15% above the idle baseline.
+# Run it before landing a change to rlvr/trainer, rlvr/workers or rlvr/utils (make hooks: as a pre-push hook)
+bench-guard: setup
+	$(PIP) install -q -e ".[bench]"
+	$(PY) -m benchmarks.hot_path $(ARGS)
+
+hooks:
+	git config core.hooksPath scripts/git-hooks
 
 # the CPU rehearsal of the one-call GPU checks (docs/PERFORMANCE.md, "GPU checks"): every step on tiny
 # models with the GPU machine's imports; also makes the bundle the device call carries (.whl, .bench)

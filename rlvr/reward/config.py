@@ -135,6 +135,9 @@ class DetectionRewardConfig(RewardWorkerConfig):
 
 
 # --------------------------------------------------------- the reward manager (verl's sections)
+ON_ERROR_CHOICES = ("raise", "fallback", "fallback_timeouts")
+"""``reward_model.on_error``: what a sample whose scorer raised or timed out gets (rlvr.reward.managers.base)."""
+
 @dataclass
 class OverlongBufferConfig:
     """DAPO's overlong-buffer length penalty (``reward_model.overlong_buffer``)."""
@@ -154,8 +157,8 @@ class RewardModelConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig, metadata={"help": "DAPO overlong penalty"})
     num_workers: int = field(default=2, metadata={"help": "processes of the parallel reward manager"})
     timeout_s: float = field(default=10.0, metadata={"help": "per-sample scoring time limit (parallel manager / isolated scorers)"})
-    on_error: str = field(default="raise", metadata={"help": "a scorer that raises or times out: raise | fallback (score fallback_score, counted)"})
-    fallback_score: float = field(default=0.0, metadata={"help": "score used for a failed sample when on_error=fallback"})
+    on_error: str | None = field(default=None, metadata={"help": "a scorer that raises or times out: raise | fallback (score fallback_score, counted) | fallback_timeouts (timeouts only, as verl); null: the manager's default (naive/dapo: fallback_timeouts, others: raise)"})
+    fallback_score: float = field(default=0.0, metadata={"help": "score used for a failed sample that falls back (on_error)"})
     num_examine: int = field(default=1, metadata={"help": "decoded samples printed per data source per step"})
     # verl's legacy reward-model keys (None: not set); mapped onto reward.reward_model when the config loads
     enable: Optional[bool] = field(default=None, metadata={"help": "legacy key of reward.reward_model.enable"})

@@ -171,7 +171,7 @@ class RewardRouter:
         key: str = "data_source",
         tokenizer: Any = None,
         num_examine: int = 0,
-        on_error: str = "raise",
+        on_error: str | None = None,
         fallback_score: float = 0.0,
     ) -> None:
         if not routes:

@@ -109,6 +109,8 @@ CASES = [
      "'nope' is not valid; use one of .*vanilla"),
     ({"reward_model.reward_manager": "nope"}, "reward_model.reward_manager",
      "'nope' is not valid; use one of batch, dapo, naive"),
+    ({"reward_model.on_error": "ignore"}, "reward_model.on_error",
+     "'ignore' is not valid; use one of raise, fallback, fallback_timeouts"),
     ({"actor_rollout_ref.rollout.name": "vllm_x"}, "actor_rollout_ref.rollout.name", "'vllm_x'.*hf"),
     ({"trainer.backend": "slurm"}, "trainer.backend", "'slurm' is not valid; use one of ray, local"),
     ({"trainer.backend": "rey"}, "trainer.backend", r"'rey' is not valid \(did you mean 'ray'\?\); use one of"),

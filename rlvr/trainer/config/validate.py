@@ -24,6 +24,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlvr.reward.config import ON_ERROR_CHOICES
 from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
@@ -361,7 +362,8 @@ def _check_critic(cfg: DictConfig) -> None:
 
 def _check_reward(cfg: DictConfig) -> None:
     rm = cfg.reward_model
-    _check_one_of(rm.on_error, "reward_model.on_error", ("raise", "fallback"))
+    if rm.on_error is not None:  # None: the reward manager's own default
+        _check_one_of(rm.on_error, "reward_model.on_error", ON_ERROR_CHOICES)
     _require(rm.timeout_s > 0, "reward_model.timeout_s", "must be > 0 seconds")
     buffer, max_len = rm.overlong_buffer, cfg.data.max_response_length
     _require(not buffer.enable or 0 < buffer.len <= max_len, "reward_model.overlong_buffer.len",
