@@ -77,7 +77,7 @@ def test_unknown_key_and_bad_type_name_the_key():
         load_config("grpo", ["trainer.sed=3"])
     with pytest.raises(ConfigError, match=r"'trainer.seed': wrong value type .*'abc'"):
         load_config("grpo", ["trainer.seed=abc"])
-    with pytest.raises(ConfigError, match=r"'preset': unknown preset 'nope'; use one of dapo, drgrpo"):
+    with pytest.raises(ConfigError, match=r"'preset': unknown preset 'nope'; use one of dapo, distill_job, drgrpo"):
         load_config("nope")
     with pytest.raises(ConfigError, match=r"must look like key=value"):
         load_config("grpo", ["trainer.seed"])
