@@ -2,6 +2,8 @@
 #   make train   set up, then run the main job (GRPO on the embedded SmolLM2-135M-Instruct, CPU)
 #   make train-tools   the tool-use main job (the model learns to multiply with a calculator tool)
 #   make train-vision  the vision job (a VLM made from SmolLM2 learns to name a drawn shape's colour and form)
+#   make train-rm      a reward model trained on the main job's own samples, then GRPO with it as the only reward
+#   make train-distill the untrained model distilled on-policy from the model `make train` produced
 #   make test    set up, then run the test suite (slow end-to-end tests: make test-slow)
 #   make docs    build the documentation site into site/ (make docs-serve: serve it at http://127.0.0.1:8000)
 
@@ -12,7 +14,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-megatron train train-tools train-vision test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
+.PHONY: setup setup-vllm setup-megatron train train-tools train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,6 +69,26 @@ data/arith/test.jsonl: rlvr/data_prep/reasoning_gym.py | $(STAMP)
 
 train: setup data/arith/test.jsonl
 	$(PY) -m rlvr.trainer.main_ppo --preset main_job $(ARGS)
+
+# a reward model: preference pairs (right vs wrong sums) from the main job's own samples, a score head
+# on the embedded SmolLM2-135M trained on them (Bradley-Terry), then GRPO with it as the only reward
+# (the rule computed beside it with weight 0), and the summary with its reward-hacking plot
+RM_PAIRS := data/rm_pairs
+$(RM_PAIRS)/test.jsonl: rlvr/data_prep/rm_pairs.py | data/arith/test.jsonl
+	$(PY) -m rlvr.data_prep.rm_pairs --out $(RM_PAIRS) --prompts 512
+
+train-rm: setup data/arith/test.jsonl $(RM_PAIRS)/test.jsonl
+	$(PY) -m rlvr.trainer.rm_trainer --preset main_job rm.train_files=$(RM_PAIRS)/train.jsonl \
+		rm.val_files=$(RM_PAIRS)/test.jsonl trainer.experiment_name=rm_model
+	$(PY) -m rlvr.trainer.main_ppo --preset rm_job $(ARGS)
+	$(PY) -m rlvr.data_prep.model_jobs_summary rm runs/rlvr/rm_job --rm-summary runs/rlvr/rm_model/rm_summary.json
+
+# on-policy distillation: the teacher is the model `make train` produced (run first when missing), the
+# student the untrained embedded model; the summary sets its held-out accuracy beside GRPO alone's
+train-distill: setup data/arith/test.jsonl
+	test -f runs/rlvr/main_job/hf_model/config.json || $(MAKE) train
+	$(PY) -m rlvr.trainer.main_ppo --preset distill_job $(ARGS)
+	$(PY) -m rlvr.data_prep.model_jobs_summary distill runs/rlvr/distill_job --baseline runs/rlvr/main_job
 
 # three-digit multiplication questions from reasoning-gym for the tool_agent loop, and its tools file
 data/tools/test.jsonl: rlvr/data_prep/tool_use.py rlvr/data_prep/reasoning_gym.py | $(STAMP)

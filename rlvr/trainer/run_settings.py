@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 
 from rlvr.trainer.config.async_checks import rollout_apart, rollout_world_size
 from rlvr.trainer.config.validate import use_reference, world_size
+from rlvr.trainer.config.validate_models import frozen_model_notes
 from rlvr.workers.megatron.layout import context_parallel_size, data_parallel_size, megatron_sizes, strategy_of
 
 
@@ -84,6 +85,10 @@ def _placement(cfg: DictConfig) -> str:
     reward = cfg.reward_model
     scoring = (f"{reward.num_workers} processes of the parallel reward manager" if reward.reward_manager == "parallel"
                else f"the {reward.reward_manager} reward manager in the driver")
+    if cfg.reward.routes:
+        scoring = "routed by domain (reward.routes)"
+    elif cfg.reward.reward_model.enable:
+        scoring = "the reward model"
     return f"{where}; rewards: {scoring}"
 
 
@@ -164,6 +169,23 @@ def _engine(cfg: DictConfig) -> str:
     engine = "Megatron-LM (megatron-core)" if strategy == "megatron" else "PyTorch FSDP2"
     note = ENGINE_NOTES.get(cfg.model_engine)
     return f"{engine} (model_engine={cfg.model_engine}{'; note: ' + note if note else ''})"
+def _frozen_models(cfg: DictConfig) -> str | None:
+    """Where the reward model and the teacher run, or None without either."""
+    parts = []
+    rm = cfg.reward.reward_model
+    if rm.enable:
+        where = (f"its own pool ({rm.nnodes} node(s) x {rm.n_gpus_per_node})" if rm.enable_resource_pool
+                 else "colocated with the actor")
+        use = "routed in reward.routes" if cfg.reward.routes else "the only reward"
+        parts.append(f"reward model {rm.model_path} ({use}) {where}")
+    dist = cfg.distillation
+    if dist.enabled:
+        where = f"its own pool ({dist.nnodes} node(s) x {dist.n_gpus_per_node})" if dist.nnodes > 0 else "colocated with the actor"
+        loss = dist.distillation_loss
+        parts.append(f"teacher {dist.teacher_models['teacher_model'].model_path} ({loss.loss_mode} loss, "
+                     + (f"x{loss.distillation_loss_coef:g} beside the task rewards" if loss.use_task_rewards else "alone")
+                     + f") {where}")
+    return "; ".join(parts) or None
 
 
 def describe_run(cfg: DictConfig) -> str:
@@ -178,6 +200,10 @@ def describe_run(cfg: DictConfig) -> str:
     rows += [("workers", _placement(cfg)), ("weight sync", weight_push(cfg)), ("schedule", _schedule(cfg)),
              ("checkpoints", _checkpoints(cfg)),
              ("recovery", _recovery(cfg))]
+    frozen = _frozen_models(cfg)
+    if frozen is not None:
+        rows.append(("scoring models", frozen))
+    rows += [("note", note) for note in frozen_model_notes(cfg)]
     return "\n".join(["rlvr: derived settings"] + [f"  {label:<15}{text}" for label, text in rows])
 
 

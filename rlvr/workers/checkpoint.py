@@ -214,19 +214,23 @@ def read_model_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def export_hf_model(path: str | os.PathLike, module: nn.Module, tokenizer: PreTrainedTokenizerBase | None,
-                    rank: int, world_size: int, processor: ProcessorMixin | None = None) -> None:
+                    rank: int, world_size: int, processor: ProcessorMixin | None = None,
+                    auto_cls: type | None = None) -> None:
     """Write the policy as a Hugging Face folder (``from_pretrained`` loads it); LoRA merged.
 
     Rank 0 builds the plain model from the gathered weights, saves it with its tokenizer (a
     vision-language model: its processor, tokenizer included) into a temporary folder and renames it
-    to ``path`` (an existing folder there is replaced).
+    to ``path`` (an existing folder there is replaced). ``auto_cls`` builds the saved model (None:
+    the causal LM's or vision-language model's auto class; a reward model passes
+    ``AutoModelForSequenceClassification``).
     """
     state = full_state_dict(module, world_size)
     if rank == 0:
         hf_model = unwrap_hf_model(module)
         if isinstance(module, PeftModel):
             state = merge_lora(state, module)
-        save_hf_folder(path, hf_model.config, hf_model.generation_config, state, tokenizer, processor)
+        generation_config = hf_model.generation_config if hf_model.can_generate() else None  # a classifier has none
+        save_hf_folder(path, hf_model.config, generation_config, state, tokenizer, processor, auto_cls)
     _barrier(world_size)
 
 

@@ -62,7 +62,8 @@ from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.checkpoint import (export_hf_model, load_training_state, lora_settings, merge_lora, save_model_files,
                                      save_training_state)
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
-from rlvr.workers.fsdp import compute_dtype, full_parameters, full_state_dict, shard_role_module
+from rlvr.workers.frozen import frozen_policy
+from rlvr.workers.fsdp import compute_dtype, fsdp_options, full_parameters, full_state_dict, shard_role_module
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer, unwrap_hf_model
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
@@ -223,6 +224,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.actor.ulysses_sequence_parallel_size,
             compute_dtype=precision, compile_forward=cfg.actor.use_torch_compile,
+            distillation=self.config.distillation,
         )
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -252,34 +254,25 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.agent_loops = AgentLoopManager(cfg.rollout, self.tokenizer, self.processor)
 
     def _init_ref(self, cfg) -> None:
-        if self._is_actor and cfg.model.lora_rank > 0:
-            self._ref_shares_actor = True
-            module = self.actor_module
-        else:
-            module = build_causal_lm(cfg.model, trainable=False, dtype=cfg.ref.fsdp_config.model_dtype).to(self.device)
-            module = shard_role_module(module, self.world_size, self._device_type(), cfg.ref.fsdp_config)
-        self.ref = DataParallelPPOActor(
-            cfg.actor, module, None, mini_batch_size=1,
-            log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
-            world_size=self.world_size, device=self.device,
-            log_prob_use_dynamic_bsz=cfg.ref.log_prob_use_dynamic_bsz,
-            log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
-            use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.ref.ulysses_sequence_parallel_size,
-            compute_dtype=compute_dtype(cfg.ref.fsdp_config, module), compile_forward=cfg.ref.use_torch_compile,
-        )
-        self.ref_placement = Placement(module, None, self.device)
-        if not self._ref_shares_actor:
-            self._rest_ref()
+        """The reference: a frozen policy (:func:`~rlvr.workers.frozen.frozen_policy`) of its own, or -
+        when the actor trains LoRA adapters - the actor's module with the adapters disabled."""
+        self._ref_shares_actor = self._is_actor and cfg.model.lora_rank > 0
+        ref = cfg.ref
+        module = self.actor_module if self._ref_shares_actor else build_causal_lm(
+            cfg.model, trainable=False, dtype=ref.fsdp_config.model_dtype).to(self.device)
+        options = fsdp_options(ref.fsdp_config, module)
+        options.pop("reshard_after_forward")  # frozen_policy takes it from fsdp_config
+        self.ref_model, self.ref = frozen_policy(
+            module, cfg.actor, world_size=self.world_size, device=self.device, fsdp_config=ref.fsdp_config,
+            micro_batch_size=ref.log_prob_micro_batch_size_per_gpu, use_dynamic_bsz=ref.log_prob_use_dynamic_bsz,
+            max_token_len=ref.log_prob_max_token_len_per_gpu, use_remove_padding=cfg.model.use_remove_padding,
+            sp_size=ref.ulysses_sequence_parallel_size, shared=self._ref_shares_actor, shard_options=options,
+            compute_dtype=options["param_dtype"], compile_forward=ref.use_torch_compile)
 
     def _rest_actor(self) -> None:
         """Actor placement between phases (CPU when offload is configured; GPU only)."""
         fsdp = self.config.actor_rollout_ref.actor.fsdp_config
         self.actor_placement.place(params=not fsdp.param_offload, optimizer=not fsdp.optimizer_offload)
-
-    def _rest_ref(self) -> None:
-        """Placement of a separate reference between phases (CPU with param_offload; GPU only)."""
-        self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.fsdp_config.param_offload,
-                                 optimizer=False)
 
     def _temperature(self, data: DataProto) -> float:
         data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
@@ -424,9 +417,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                 with self.actor_module.disable_adapter():
                     log_probs, _ = self.ref.compute_log_prob(data)
             else:
-                self.ref_placement.place(params=True, optimizer=False)
-                log_probs, _ = self.ref.compute_log_prob(data)
-                self._rest_ref()
+                with self.ref_model.on_device():
+                    log_probs, _ = self.ref.compute_log_prob(data)
         return self._reply({"ref_log_prob": log_probs}, {}, timer, "ref")
 
     # ------------------------------------------------------------------ checkpoints and export

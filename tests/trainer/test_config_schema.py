@@ -20,6 +20,7 @@ import rlvr
 from rlvr.trainer.config import ActorConfig, AlgorithmConfig, PolicyLossConfig, RlvrConfig, help_config, load_config
 from rlvr.trainer.config.schema import CriticConfig
 from rlvr.trainer.config.suggest import schema_keys
+from rlvr.trainer.config.validate_models import RM_SERVING_KNOBS
 from rlvr.trainer.ppo import advantage, grpo_variants, optimal_baseline, policy_loss, trust_region_losses
 from rlvr.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, POLICY_LOSS_REGISTRY
 from rlvr.utils.errors import ConfigError
@@ -44,6 +45,10 @@ VALIDATED_VERL_KEYS: dict[str, str] = {
     "is that many independent engines (a dense model), which the tensor-parallel placement makes anyway; servers: 1",
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": "1 only: the rollout is split by tensor parallelism",
     "actor_rollout_ref.rollout.expert_parallel_size": "1 only: no expert parallelism in the rollout engines",
+    **{f"reward.reward_model.rollout.{name}": "would configure or change verl's reward-model server; refused unless "
+       "left at verl's default" for name in ("engine_kwargs", "limit_images", "skip_tokenizer_init", "quantization",
+                                             "quantization_config_file", "mtp", "disaggregation")},
+    "reward.sandbox_fusion.url": "SandboxFusion's protocol; refused (route code to the code_sandbox reward worker)",
 }
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""
@@ -82,7 +87,13 @@ def _schema_defaults(schema: type, prefix: str = "") -> dict:
 
 
 VALIDATION_MODULES = [CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_verl.py",
-                      CONFIG_PACKAGE / "validate_rollout_scale.py"]
+                      CONFIG_PACKAGE / "validate_rollout_scale.py", CONFIG_PACKAGE / "validate_models.py"]
+NOTED_VERL_KEYS = {
+    *(f"reward.reward_model.rollout.{name}" for name in RM_SERVING_KNOBS),
+    "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb", "distillation.teacher_key",
+}
+"""verl's serving knobs that are accepted without effect, each with a start-up note when set
+(:func:`rlvr.trainer.config.validate_models.frozen_model_notes`, tested in test_config_reward_model)."""
 
 
 def _code_files() -> list[Path]:
@@ -100,7 +111,8 @@ def _dead_keys(schema: type = RlvrConfig) -> list[str]:
     read = set(_read_by_the_code(schema))
     read |= {key for key, target in RESOLVED_AT_LOAD.items() if target in read}
     read |= _interpolation_sources(schema, read)
-    return [key for key in schema_keys(schema) if key not in read and key not in VALIDATED_VERL_KEYS]
+    return [key for key in schema_keys(schema)
+            if key not in read and key not in VALIDATED_VERL_KEYS and key not in NOTED_VERL_KEYS]
 
 
 def test_every_schema_field_is_read_by_the_code():

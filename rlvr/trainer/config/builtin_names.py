@@ -75,6 +75,7 @@ BUILTIN_NAMES: dict[str, tuple[str, ...]] = {
                                                            "tool_agent"),
     "actor_rollout_ref.rollout.multi_turn.format": ("hermes",),
     "actor_rollout_ref.rollout.multi_turn.env_name": ("retry",),
+    "distillation.distillation_loss.loss_mode": ("abs", "forward_kl_topk", "k1", "k2", "k3", "kl", "low_var_kl", "mse"),
 }
 
 NULLABLE_NAMES = frozenset({"algorithm.rollout_correction.rollout_is", "algorithm.rollout_correction.rollout_rs",

@@ -18,6 +18,7 @@ The composed config is plain (untyped); :mod:`rlvr.trainer.config.loader` types 
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,18 +85,20 @@ def parse_overrides(items: Sequence[str]) -> list[Any]:
 
 
 def _store(base: dict) -> None:
-    """Register rlvr's configs in Hydra's ConfigStore (replacing earlier ones)."""
+    """Register rlvr's configs in Hydra's ConfigStore (replacing earlier ones: hydra-core 1.3
+    replaces an entry it is given again, 1.4 does so when asked with ``replace=True``)."""
     _hydra()
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
-    store.store(name=BASE_NAME, node=base, replace=True)
+    replace = {"replace": True} if "replace" in inspect.signature(store.store).parameters else {}
+    store.store(name=BASE_NAME, node=base, **replace)
     for name in ("ppo_trainer", "ppo_megatron_trainer"):
-        store.store(name=name, node=OmegaConf.load(CONFIG_DIR / f"{name}.yaml"), replace=True)
+        store.store(name=name, node=OmegaConf.load(CONFIG_DIR / f"{name}.yaml"), **replace)
     for group in GROUPS:
         for path in sorted((CONFIG_DIR / group).glob("*.yaml")):
             node = OmegaConf.load(path)
-            store.store(group=group, name=path.stem, node=node, package="_global_", replace=True)
+            store.store(group=group, name=path.stem, node=node, package="_global_", **replace)
 
 
 def group_options(group: str) -> list[str]:

@@ -29,6 +29,7 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS
 from rlvr.trainer.config.compose import GROUPS, compose, parse_overrides, resolve_config_dir
+from rlvr.reward.verl_keys import migrate_reward_keys
 from rlvr.trainer.config.schema import RlvrConfig
 from rlvr.trainer.config.suggest import suggest_key
 from rlvr.trainer.config.verl_pending import pending_rule
@@ -207,11 +208,13 @@ def finalize_config(cfg: DictConfig) -> DictConfig:
     :mod:`rlvr.trainer.user_code`), then fill the derived fields: rollout lengths from ``data``, the
     data seed from ``trainer.seed``, the critic's model and tokenizer from the actor's (verl's
     defaults), ``critic.enable`` from what the estimator's registry entry needs (an unknown
-    estimator leaves it off; validation then names the estimator), and the tools file of
+    estimator leaves it off; validation then names the estimator), verl's reward keys onto
+    ``reward.reward_model`` and the reward manager (:mod:`rlvr.reward.verl_keys`), and the tools file of
     ``tool_agent`` as an absolute path (read by rollout workers, which may run in another working
     directory), and every micro-batch size as sequences per rank (verl's older global sizes divided
     by the data-parallel ranks; None: the rank's whole batch)."""
     import_run_modules(cfg)
+    migrate_reward_keys(cfg)
     rollout = cfg.actor_rollout_ref.rollout
     rollout.response_length = cfg.data.max_response_length
     rollout.prompt_length = cfg.data.max_prompt_length

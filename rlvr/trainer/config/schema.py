@@ -20,6 +20,7 @@ from rlvr.trainer.config.schema_sections import (
     EngineKwargsConfig,
     RayKwargsConfig,
 )
+from rlvr.trainer.ppo.distillation_config import DistillationConfig
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
@@ -536,3 +537,4 @@ class RlvrConfig:
     trainer: TrainerConfig = _sub(TrainerConfig, "loop, schedule, checkpoints, logging")
     ray_kwargs: RayKwargsConfig = _sub(RayKwargsConfig, "Ray start-up settings")
     model_engine: str = _f("dp", "verl's training-engine selector (model_engine=NAME picks the strategies): dp (FSDP2) | megatron | veomni / torchtitan (FSDP2-based engines: rlvr runs its FSDP2, with a start-up note)")
+    distillation: DistillationConfig = _sub(DistillationConfig, "on-policy distillation from a frozen teacher (verl 0.9's keys)")

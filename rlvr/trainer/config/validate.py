@@ -35,6 +35,7 @@ from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLET
 from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list
 from rlvr.trainer.config.validate_rollout_scale import check_rollout_scale
+from rlvr.trainer.config.validate_models import check_distillation, check_reward_model, uses_teacher
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.trainer.config.validate_verl import check_verl_settings, rejection_band
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
@@ -458,6 +459,7 @@ REGISTRIES = {
     "actor_rollout_ref.rollout.agent.default_agent_loop": ("rlvr.agent.loop", "AGENT_LOOPS"),
     "actor_rollout_ref.rollout.multi_turn.format": ("rlvr.agent.tool_parser", "TOOL_PARSERS"),
     "actor_rollout_ref.rollout.multi_turn.env_name": ("rlvr.agent.env_agent", "ENVIRONMENTS"),
+    "distillation.distillation_loss.loss_mode": ("rlvr.trainer.ppo.distillation", "DISTILLATION_LOSS_REGISTRY"),
 }
 """Config key -> ``(module, attribute)`` of the registry behind it (the KL estimators are a plain
 set of names)."""
@@ -511,7 +513,8 @@ def uses_user_code(cfg: DictConfig) -> bool:
     against the built-in names."""
     from rlvr.trainer.user_code import user_module_entries
 
-    values = [OmegaConf.select(cfg, key) for key in BUILTIN_NAMES] + list(cfg.reward.routes.values())
+    values = [OmegaConf.select(cfg, key) for key in BUILTIN_NAMES] + [
+        part.rpartition("*")[2].strip() for target in cfg.reward.routes.values() for part in str(target).split("+")]
     return bool(user_module_entries(cfg)) or any(is_object_path(value) for value in values) or registered_in_process()
 
 
@@ -538,6 +541,8 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
              *(["critic"] if cfg.critic.enable else [])]
     check_megatron_config(cfg, roles)
     _check_reward(cfg)
+    check_reward_model(cfg)
+    check_distillation(cfg)
 
 
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
@@ -564,6 +569,14 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     check_names(cfg, names)
     check_reward_routes(cfg)
     check_sequence_parallel_heads(cfg)
+    if uses_teacher(cfg):
+        from rlvr.workers.teacher import check_teacher_tokenizer
+
+        check_teacher_tokenizer(cfg)
+    if cfg.reward.reward_model.enable:
+        from rlvr.workers.models import check_sequence_classifier
+
+        check_sequence_classifier(cfg.reward.reward_model.model_path, cfg.reward.reward_model.trust_remote_code)
     _check_partial_rollout_engine(cfg)
     if cfg.trainer.device == "cuda":
         import torch

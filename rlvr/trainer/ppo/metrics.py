@@ -15,10 +15,8 @@ import numpy as np
 import torch
 
 from rlvr.protocol import DataProto
+from rlvr.reward.contract import ACC_THRESHOLD
 from rlvr.utils.torch_functional import masked_mean, masked_sum
-
-ACC_THRESHOLD = 1.0
-"""Without an ``acc`` from the reward manager, a sample counts as correct when its score is >= 1."""
 
 
 def sample_accuracy(scores: torch.Tensor, reward_extra_info: dict[str, Sequence[Any]]) -> np.ndarray:

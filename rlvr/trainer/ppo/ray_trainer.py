@@ -4,7 +4,8 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
 
     gen           prompts (uid each) x rollout.n  -> actor_rollout.generate_sequences
     reward        reward_fn on the responses      -> token_level_scores (+ acc per sample); with
-                  reward.routes each domain by its reward worker group or manager
+                  reward.routes each domain by its reward worker group or manager; with a reward
+                  model, its rm_scores first (:mod:`rlvr.trainer.ppo.frozen_roles`)
                   (DAPO dynamic sampling: drop groups that all agree, generate more)
     old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric; the rollout/actor
                   log-prob mismatch metrics; the rollout correction (IS weights, rejection) if set,
@@ -13,6 +14,7 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
                   with async_training.prox_log_prob_from_update (one optimizer step per batch) the
                   update's own forward pass is the proximal policy (no actor call here either)
     ref           ref.compute_ref_log_prob        -> ref_log_prob       (KL in loss or reward only)
+    teacher       teacher.compute_teacher_log_prob -> the teacher's scores (on-policy distillation only)
     values        critic.compute_values           -> values             (with a critic only)
     adv           KL penalty in the reward, then the registered advantage estimator (driver)
     update_critic critic.update_critic                                   (with a critic only)
@@ -50,7 +52,13 @@ from omegaconf import OmegaConf
 
 from rlvr.agent.metrics import tool_use_metrics
 from rlvr.protocol import DataProto
-from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
+from rlvr.reward.routing import (
+    RewardWorkerGroups,
+    check_data_routes,
+    check_reward_functions,
+    reward_routers,
+    routed_worker_names,
+)
 from rlvr.single_controller import ClassWithInitArgs
 from rlvr.trainer.async_schedule import AsyncRollout, prox_log_prob_from_update, rollout_correction_config
 from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
@@ -69,6 +77,7 @@ from rlvr.trainer.ppo.core_algos import (
     kl_penalty,
 )
 from rlvr.trainer.ppo.driver_state import DriverStateMixin
+from rlvr.trainer.ppo.frozen_roles import FrozenRolesMixin
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
 from rlvr.trainer.ppo.metrics import (
     compute_data_metrics,
@@ -126,7 +135,7 @@ def _timer(name: str, timing: dict[str, float]) -> Iterator[None]:
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
-class RayPPOTrainer(ValidationMixin, DriverStateMixin):
+class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
     """Distributed PPO-family trainer (PPO with GAE, GRPO, RLOO, REINFORCE++, ReMax, DAPO, EGPO, ...).
 
     Args:
@@ -213,6 +222,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             raise ConfigError("actor_rollout_ref.actor.use_kl_loss", "a KL term (use_kl_loss or use_kl_in_reward) "
                               "needs a reference policy: add Role.RefPolicy to role_worker_mapping, train the "
                               "actor with LoRA (the actor then provides it), or turn the KL term off")
+        self._check_frozen_roles()
 
     def _actor_role(self) -> Role:
         return Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
@@ -239,7 +249,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         (:meth:`add_stateless_group`: a dead or hung reward worker restarts them alone, training is
         not rolled back), and route the training and validation rewards through them."""
         cfg, backend = self.config, self.resource_pool_manager.backend
-        self.reward_workers = self.add_stateless_group("reward workers", lambda: RewardWorkerGroups(cfg, backend), None)
+        if routed_worker_names(cfg):  # routes to reward managers or the reward model alone need no worker group
+            self.reward_workers = self.add_stateless_group("reward workers", lambda: RewardWorkerGroups(cfg, backend),
+                                                           None)
         self.reward_fn, self.val_reward_fn = reward_routers(cfg, self.tokenizer, self.reward_workers,
                                                             self.val_dataset is not None)
 
@@ -254,7 +266,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _start_workers(self) -> None:
         """:meth:`init_workers` without the retries (the reward worker groups are started once: a
         restart starts them again with the other stateless groups)."""
-        if self.routes_rewards and self.reward_workers is None:
+        if self.routes_rewards and self.reward_fn is None:
             self.create_reward_worker_groups()
         cfg = self.config
         actor_role = ("actor" if self.rollout_apart else "actor_rollout") + ("_ref" if self.ref_in_actor else "")
@@ -266,12 +278,14 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if self.use_reference and not self.ref_in_actor:
             roles["ref"] = (Role.RefPolicy, ClassWithInitArgs(
                 self.role_worker_mapping[Role.RefPolicy], config=cfg, role="ref"))
+        roles.update(self._frozen_roles())
         groups = self.workers.start(roles)
         self.worker_groups = groups
         self.critic_wg = groups.get("critic")
         self.ref_policy_wg = groups["actor_rollout"] if self.ref_in_actor else groups.get("ref")
         self.actor_rollout_wg = groups["actor_rollout"]
-        for name in ("critic", "ref", "actor_rollout"):
+        self._keep_frozen_groups(groups)
+        for name in ("critic", "ref", "rm", "teacher", "actor_rollout"):
             if name in groups:
                 groups[name].init_model()
         if not self.rollout_apart:
@@ -389,6 +403,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             self._compute_ref_log_prob(batch, timing)
         if self.use_critic:
             self._compute_values(batch, timing)
+        if self.teacher_wg is not None:
+            with _timer("teacher", timing):
+                metrics.update(self._add_teacher_scores(batch))
         self._compute_advantage(batch, timing, metrics)
         if self.use_critic:
             self._update_critic(batch, timing, metrics)
@@ -482,6 +499,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         """``token_level_scores`` and per-sample ``acc`` into ``batch``; returns the reward metrics.
         ``acc`` is the task scorer's verdict alone: tool and environment rewards of a multi-turn
         rollout (``turn_scores``) are added to the scores after it, so they never make an answer right."""
+        rm_metrics = self._add_rm_scores(batch)
         reward_tensor, extra = compute_reward(batch, reward_fn)
         for key in self.config.algorithm.gdpo_reward_keys or ():  # GDPO's reward components, per sample
             if key in extra:
@@ -491,7 +509,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             reward_tensor = reward_tensor + batch.batch["turn_scores"]
         batch.batch["token_level_scores"] = reward_tensor
         batch.non_tensor_batch["acc"] = np.array(acc.tolist(), dtype=object)
-        return reduce_metrics(batch.meta_info.pop("metrics", {}))
+        return {**rm_metrics, **reduce_metrics(batch.meta_info.pop("metrics", {}))}
 
     def _compute_old_log_prob(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """``old_log_probs`` from the actor (the worker reuses the rollout's sampling log-probs when

@@ -43,6 +43,16 @@ from transformers import PreTrainedModel
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+from rlvr.trainer.ppo.distillation import (
+    TEACHER_LOG_PROBS,
+    TEACHER_TOPK_IDS,
+    TEACHER_TOPK_LOG_PROBS,
+    TeacherScores,
+    combine_with_policy_loss,
+    distillation_loss,
+    distillation_metric_names,
+    get_distillation_loss,
+)
 from rlvr.trainer.ppo.rollout_correction import (
     BYPASS_RS_KEY,
     PROX_FROM_UPDATE_KEY,
@@ -178,9 +188,11 @@ class DataParallelPPOActor:
         compile_forward: ``torch.compile`` the micro-batch forward (model and log-prob head; the
             rollout's calls of the same module stay eager); a forward that does not compile runs
             eagerly from then on, with a warning.
+        distillation: the ``distillation`` section; when enabled, the update adds the distillation
+            loss against the teacher's scores in the batch (:mod:`rlvr.trainer.ppo.distillation`).
 
     ``config.use_fused_kernels`` (verl's key) selects the fused linear log-prob head on one rank
-    (:func:`~rlvr.workers.actor.linear_log_probs.linear_log_probs`: no ``[b, r, vocab]`` logits);
+    (:func:`~rlvr.workers.actor.linear_log_probs.linear_token_stats`: no ``[b, r, vocab]`` logits);
     off, or on several ranks, the full logits of a micro-batch are used. The entropy is computed
     ``entropy_from_logits_chunk_size`` rows at a time with ``entropy_from_logits_with_chunking``.
     """
@@ -194,7 +206,7 @@ class DataParallelPPOActor:
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
                  device: str | torch.device, log_prob_use_dynamic_bsz: bool = False,
                  log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1,
-                 compute_dtype: torch.dtype | None = None, compile_forward: bool = False) -> None:
+                 compute_dtype: torch.dtype | None = None, compile_forward: bool = False, distillation=None) -> None:
         self.config = config
         self.module = module
         self.optimizer = optimizer
@@ -220,6 +232,10 @@ class DataParallelPPOActor:
         # verl's loss_scale_factor reaches agg_loss through the loss's config (global_batch_info), as in verl
         self.loss_config = config if config.loss_scale_factor is None else OmegaConf.merge(
             config, {"global_batch_info": {"loss_scale_factor": float(config.loss_scale_factor)}})
+        self.distill = distillation.distillation_loss if distillation is not None and distillation.enabled else None
+        self.distill_topk = self.distill is not None and get_distillation_loss(self.distill.loss_mode)[1].uses_topk
+        self.metric_names = [f"actor/{name}" for name in _METRICS] + (
+            distillation_metric_names(self.distill) if self.distill is not None else [])
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int, use_dynamic_bsz: bool,
                        max_token_len: int) -> list[list[int]]:
@@ -341,6 +357,8 @@ class DataParallelPPOActor:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in data.batch.keys():
             keys.append("rollout_is_weights")
+        if self.distill is not None:
+            keys += [TEACHER_TOPK_LOG_PROBS, TEACHER_TOPK_IDS] if self.distill_topk else [TEACHER_LOG_PROBS]
         bypass_rs, prox_settings = data.meta_info.get(BYPASS_RS_KEY), data.meta_info.get(PROX_FROM_UPDATE_KEY)
         prox = ProxFromUpdate(prox_settings) if prox_settings is not None else None
         if prox is not None:
@@ -415,7 +433,11 @@ class DataParallelPPOActor:
         is ``old_log_probs`` and ``prox`` gives the IS weights (and keeps the micro-batch for its metrics)."""
         config = self.config
         mask = micro["response_mask"]
-        log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
+        student_topk = None
+        if self.distill_topk:
+            log_prob, entropy, student_topk = self._forward_topk(micro, temperature, config.entropy_coeff != 0)
+        else:
+            log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
         if bypass_rs is not None:
             mask = compute_bypass_rejection(log_prob, micro["rollout_log_probs"], mask, bypass_rs)
         if prox is not None:
@@ -440,7 +462,35 @@ class DataParallelPPOActor:
                                config.loss_agg_mode, loss_scale_factor=scale)
             loss = loss + config.kl_loss_coef * kl_loss
         values = [pg_metrics["pg_loss"], pg_metrics["pg_clipfrac"], pg_metrics["ppo_kl"], entropy_loss, kl_loss]
+        if self.distill is not None:
+            scores = TeacherScores(self.distill.loss_mode, log_prob, micro.get(TEACHER_LOG_PROBS), student_topk,
+                                   micro.get(TEACHER_TOPK_LOG_PROBS))
+            distill_loss, distill_metrics = distillation_loss(
+                scores, self.distill, mask, config.loss_agg_mode, old_log_prob=old_log_prob,
+                rollout_is_weights=is_weights, global_batch_info=config.global_batch_info)
+            loss = combine_with_policy_loss(loss, distill_loss, self.distill)
+            values += [distill_metrics[name] for name in self.metric_names[len(_METRICS):]]
         return loss, torch.stack([v.detach().float().cpu() for v in values])
+
+    def _forward_topk(self, batch: dict[str, torch.Tensor], temperature: float, entropy_grad: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Log-probs ``[b, R]``, entropy ``[b, R]`` and the log-probs of the teacher's top-k tokens
+        ``[b, R, K]`` (``batch["teacher_topk_ids"]``), all from the micro-batch's full logits
+        (float32, 0 past the last response column)."""
+        core_lending.check_per_layer(self.module)
+        response_len = batch["responses"].shape[1]
+        logits = response_logits(self.module, batch, temperature)
+        r = logits.shape[1]
+        log_softmax = logits.float().log_softmax(-1)
+        log_probs = log_softmax.gather(-1, batch["responses"][:, :r, None]).squeeze(-1)
+        topk = log_softmax.gather(-1, batch[TEACHER_TOPK_IDS][:, :r].long())
+        if entropy_grad:
+            entropy = entropy_from_logits(logits)
+        else:
+            with torch.no_grad():
+                entropy = entropy_from_logits(logits.detach())
+        topk = torch.nn.functional.pad(topk, (0, 0, 0, response_len - r))
+        return _pad_right(log_probs, response_len), _pad_right(entropy, response_len), topk
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None,
                           prox: ProxFromUpdate | None = None) -> dict[str, float]:
@@ -451,11 +501,11 @@ class DataParallelPPOActor:
         update = update_mini_batch(
             self.module, self.optimizer, mini, micro_batches,
             lambda micro: self._micro_loss(micro, temperature, bypass_rs, prox),
-            len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=max_grad_norm(config),
+            len(self.metric_names), loss_agg_mode=config.loss_agg_mode, grad_clip=max_grad_norm(config),
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
             clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
         )
-        out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, update.metric_sums)}
+        out = {name: float(v) for name, v in zip(self.metric_names, update.metric_sums)}
         out["actor/grad_norm"] = update.grad_norm
         out["actor/skipped_steps"] = 0.0 if update.stepped else 1.0
         return out

@@ -36,6 +36,7 @@ from rlvr.single_controller.base.worker import RankInfo
 from rlvr.utils.seed import set_seed
 from rlvr.workers.checkpoint import save_model_files
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
+from rlvr.workers.frozen import FrozenModel
 from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
 from rlvr.workers.fsdp import compute_dtype
@@ -156,15 +157,12 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         self.ref = MegatronPPOActor(cfg.actor, module, None, mini_batch_size=1,
                                     log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
                                     compute_dtype=compute_dtype(cfg.ref.megatron, module))
-        self.ref_placement = Placement(module, None, self.device)
-        self._rest_ref()
+        self.ref_model = FrozenModel(module, world_size=self.world_size, device=self.device,
+                                     param_offload=cfg.ref.megatron.param_offload, shard=False)
 
     def _rest_actor(self) -> None:
         megatron = self.config.actor_rollout_ref.actor.megatron
         self.actor_placement.place(params=not megatron.param_offload, optimizer=not megatron.optimizer_offload)
-
-    def _rest_ref(self) -> None:
-        self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.megatron.param_offload, optimizer=False)
 
     # ------------------------------------------------------------------ rollout weights
     def _sync_rollout_weights(self, force: bool = False) -> dict[str, float]:
