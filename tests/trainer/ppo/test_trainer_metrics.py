@@ -8,9 +8,9 @@ import torch
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator, group_metric, informative_groups
-from rlvr.trainer.ppo.metrics import (
+from rlvr.trainer.ppo.metric_utils import (
     compute_data_metrics,
-    compute_throughput_metrics,
+    compute_throughout_metrics,
     compute_timing_metrics,
     per_source_metrics,
     reduce_metrics,
@@ -26,7 +26,8 @@ def _batch() -> DataProto:
     scores[0, 2], scores[1, 0], scores[2, 1], scores[3, 2] = 1.0, 0.0, 0.5, 1.0
     advantages = torch.tensor([[1.0, 1.0, 1.0], [-1.0, 9.0, 9.0], [2.0, 2.0, 9.0], [0.0, 0.0, 0.0]])
     return DataProto.from_dict(
-        tensors={"responses": torch.zeros(4, 3, dtype=torch.long), "response_mask": response_mask,
+        tensors={"prompts": torch.zeros(4, 2, dtype=torch.long), "responses": torch.zeros(4, 3, dtype=torch.long),
+                 "response_mask": response_mask,
                  "attention_mask": torch.cat([prompt_mask, response_mask], dim=1),
                  "token_level_scores": scores, "token_level_rewards": scores - 0.1 * response_mask,
                  "advantages": advantages, "returns": advantages, "values": torch.zeros(4, 3)},
@@ -44,8 +45,7 @@ def test_data_metrics_by_hand():
     assert m["response_length/mean"] == pytest.approx(9 / 4) and m["response_length/min"] == 1.0
     assert m["response_length/clip_ratio"] == 0.5
     assert m["prompt_length/mean"] == pytest.approx(1.5) and m["prompt_length/clip_ratio"] == 0.5
-    assert m["train/a/score"] == 0.5 and m["train/b/score"] == 0.75
-    assert m["train/a/acc"] == 0.5 and m["train/b/acc"] == 0.5 and m["train/acc"] == 0.5
+    assert m["response/aborted_ratio"] == 0.0 and m["response_length_non_aborted/mean"] == pytest.approx(9 / 4)
     # values 0: explained variance 1 - var(returns) / (var(returns) + 1e-5)
     returns = torch.tensor([1.0, 1.0, 1.0, -1.0, 2.0, 2.0, 0.0, 0.0, 0.0])
     assert m["critic/vf_explained_var"] == pytest.approx(1 - returns.var().item() / (returns.var().item() + 1e-5), abs=1e-6)
@@ -56,11 +56,13 @@ def test_timing_and_throughput_metrics():
     batch = _batch()  # 9 response tokens, 6 prompt tokens
     timing = {"gen": 0.9, "update_actor": 1.5, "step": 3.0}
     m = compute_timing_metrics(batch, timing)
-    assert m["timing/gen"] == 0.9 and m["timing/step"] == 3.0
-    assert m["timing_per_token/gen"] == pytest.approx(100.0)  # 900 ms / 9 response tokens
-    assert m["timing_per_token/update_actor"] == pytest.approx(100.0)  # 1500 ms / 15 tokens
-    t = compute_throughput_metrics(batch, timing, n_workers=2)
-    assert t["perf/throughput"] == pytest.approx(5.0) and t["perf/throughput_per_worker"] == pytest.approx(2.5)
+    assert m["timing_s/gen"] == 0.9 and m["timing_s/step"] == 3.0
+    assert m["timing_per_token_ms/gen"] == pytest.approx(100.0)  # 900 ms / 9 response tokens
+    assert m["timing_per_token_ms/update_actor"] == pytest.approx(100.0)  # 1500 ms / 15 tokens
+    assert "timing_per_token_ms/step" not in m  # verl: gen and the five training stages only
+    batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
+    t = compute_throughout_metrics(batch, timing, n_gpus=2)
+    assert t["perf/total_num_tokens"] == 15 and t["perf/throughput"] == pytest.approx(2.5)  # per worker
 
 
 def test_sample_accuracy_and_per_source():
@@ -72,6 +74,9 @@ def test_sample_accuracy_and_per_source():
     m = per_source_metrics("val", ["x", "y", "x"], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0])
     assert m == {"val/x/score": 0.5, "val/x/acc": 0.5, "val/y/score": 0.0, "val/y/acc": 0.0, "val/acc": 1 / 3}
     assert reduce_metrics({"a": [1.0, 3.0], "b": 2}) == {"a": 2.0, "b": 2.0}
+    m = per_source_metrics("train", ["a", "a", "b", "b"], [1.0, 0.0, 0.5, 1.0], [1.0, 0.0, 0.0, 1.0])
+    assert m["train/a/score"] == 0.5 and m["train/b/score"] == 0.75
+    assert m["train/a/acc"] == 0.5 and m["train/b/acc"] == 0.5 and m["train/acc"] == 0.5
 
 
 def test_informative_groups():
@@ -96,3 +101,29 @@ def test_group_accumulator_keeps_informative_groups_over_batches():
     taken = acc.take(2, group_size=2)
     assert taken.non_tensor_batch["uid"].tolist() == ["v1", "v1", "u0", "u0"]
     assert GroupAccumulator("acc").take(2, 2) is None
+
+
+def test_aborted_samples_are_left_out_of_the_score_statistics():
+    batch = _batch()
+    batch.batch["attention_mask"][1, 2:] = 0  # sample 1 has no response tokens (aborted)
+    batch.batch["token_level_scores"][1, 0] = -5.0
+    m = compute_data_metrics(batch, use_critic=False)
+    assert m["response/aborted_ratio"] == 0.25 and m["critic/score/min"] == 0.5  # -5 left out
+    assert m["response_length/min"] == 0.0 and m["response_length_non_aborted/min"] == 2.0
+
+
+def test_variance_proxy_by_hand():
+    from rlvr.trainer.ppo.metric_utils import compute_variance_proxy_metrics
+
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    batch = DataProto.from_dict(tensors={
+        "response_mask": mask, "advantages": torch.tensor([[1.0, 3.0], [-2.0, 9.0]]),
+        "old_log_probs": torch.log(torch.tensor([[0.5, 0.25], [1.0, 0.5]])),
+        "sum_pi_squared": torch.tensor([[0.5, 0.25], [1.0, 0.5]])})
+    m = compute_variance_proxy_metrics(batch, gradient_norm=0.5)
+    # W per token 1 - 2 pi + sum pi^2: [0.5, 0.75], [0.0, -]; W = 1.25, 0.0; A = 2, -2
+    assert m["variance_proxy/expected_a_squared"] == 4.0 and m["variance_proxy/expected_w"] == 0.625
+    assert m["variance_proxy/proxy2_total_power"] == pytest.approx((4 * 1.25 + 4 * 0.0) / 2)
+    assert m["variance_proxy/proxy1_signal_strength"] == 0.25
+    assert m["variance_proxy/proxy3_pure_noise"] == pytest.approx((2.5 - 0.25) / 1)
+    assert compute_variance_proxy_metrics(_batch()) == {}  # no sum_pi_squared
