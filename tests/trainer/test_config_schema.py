@@ -35,6 +35,13 @@ VERL_SIGNATURE_ONLY = {
 VALIDATED_VERL_KEYS: dict[str, str] = {}
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""
+VALIDATED_VERL_KEYS.update({
+    key: "a setting of a profiler tool rlvr refuses (nsys, npu, precision_debugger) or of verl's mini-batch "
+         "schedule, accepted at its default only; a role's torch_memory settings must equal the global ones"
+    for key in schema_keys(RlvrConfig)
+    if ("profiler." in key and any(f".{part}." in key for part in ("nsys", "npu", "precision_debugger", "schedule")))
+    or ".profiler.tool_config.torch_memory." in key or key == "global_profiler.global_tool_config.torch_memory.stack_depth"})
+VALIDATING_FILES = [CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_profiler.py"]
 
 
 def _code_files() -> list[Path]:
@@ -60,7 +67,7 @@ def test_every_schema_field_is_read_by_the_code():
 
 
 def test_the_validated_verl_keys_are_validated_and_read_nowhere_else():
-    validated = fields_read([CONFIG_PACKAGE / "validate.py"], RlvrConfig)
+    validated = fields_read(VALIDATING_FILES, RlvrConfig)
     assert [key for key in VALIDATED_VERL_KEYS if key not in validated] == []
     assert [key for key in VALIDATED_VERL_KEYS if key in _read_by_the_code(RlvrConfig)] == []
 

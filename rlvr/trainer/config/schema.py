@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rlvr.reward.config import CustomRewardFunctionConfig, OverlongBufferConfig, RewardConfig, RewardModelConfig
+from rlvr.utils.profiler.config import GlobalProfilerConfig, ProfilerConfig, RolloutProfilerConfig
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
@@ -163,6 +164,7 @@ class ActorConfig:
     megatron: MegatronConfig = _sub(MegatronConfig, "strategy=megatron: tensor/pipeline parallel sizes and offload")
     share_prompt_forward: bool = _f(True, "on one rank, run each distinct prompt of a micro-batch once and its responses on its KV cache (exact; about n times less prompt compute)")
     use_rollout_log_probs: bool = _f(True, "reuse the rollout's exact sampling log-probs as old_log_probs when they match the actor (skips a forward pass)")
+    profiler: ProfilerConfig = _sub(ProfilerConfig, "profile the actor's stages (old_log_prob, update_actor) in global_profiler.steps")
 
 
 @dataclass
@@ -174,6 +176,7 @@ class RefConfig:
     ulysses_sequence_parallel_size: int = _f("${actor_rollout_ref.actor.ulysses_sequence_parallel_size}", "Ulysses sequence-parallel ranks of the reference (default: the actor's)")
     fsdp_config: RefFSDPConfig = _sub(RefFSDPConfig, "FSDP2 and offload settings")
     megatron: RefMegatronConfig = _sub(RefMegatronConfig, "strategy=megatron: parallel sizes and offload")
+    profiler: ProfilerConfig = _sub(ProfilerConfig, "profile the reference's stage (ref) in global_profiler.steps")
 
 
 @dataclass
@@ -273,6 +276,7 @@ class RolloutConfig:
     agent: AgentConfig = _sub(AgentConfig, "agent loops above the engine (single-turn, tools, environments)")
     multi_turn: MultiTurnConfig = _sub(MultiTurnConfig, "limits, tools and environment of multi-turn agent loops")
     server: ServerConfig = _sub(ServerConfig, "rollout.mode=async: the inference server replicas (managed or rollout.server.urls)")
+    profiler: RolloutProfilerConfig = _sub(RolloutProfilerConfig, "profile generation (gen) in global_profiler.steps; defaults follow the actor's profiler")
 
 
 @dataclass
@@ -309,6 +313,7 @@ class CriticConfig:
     loss_agg_mode: str = _f("token-mean", "aggregation of the value loss (see actor.loss_agg_mode)")
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
     megatron: MegatronConfig = _sub(MegatronConfig, "strategy=megatron: tensor/pipeline parallel sizes and offload")
+    profiler: ProfilerConfig = _sub(ProfilerConfig, "profile the critic's stages (values, update_critic) in global_profiler.steps")
 
 
 # ----------------------------------------------------------------------------------------- reward
@@ -442,3 +447,4 @@ class RlvrConfig:
     rollout: RolloutPoolConfig = _sub(RolloutPoolConfig, "resource pool of a rollout that runs apart from the actor")
     async_training: AsyncTrainingConfig = _sub(AsyncTrainingConfig, "overlap of generation and training: schedule, staleness bound, partial rollouts")
     trainer: TrainerConfig = _sub(TrainerConfig, "loop, schedule, checkpoints, logging")
+    global_profiler: GlobalProfilerConfig = _sub(GlobalProfilerConfig, "profiling: the tool (torch | torch_memory), the steps, where traces go")

@@ -28,6 +28,7 @@ from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
+from rlvr.trainer.config.validate_profiler import check_profiler
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 from rlvr.utils.registry import Registry, RegistryKeyError
@@ -510,6 +511,7 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
              *(["critic"] if cfg.critic.enable else [])]
     check_megatron_config(cfg, roles)
     _check_reward(cfg)
+    check_profiler(cfg)
 
 
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:

@@ -97,6 +97,7 @@ from rlvr.trainer.recovery import RECOVERABLE_ERRORS, Recovery, RestartableGroup
 from rlvr.trainer.tracking import Tracking
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
+from rlvr.utils.profiler.summary import StepProfiler, resolve_save_paths
 from rlvr.utils.torch_functional import masked_mean
 from rlvr.workers.rollout.base import check_weights_version
 
@@ -185,6 +186,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if self.routes_rewards:  # datasets built from data files were checked with the config
             check_data_routes(self.config, train_dataset, val_dataset)
         self.reward_workers: RestartableGroup | None = None  # over a RewardWorkerGroups
+        resolve_save_paths(self.config)  # before the workers get the config
+        self.profiling = StepProfiler(self.config, self.device_name)
         self.run_dir = Path(self.config.trainer.default_local_dir)
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
         self.global_steps = 0
@@ -323,6 +326,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
                 self.tracker.finish()
                 if self.async_rollout is not None:
                     self.async_rollout.close()
+        self.profiling.finish()
         if cfg.report:
             self._write_report(progress.elapsed_s())
 
@@ -360,8 +364,10 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             self._val_before_train_due = False
         while self.global_steps < self.total_training_steps and not progress.out_of_time() and not self.stop.requested:
             self.global_steps += 1
+            self.profiling.start(self._profiled_groups(), self.global_steps)
             metrics = self._train_step()
             is_last = self.global_steps >= self.total_training_steps or progress.out_of_time()
+            self.profiling.stop(self._profiled_groups(), self.global_steps, is_last)
             if self.val_reward_fn is not None and cfg.test_freq > 0 and self.global_steps % cfg.test_freq == 0:
                 started = time.perf_counter()
                 metrics.update(self._validate())
@@ -381,6 +387,13 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             self._save_checkpoint()
         if cfg.export_hf and not self.stop.requested:
             self.actor_rollout_wg.export_hf(str(self.run_dir / "hf_model"))
+
+    def _profiled_groups(self) -> list[Any]:
+        """The worker groups whose roles ``global_profiler`` may profile: the actor's (rollout and
+        reference when they share it), a separate reference's and the critic's."""
+        groups = [self.actor_rollout_wg, self.ref_policy_wg, self.critic_wg]
+        return [group for i, group in enumerate(groups)
+                if group is not None and all(group is not earlier for earlier in groups[:i])]
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics_history.append({"step": step, **metrics})
