@@ -9,7 +9,9 @@ of the name), :func:`compute_variance_proxy_metrics`, and rlvr's per-source accu
 
 Validation (:mod:`rlvr.trainer.ppo.validation_metrics`, re-exported here): verl's
 :func:`process_validation_metrics`, :func:`bootstrap_metric`, :func:`calc_maj_val` and rlvr's
-pass@k; the MoE load-balance metrics of the rollout live in :mod:`rlvr.trainer.ppo.moe_metrics`.
+pass@k. The MoE load-balance metrics of the rollout's expert routing (``rollout/moe/...``:
+:func:`compute_rollout_moe_load_balance_metrics`, :class:`RolloutMoELoadBalanceMetricsAccumulator`) are
+verl's, for engines that return the ``routed_experts`` of each token.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoConfig
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.ppo.validation_metrics import (
@@ -32,18 +36,27 @@ from rlvr.trainer.ppo.validation_metrics import (
     process_pass_at_k_metrics,
     process_validation_metrics,
 )
+from rlvr.utils.fs import copy_to_local
 from rlvr.utils.metric import reduce_metrics
+from rlvr.utils.model import update_model_config
 from rlvr.utils.torch_functional import masked_mean, masked_sum
 
 __all__ = [
+    "RolloutMoELoadBalanceMetricsAccumulator",
     "bootstrap_metric",
     "calc_maj_val",
     "compute_data_metrics",
+    "compute_moe_lb_metrics",
+    "compute_rollout_moe_load_balance_metrics",
     "compute_throughout_metrics",
     "compute_timing_metrics",
     "compute_validation_metrics",
     "compute_variance_proxy_metrics",
     "flatten_validation_metrics",
+    "get_hf_config_override_kwargs",
+    "get_metric_data_with_optional_routed_experts",
+    "infer_moe_num_experts",
+    "infer_rollout_moe_num_experts",
     "pass_at_k",
     "per_source_metrics",
     "process_pass_at_k_metrics",
@@ -237,4 +250,245 @@ def per_source_metrics(prefix: str, sources: Sequence[str], scores: Sequence[flo
         metrics[f"{prefix}/{source}/acc"] = float(np.mean([p[1] for p in pairs]))
     if len(acc):
         metrics[f"{prefix}/acc"] = float(np.mean(acc))
+    return metrics
+
+
+# ------------------------------------------------------------------ MoE load balance of the rollout
+MOE_PREFIX = "rollout/moe"
+LOCAL_EXPERT_MODEL_TYPES = ("gpt_oss", "mixtral")
+"""Model types whose ``num_local_experts`` is the number of routed experts (others use ``num_experts``
+or ``n_routed_experts``)."""
+
+
+def _field(config: Any, name: str, default: Any = None) -> Any:
+    """``config[name]`` of a dict-like config, else its attribute (``default`` when absent)."""
+    return config.get(name, default) if hasattr(config, "get") else getattr(config, name, default)
+
+
+def get_hf_config_override_kwargs(override_config: Any) -> dict[str, Any]:
+    """The Hugging Face config overrides of a model section's ``override_config`` (its
+    ``model_config`` entry when it has one); ``{}`` for none."""
+    if isinstance(override_config, DictConfig):
+        override_config = OmegaConf.to_container(override_config, resolve=True)
+    if not override_config:
+        return {}
+    return override_config["model_config"] if "model_config" in override_config else override_config
+
+
+def infer_moe_num_experts(model_config: Any) -> int | None:
+    """Routed experts of a model, from a config or dict: its own, its ``hf_config`` (and that one's
+    ``text_config``), ``text_config`` or ``override_config`` (and its ``model_config`` /
+    ``text_config``); ``num_experts`` or ``n_routed_experts``, or ``num_local_experts`` for
+    gpt_oss / mixtral. None when none of them says."""
+    candidates = [model_config]
+    for name, inner in (("hf_config", ("text_config",)), ("text_config", ()), ("override_config", ("model_config", "text_config"))):
+        section = _field(model_config, name)
+        if section is not None:
+            candidates.append(section)
+            candidates += [sub for sub in (_field(section, key) for key in inner) if sub is not None]
+    for candidate in candidates:
+        for name in ("num_experts", "n_routed_experts"):
+            if _field(candidate, name) is not None:
+                return int(_field(candidate, name))
+        if _field(candidate, "model_type") in LOCAL_EXPERT_MODEL_TYPES and _field(candidate, "num_local_experts") is not None:
+            return int(_field(candidate, "num_local_experts"))
+    return None
+
+
+def infer_rollout_moe_num_experts(model_config: Any) -> int | None:
+    """:func:`infer_moe_num_experts`, else from the model's Hugging Face config (``local_hf_config_path``,
+    ``hf_config_path`` or ``path``, with ``override_config`` applied); None without a path."""
+    found = infer_moe_num_experts(model_config)
+    if found is not None:
+        return found
+    path = (_field(model_config, "local_hf_config_path") or _field(model_config, "hf_config_path")
+            or _field(model_config, "path"))
+    if path is None:
+        return None
+    hf_config = AutoConfig.from_pretrained(copy_to_local(path, use_shm=bool(_field(model_config, "use_shm", False))),
+                                           trust_remote_code=bool(_field(model_config, "trust_remote_code", False)))
+    overrides = get_hf_config_override_kwargs(_field(model_config, "override_config", {}))
+    if overrides:
+        update_model_config(hf_config, overrides)
+    return infer_moe_num_experts(hf_config)
+
+
+def _compute_rollout_moe_load_counts(routed_experts: torch.Tensor | None, response_mask: torch.Tensor | None,
+                                     num_experts: int | None) -> torch.Tensor | None:
+    """Assignments per expert ``[layers, experts]`` of the response tokens.
+
+    Args:
+        routed_experts: ``[batch, seq, layers, topk]`` expert ids; its last ``response_len`` positions
+            are the response's.
+        response_mask: ``[batch, response_len]``.
+        num_experts: routed experts per layer.
+
+    Each sequence's last valid response position is left out: the last sampled token never goes
+    through the model, so its slot holds filler, not a routing. None when an input is missing, of the
+    wrong shape, or no token is left; ids outside ``[0, num_experts)`` are refused with a warning.
+    """
+    if routed_experts is None or response_mask is None or not num_experts or num_experts <= 0:
+        return None
+    if routed_experts.dim() != 4:
+        logger.warning(f"routed_experts should be [batch, seq, layers, topk], got shape {tuple(routed_experts.shape)}")
+        return None
+    if response_mask.dim() != 2 or response_mask.shape[0] != routed_experts.shape[0]:
+        logger.warning(f"response_mask {tuple(response_mask.shape)} does not match routed_experts "
+                       f"{tuple(routed_experts.shape)}")
+        return None
+    width = response_mask.shape[1]
+    if width == 0:
+        return None
+    if routed_experts.shape[1] < width:
+        logger.warning(f"routed_experts has {routed_experts.shape[1]} positions, fewer than the {width} of the response")
+        return None
+    mask = response_mask.to(device=routed_experts.device, dtype=torch.bool)
+    positions = torch.arange(width, device=mask.device)
+    last = torch.where(mask, positions, torch.full_like(positions, -1)).amax(dim=-1, keepdim=True)  # [batch, 1]
+    mask = mask & (positions != last)
+    chosen = routed_experts[:, -width:][mask].detach().to("cpu", torch.long)  # [tokens, layers, topk]
+    if chosen.numel() == 0:
+        return None
+    if chosen.min() < 0 or chosen.max() >= num_experts:
+        logger.warning(f"expert ids outside [0, {num_experts}) (min {chosen.min().item()}, max {chosen.max().item()}): "
+                       "no rollout MoE load-balance metrics")
+        return None
+    return torch.stack([torch.bincount(chosen[:, layer].reshape(-1), minlength=num_experts)
+                        for layer in range(chosen.shape[1])])
+
+
+def _load_balance_metrics(load_counts: torch.Tensor | None, prefix: str = MOE_PREFIX) -> dict[str, Any]:
+    """Per layer the share of each expert times the experts minus 1 (0 = perfectly balanced): its
+    max (``max_vio``), min (``min_vio``) and mean absolute value (``avg_vio``), then their max and
+    mean over the layers."""
+    if load_counts is None or load_counts.numel() == 0:
+        return {}
+    share = load_counts.float() / load_counts.float().sum(dim=1, keepdim=True).clamp_min(1.0)
+    deviation = share * share.shape[1] - 1.0  # [layers, experts]
+    stats = {"max_vio": deviation.max(dim=1).values, "min_vio": deviation.min(dim=1).values,
+             "avg_vio": deviation.abs().mean(dim=1)}
+    metrics: dict[str, Any] = {}
+    for layer in range(share.shape[0]):
+        for name, values in stats.items():
+            metrics[f"{prefix}/{name}/layer_{layer}"] = values[layer].item()
+    for name, values in stats.items():
+        metrics[f"{prefix}/{name}/max"] = values.max().item()
+        metrics[f"{prefix}/{name}/avg"] = values.mean().item()
+    return metrics
+
+
+def compute_rollout_moe_load_balance_metrics(routed_experts: torch.Tensor | None, response_mask: torch.Tensor | None,
+                                             num_experts: int | None, prefix: str = MOE_PREFIX) -> dict[str, Any]:
+    """Load-balance metrics of the experts the rollout routed the response tokens to (see
+    :func:`_compute_rollout_moe_load_counts` and :func:`_load_balance_metrics`); ``{}`` without data."""
+    return _load_balance_metrics(_compute_rollout_moe_load_counts(routed_experts, response_mask, num_experts), prefix)
+
+
+class RolloutMoELoadBalanceMetricsAccumulator:
+    """Expert assignment counts summed over the steps of a logging interval.
+
+    Args:
+        model_config: where the number of experts is read from when an update does not give it.
+    """
+
+    def __init__(self, model_config: Any | None = None) -> None:
+        self.model_config = model_config
+        self.load_counts: torch.Tensor | None = None
+        self.num_experts: int | None = None
+        self.num_experts_initialized = False
+        self.routed_experts_retry_after_step = 0
+        self.warned_skip_keys: set[str] = set()
+
+    def should_request_routed_experts(self, global_steps: int) -> bool:
+        return global_steps >= self.routed_experts_retry_after_step
+
+    def defer_routed_experts_retry(self, global_steps: int, interval: int) -> None:
+        self.routed_experts_retry_after_step = global_steps + max(interval, 1)
+
+    def warn_skip_once(self, key: str, message: str) -> None:
+        """Log ``message`` the first time ``key`` is warned about."""
+        if key not in self.warned_skip_keys:
+            self.warned_skip_keys.add(key)
+            logger.warning(message)
+
+    def _infer_num_experts(self) -> int | None:
+        if not self.num_experts_initialized:
+            self.num_experts_initialized = True
+            if self.model_config is not None:
+                try:
+                    self.num_experts = infer_rollout_moe_num_experts(self.model_config)
+                except (OSError, ValueError, KeyError) as err:
+                    self.warn_skip_once("num_experts_exception", f"cannot read the number of experts from the model config: {err}")
+            if self.num_experts is None:
+                self.warn_skip_once("num_experts_missing", "no rollout MoE load-balance metrics: the number of experts is "
+                                    "not in actor_rollout_ref.model nor in the model's Hugging Face config")
+        return self.num_experts
+
+    def update(self, routed_experts: torch.Tensor | None, response_mask: torch.Tensor | None,
+               num_experts: int | None = None) -> bool:
+        """Add a batch's counts; False when it gave none."""
+        counts = _compute_rollout_moe_load_counts(routed_experts, response_mask,
+                                                  num_experts if num_experts is not None else self._infer_num_experts())
+        if counts is None:
+            return False
+        if self.load_counts is not None and self.load_counts.shape != counts.shape:
+            logger.warning(f"expert counts changed shape from {tuple(self.load_counts.shape)} to {tuple(counts.shape)}: "
+                           "starting the interval again")
+            self.load_counts = None
+        self.load_counts = counts if self.load_counts is None else self.load_counts + counts
+        return True
+
+    def compute(self, prefix: str = MOE_PREFIX) -> dict[str, Any]:
+        return _load_balance_metrics(self.load_counts, prefix)
+
+    def total_assignments(self) -> int:
+        return int(self.load_counts.sum().item()) if self.load_counts is not None else 0
+
+    def reset(self) -> None:
+        self.load_counts = None
+
+    def pop_metrics(self, prefix: str = MOE_PREFIX) -> dict[str, Any]:
+        """The interval's metrics; the counts start again."""
+        metrics = self.compute(prefix)
+        self.reset()
+        return metrics
+
+
+def get_metric_data_with_optional_routed_experts(keys: list[str], partition_id: str, fields: list[str],
+                                                 moe_lb_metrics_interval: int, global_steps: int,
+                                                 accumulator: RolloutMoELoadBalanceMetricsAccumulator,
+                                                 kv_batch_get: Any) -> Any:
+    """``kv_batch_get(keys=, partition_id=, select_fields=)`` with ``routed_experts`` added to the
+    fields when the load-balance metrics are on and due; if the store has no such field, the fields
+    alone, and ``routed_experts`` is not asked for again for one interval."""
+    if moe_lb_metrics_interval <= 0 or not accumulator.should_request_routed_experts(global_steps):
+        return kv_batch_get(keys=keys, partition_id=partition_id, select_fields=fields)
+    try:
+        return kv_batch_get(keys=keys, partition_id=partition_id, select_fields=[*fields, "routed_experts"])
+    except ValueError as err:
+        if "routed_experts" not in str(err):
+            raise
+        accumulator.defer_routed_experts_retry(global_steps, moe_lb_metrics_interval)
+        accumulator.warn_skip_once("missing_routed_experts", f"no rollout MoE load-balance metrics: {err}")
+        return kv_batch_get(keys=keys, partition_id=partition_id, select_fields=fields)
+
+
+def compute_moe_lb_metrics(metrics_batch: DataProto, moe_lb_metrics_interval: int, global_steps: int,
+                           accumulator: RolloutMoELoadBalanceMetricsAccumulator) -> dict[str, Any]:
+    """Add the batch's ``routed_experts`` to ``accumulator``; every ``moe_lb_metrics_interval`` steps
+    return the interval's metrics with ``rollout/moe/routed_experts_found`` and
+    ``rollout/moe/routed_expert_assignments`` (``{}`` between, and with the interval <= 0)."""
+    if moe_lb_metrics_interval <= 0:
+        return {}
+    updated = accumulator.update(routed_experts=metrics_batch.batch.get("routed_experts", None),
+                                 response_mask=metrics_batch.batch.get("response_mask", None))
+    if global_steps % moe_lb_metrics_interval != 0:
+        return {}
+    assignments = accumulator.total_assignments()
+    metrics = accumulator.pop_metrics()
+    metrics[f"{MOE_PREFIX}/routed_experts_found"] = float(assignments > 0)
+    metrics[f"{MOE_PREFIX}/routed_expert_assignments"] = assignments
+    if not updated and assignments == 0:
+        accumulator.warn_skip_once("no_routed_expert_counts", "no rollout MoE load-balance metrics: no routed expert "
+                                   "counts in the batches of this interval")
     return metrics
