@@ -129,10 +129,11 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
         import ray
 
         from rlvr.single_controller import init_ray
+        from rlvr.trainer.constants_ppo import get_ppo_ray_runtime_env
 
         if not ray.is_initialized():
             workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + (rollout_world_size(cfg) if apart else 0)
-            init_ray(num_cpus=None if use_gpu else max(workers, 1))
+            init_ray(num_cpus=None if use_gpu else max(workers, 1), env_vars=get_ppo_ray_runtime_env(cfg)["env_vars"])
             started_ray = True
     try:
         try:

@@ -62,13 +62,13 @@ from rlvr.trainer.config import to_config, use_reference, validate_config, world
 from rlvr.trainer.config.async_checks import rollout_apart
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
-from rlvr.trainer.ppo.core_algos import (
-    agg_loss,
-    get_adv_estimator_fn,
-    get_adv_estimator_needs,
-    get_kl_controller,
-    kl_penalty,
+from rlvr.trainer.ppo.batch_steps import (
+    apply_kl_penalty,
+    compute_advantage,
+    compute_response_mask,
+    compute_spec_decode_metrics,
 )
+from rlvr.trainer.ppo.core_algos import agg_loss, get_adv_estimator_needs, get_kl_controller
 from rlvr.trainer.ppo.driver_state import DriverStateMixin
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
 from rlvr.trainer.ppo.metric_utils import (
@@ -108,7 +108,8 @@ except ModuleNotFoundError as err:
         raise
     RayWorkerGroup = None
 
-__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role"]
+__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role", "apply_kl_penalty", "compute_advantage",
+           "compute_response_mask", "compute_spec_decode_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -564,32 +565,14 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
 
     def _compute_advantage(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """KL penalty in the reward (if enabled), then the registered estimator on the driver."""
-        tensors = batch.batch
+        algo = self.config.algorithm
         with _timer("adv", timing):
             if self.kl_ctrl_in_reward is not None:
-                metrics.update(self._apply_kl_penalty(batch))
+                metrics.update(apply_kl_penalty(batch, self.kl_ctrl_in_reward, algo.kl_penalty)[1])
             else:
-                tensors["token_level_rewards"] = tensors["token_level_scores"]
-            optional = {key: tensors[key] if key in tensors.keys() else None
-                        for key in ("values", "reward_baselines", "old_log_probs", "rollout_log_probs")}
-            advantages, returns = get_adv_estimator_fn(self.config.algorithm.adv_estimator)(
-                token_level_rewards=tensors["token_level_rewards"], response_mask=tensors["response_mask"],
-                index=batch.non_tensor_batch["uid"], values=optional["values"],
-                reward_baselines=optional["reward_baselines"], old_log_prob=optional["old_log_probs"],
-                rollout_log_prob=optional["rollout_log_probs"], config=self.config.algorithm)
-            tensors["advantages"], tensors["returns"] = advantages, returns
-
-    def _apply_kl_penalty(self, batch: DataProto) -> dict[str, float]:
-        """``token_level_rewards = token_level_scores - beta * KL(actor || ref)`` per token
-        (Ziegler et al. 2019, arXiv:1909.08593); the controller then updates ``beta``."""
-        tensors, algo = batch.batch, self.config.algorithm
-        mask = tensors["response_mask"]
-        kld = kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty) * mask
-        beta = self.kl_ctrl_in_reward.value
-        tensors["token_level_rewards"] = tensors["token_level_scores"] - beta * kld
-        current_kl = masked_mean(kld, mask, axis=-1).mean().item()
-        self.kl_ctrl_in_reward.update(current_kl=current_kl, n_steps=len(batch))
-        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                              norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
 
     def _update_critic(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         with _timer("update_critic", timing):
