@@ -77,3 +77,17 @@ def test_a_worker_registers_its_mesh_once_and_the_local_group_dispatches_by_it()
     worker = MeshWorker()
     with pytest.raises(ValueError, match="train has been registered"):
         worker._register_dispatch_collect_info("train", 0, True)
+
+
+def test_a_worker_takes_the_layout_of_other_roles():
+    ref, actor, both = MeshWorker.__new__(MeshWorker), MeshWorker.__new__(MeshWorker), MeshWorker.__new__(MeshWorker)
+    for worker in (ref, actor, both):
+        Worker.__init__(worker)
+    ref._register_dispatch_collect_info("ref", dp_rank=0, is_collect=True)
+    actor._register_dispatch_collect_info("actor", dp_rank=3, is_collect=False)
+    both.set_dispatch_collect("ref", **ref.get_dispatch_collect())
+    both.set_dispatch_collect("actor", **actor.get_dispatch_collect())
+    assert both.get_dispatch_collect() == {"dispatch_dp_rank": {"ref": 0, "actor": 3},
+                                           "collect_dp_rank": {"ref": True, "actor": False}}
+    with pytest.raises(AssertionError, match="actor is already registered"):
+        both.set_dispatch_collect("actor", **actor.get_dispatch_collect())

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.single_controller.base.decorator import Dispatch, Execute, register
-from rlvr.utils.errors import ProtocolKeyError
+from rlvr.utils.errors import ProtocolError, ProtocolKeyError
 from rlvr.utils.user_code import import_user_code_from_env
 
 
@@ -144,6 +144,25 @@ class Worker:
         if mesh_name in self._dispatch_dp_rank:
             raise ValueError(f"mesh_name {mesh_name} has been registered (dp_rank {self._dispatch_dp_rank[mesh_name]})")
         self._dispatch_dp_rank[mesh_name], self._collect_dp_rank[mesh_name] = int(dp_rank), bool(is_collect)
+
+    def get_dispatch_collect(self) -> dict[str, dict]:
+        """``{"dispatch_dp_rank": {mesh: dp rank}, "collect_dp_rank": {mesh: kept}}`` of this worker."""
+        return {"dispatch_dp_rank": dict(self._dispatch_dp_rank), "collect_dp_rank": dict(self._collect_dp_rank)}
+
+    def set_dispatch_collect(self, mesh_name: str, dispatch_dp_rank: dict[str, int],
+                             collect_dp_rank: dict[str, bool]) -> None:
+        """Take another worker's layout (its :meth:`get_dispatch_collect`, one mesh) as this worker's
+        ``mesh_name`` (a worker that plays several roles takes each role's).
+
+        Raises:
+            ProtocolError: ``mesh_name`` is registered here already, or the layout holds other than one mesh.
+        """
+        if mesh_name in self._dispatch_dp_rank:
+            raise ProtocolError(f"{mesh_name} is already registered ({sorted(self._dispatch_dp_rank)})")
+        if len(dispatch_dp_rank) != 1 or len(collect_dp_rank) != 1:
+            raise ProtocolError(f"set_dispatch_collect takes the layout of one mesh, got {sorted(dispatch_dp_rank)}")
+        self._register_dispatch_collect_info(mesh_name, next(iter(dispatch_dp_rank.values())),
+                                             next(iter(collect_dp_rank.values())))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def _query_dispatch_info(self, mesh_name: str) -> int:
