@@ -74,7 +74,7 @@ def rm_summary(run_dir: str | Path, rm_summary_file: str | Path) -> dict[str, An
     rows = read_metrics(run_dir / "metrics.jsonl")
     rm = json.loads(Path(rm_summary_file).read_text())
     val = _val_curve(rows)
-    steps = [row for row in rows if "timing/step" in row]
+    steps = [row for row in rows if "timing_s/step" in row]
     rm_score = metric_series(rows, "reward/*/reward_model/mean_score")
     rule = {"rule's accuracy of the samples (train/acc)": metric_series(rows, "train/acc")["train/acc"],
             "held-out greedy accuracy by the rule (val/acc)": (list(val), list(val.values()))}
@@ -85,7 +85,7 @@ def rm_summary(run_dir: str | Path, rm_summary_file: str | Path) -> dict[str, An
     result = {"rm_val_pair_accuracy": rm["val_pair_accuracy_after"], "rm_val_pair_accuracy_untrained": rm["val_pair_accuracy_before"],
               "rm_train_pairs": rm["train_pairs"], "val_acc_before": val[first], "val_acc_after": val[last],
               "gain_points": 100 * (val[last] - val[first]), "steps": len(steps),
-              "train_s": sum(row["timing/step"] for row in steps), "val_acc_by_step": val,
+              "train_s": sum(row["timing_s/step"] for row in steps), "val_acc_by_step": val,
               "rm_score_first_last": {k: (v[1][0], v[1][-1]) for k, v in rm_score.items()},
               "train_acc_first_last": (rule["rule's accuracy of the samples (train/acc)"][1][0],
                                        rule["rule's accuracy of the samples (train/acc)"][1][-1])}

@@ -48,7 +48,7 @@ def sample_and_score(cfg: Any, prompts: int, batch_size: int) -> tuple[list[dict
     from rlvr.reward.reward_model import response_text
     from rlvr.single_controller import ClassWithInitArgs, LocalResourcePool, LocalWorkerGroup
     from rlvr.trainer.data import collate_fn, create_rl_dataset
-    from rlvr.trainer.ppo.metrics import sample_accuracy
+    from rlvr.trainer.ppo.metric_utils import sample_accuracy
     from rlvr.trainer.ppo.reward import compute_reward, load_reward_manager
     from rlvr.utils.tokenizer import hf_tokenizer
     from rlvr.workers.engine_workers import ActorRolloutRefWorker

@@ -139,11 +139,13 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
         import ray
 
         from rlvr.single_controller import init_ray
+        from rlvr.trainer.constants_ppo import get_ppo_ray_runtime_env
 
         if not ray.is_initialized():
             workers = sum(sum(nodes) for nodes in spec.values())
             num_cpus = cfg.ray_kwargs.ray_init.num_cpus  # verl's ray_kwargs.ray_init.num_cpus, else the workers'
-            init_ray(num_cpus=num_cpus if num_cpus is not None else None if use_gpu else max(workers, 1))
+            init_ray(num_cpus=num_cpus if num_cpus is not None else None if use_gpu else max(workers, 1),
+                     env_vars=get_ppo_ray_runtime_env(cfg)["env_vars"])
             started_ray = True
     try:
         try:

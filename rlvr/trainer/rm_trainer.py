@@ -149,7 +149,7 @@ class RewardModelTrainer:
 
     def fit(self) -> dict[str, float]:
         """Train, log, export; returns the summary (also written to ``rm_summary.json``)."""
-        from rlvr.trainer.ppo.metrics import reduce_metrics
+        from rlvr.trainer.ppo.metric_utils import reduce_metrics
         from rlvr.trainer.tracking import Tracking
 
         t = self.config.trainer

@@ -212,7 +212,7 @@ class SFTTrainer:
 
     def _step(self) -> dict[str, float]:
         from rlvr.protocol import DataProto
-        from rlvr.trainer.ppo.metrics import reduce_metrics
+        from rlvr.trainer.ppo.metric_utils import reduce_metrics
 
         started = time.perf_counter()
         batch = DataProto.from_single_dict(next(self.train_iter), meta_info={"temperature": 1.0})

@@ -25,6 +25,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -191,6 +192,16 @@ def local_model_dir(name_or_path: str | os.PathLike) -> str:
     if not (target / "config.json").is_file():
         _build_cache_entry(resolved, target)
     return str(target)
+
+
+def update_model_config(module_config: Any, override_config_kwargs: dict[str, Any]) -> None:
+    """Set the fields of a Hugging Face config from ``override_config_kwargs`` in place; a dict value
+    updates the sub-config of that name (``{"text_config": {"num_experts": 4}}``). verl's function."""
+    for key, value in override_config_kwargs.items():
+        if isinstance(value, dict):
+            update_model_config(getattr(module_config, key), value)
+        else:
+            setattr(module_config, key, value)
 
 
 def load_causal_lm(

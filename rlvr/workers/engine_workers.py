@@ -56,6 +56,7 @@ from rlvr.single_controller.base.decorator import Dispatch, register
 from rlvr.single_controller.base.worker import Worker
 from rlvr.utils import core_lending
 from rlvr.utils.model import load_tokenizer
+from rlvr.utils.profiler.worker import WorkerProfiler
 from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
 from rlvr.utils.tokenizer import hf_processor, set_chat_template
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
@@ -95,11 +96,12 @@ class TrainingWorker(Worker):
         config: the whole run config.
     """
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, roles: tuple[str, ...] = ()) -> None:
         super().__init__(config)
         self.config = config
         if self.device == "cpu":
             set_cpu_threads(config.trainer.num_threads, cpu_workers(config))
+        self.profiler = WorkerProfiler(config, roles, self.rank, self.device)
 
     def _device_type(self) -> str:
         return "cuda" if self.device.startswith("cuda") else "cpu"
@@ -130,13 +132,24 @@ class TrainingWorker(Worker):
         return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics, "timing": timer.result()})
 
     def _timer(self) -> StageTimer:
-        return StageTimer(self.world_size, self.device)
+        return StageTimer(self.world_size, self.device, self.profiler.stage)
 
     def _extra_rng_state(self) -> dict:
         return {}
 
     def _load_extra_rng_state(self, state: dict) -> None:
         return None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, profile_step: int) -> None:
+        """Profile this worker's enabled roles in training step ``profile_step`` (``global_profiler``)."""
+        self.profiler.start(profile_step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_profile(self, flush: bool = True, run_command: bool = False) -> dict:
+        """End the profiled step; ``flush`` writes its traces, ``run_command`` runs ``finish_hook_cmd``.
+        Returns this rank's report per role (:meth:`rlvr.utils.profiler.worker.WorkerProfiler.stop`)."""
+        return self.profiler.stop(flush, run_command)
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def get_rng_state(self) -> dict:
@@ -163,7 +176,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     def __init__(self, config, role: str) -> None:
         if role not in HYBRID_ROLES:
             raise ValueError(f"{type(self).__name__} role must be one of {HYBRID_ROLES}, got {role!r}")
-        super().__init__(config)
+        super().__init__(config, tuple(role.split("_")))
         self.role = role
         self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
@@ -480,7 +493,7 @@ class CriticWorker(TrainingWorker):
     """
 
     def __init__(self, config) -> None:
-        super().__init__(config)
+        super().__init__(config, ("critic",))
         self.critic = None
 
     def _process_group_timeout(self) -> float:

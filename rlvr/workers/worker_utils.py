@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import TYPE_CHECKING
 
 import torch
@@ -68,18 +68,26 @@ def per_rank_batch_size(prompts: int, samples_per_prompt: int, world_size: int, 
 
 class StageTimer:
     """Wall time of the stages of one worker call; values are the slowest rank's (so that every
-    rank reports the same numbers and the collected ``meta_info["timing"]`` agrees)."""
+    rank reports the same numbers and the collected ``meta_info["timing"]`` agrees).
 
-    def __init__(self, world_size: int, device: str) -> None:
+    Args:
+        around: a context manager factory entered inside each timed stage with its name (the
+            worker's profiler, :meth:`rlvr.utils.profiler.worker.WorkerProfiler.stage`).
+    """
+
+    def __init__(self, world_size: int, device: str,
+                 around: Callable[[str], AbstractContextManager[None]] | None = None) -> None:
         self.world_size = world_size
         self.device = device
+        self.around = around
         self.timing: dict[str, float] = {}
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with self.around(name) if self.around is not None else nullcontext():
+                yield
         finally:
             self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
 

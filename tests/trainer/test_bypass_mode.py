@@ -59,9 +59,9 @@ def test_bypass_mode_skips_the_old_log_prob_pass(tiny_model_dir, tiny_data, tmp_
         "trainer.total_training_steps": 2, "algorithm.rollout_correction.bypass_mode": True,
         "algorithm.rollout_correction.rollout_rs": "token", "algorithm.rollout_correction.rollout_rs_threshold": 2.0})
     run_ppo(cfg)
-    steps = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing/step" in row]
+    steps = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing_s/step" in row]
     assert len(steps) == 2
     for row in steps:
         assert row["actor/bypass_mode"] == 1.0
-        assert "timing/old_log_prob" not in row and "actor/reused_rollout_log_probs" not in row
+        assert "timing_s/old_log_prob" not in row and "actor/reused_rollout_log_probs" not in row
         assert row["actor/pg_clipfrac"] >= 0.0

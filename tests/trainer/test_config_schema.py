@@ -87,13 +87,20 @@ def _schema_defaults(schema: type, prefix: str = "") -> dict:
 
 
 VALIDATION_MODULES = [CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_verl.py",
-                      CONFIG_PACKAGE / "validate_rollout_scale.py", CONFIG_PACKAGE / "validate_models.py"]
+                      CONFIG_PACKAGE / "validate_rollout_scale.py", CONFIG_PACKAGE / "validate_models.py",
+                      CONFIG_PACKAGE / "validate_profiler.py"]
 NOTED_VERL_KEYS = {
     *(f"reward.reward_model.rollout.{name}" for name in RM_SERVING_KNOBS),
     "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb", "distillation.teacher_key",
 }
 """verl's serving knobs that are accepted without effect, each with a start-up note when set
 (:func:`rlvr.trainer.config.validate_models.frozen_model_notes`, tested in test_config_reward_model)."""
+VALIDATED_VERL_KEYS.update({
+    key: "a setting of a profiler tool rlvr refuses (nsys, npu, precision_debugger) or of verl's mini-batch "
+         "schedule, accepted at its default only; a role's torch_memory settings must equal the global ones"
+    for key in schema_keys(RlvrConfig)
+    if ("profiler." in key and any(f".{part}." in key for part in ("nsys", "npu", "precision_debugger", "schedule")))
+    or ".profiler.tool_config.torch_memory." in key or key == "global_profiler.global_tool_config.torch_memory.stack_depth"})
 
 
 def _code_files() -> list[Path]:

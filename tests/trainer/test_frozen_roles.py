@@ -75,7 +75,7 @@ def test_reward_model_alone_with_verl_09_keys_local(tiny_model_dir, tiny_data, t
                                                         "reward.reward_model.model_path": rm_dir,
                                                         "reward.reward_model.micro_batch_size_per_gpu": 5})
     assert check_rm_scores(scored_batches, rm_dir) == 2 * 6 + STEPS * 16  # two validations, STEPS training batches
-    train = [row for row in rows if "timing/step" in row]
+    train = [row for row in rows if "timing_s/step" in row]
     for row, batch in zip(train, [b for b in scored_batches if len(b) == 16]):
         # the reward is the reward model's score alone (verl: no custom function, no routes)
         assert row["critic/score/mean"] == pytest.approx(float(batch.batch["rm_scores"].sum(-1).mean()), abs=1e-5)
@@ -97,7 +97,7 @@ def test_reward_model_beside_a_zero_weighted_rule(tiny_model_dir, tiny_data, tmp
         "reward.reward_model.enable": True, "reward.reward_model.model_path": rm_dir,
         "reward.routes.tiny": "'reward_model+0*naive'"})
     check_rm_scores(scored_batches, rm_dir)
-    train = [row for row in rows if "timing/step" in row]
+    train = [row for row in rows if "timing_s/step" in row]
     for row, batch in zip(train, [b for b in scored_batches if len(b) == 16]):
         assert row["reward/tiny/mean_score"] == pytest.approx(row["reward/tiny/reward_model/mean_score"], abs=1e-6)
         assert row["critic/score/mean"] == pytest.approx(float(batch.batch["rm_scores"].sum(-1).mean()), abs=1e-5)
@@ -112,8 +112,8 @@ def test_distillation_from_a_larger_teacher(tiny_model_dir, tiny_data, tmp_path)
     rows = _run(tiny_model_dir, tiny_data, tmp_path, **{
         "distillation.enabled": True, "distillation.teacher_models.teacher_model.model_path": str(teacher),
         "distillation.distillation_loss.distillation_loss_coef": 0.5})
-    train = [row for row in rows if "timing/step" in row]
+    train = [row for row in rows if "timing_s/step" in row]
     assert len(train) == STEPS
     for row in train:
-        assert row["distillation/loss"] >= 0.0 and row["timing/teacher"] > 0
+        assert row["distillation/loss"] >= 0.0 and row["timing_s/teacher"] > 0
         assert row["distillation/teacher_log_prob"] < 0.0

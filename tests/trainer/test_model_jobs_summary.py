@@ -22,8 +22,8 @@ def test_first_step_within_five_points():
 def test_rm_summary_reads_the_run_and_the_reward_model(tmp_path):
     run = tmp_path / "rm_job"
     _metrics(run, [{"step": 0, "val/acc": 0.5},
-                   {"step": 1, "timing/step": 10.0, "reward/arith/reward_model/mean_score": -1.0, "train/acc": 0.4},
-                   {"step": 2, "timing/step": 12.0, "reward/arith/reward_model/mean_score": 2.5, "train/acc": 0.6},
+                   {"step": 1, "timing_s/step": 10.0, "reward/arith/reward_model/mean_score": -1.0, "train/acc": 0.4},
+                   {"step": 2, "timing_s/step": 12.0, "reward/arith/reward_model/mean_score": 2.5, "train/acc": 0.6},
                    {"step": 2, "val/acc": 0.85}])
     (tmp_path / "rm.json").write_text(json.dumps({"val_pair_accuracy_after": 0.9, "val_pair_accuracy_before": 0.5,
                                                   "train_pairs": 100}))

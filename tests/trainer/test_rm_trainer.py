@@ -17,7 +17,7 @@ from rlvr.data_prep.rm_pairs import pairs_of_group, sample_and_score, split_by_p
 from rlvr.trainer.data import write_rows
 from rlvr.trainer.rm_trainer import RewardModelTrainer, load_rm_config, main, split_overrides
 from rlvr.trainer.config import load_config
-from rlvr.trainer.ppo.metrics import reduce_metrics
+from rlvr.trainer.ppo.metric_utils import reduce_metrics
 from rlvr.utils.errors import DataError
 from rlvr.workers.models import load_sequence_classifier
 from rlvr.workers.rm_training import bradley_terry_loss

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.single_controller.base.decorator import Dispatch, Execute, register
+from rlvr.utils.errors import ProtocolError, ProtocolKeyError
 from rlvr.utils.user_code import import_user_code_from_env
 
 
@@ -120,6 +121,8 @@ class Worker:
         self.rank_info = RankInfo(
             rank=self.rank, world_size=self.world_size, dp_rank=self.rank, dp_size=self.world_size
         )
+        self._dispatch_dp_rank: dict[str, int] = {}
+        self._collect_dp_rank: dict[str, bool] = {}
 
     def _pick_device(self) -> str:
         if not torch.cuda.is_available():
@@ -159,6 +162,53 @@ class Worker:
             timeout=timedelta(seconds=timeout_s),
         )
         return backend
+
+    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+        """Place this worker in the data-parallel layout of ``mesh_name`` (verl's nd dispatch,
+        ``make_nd_compute_dataproto_dispatch_fn``): it gets part ``dp_rank`` of the data, and its
+        output is kept when ``is_collect``.
+
+        Raises:
+            ValueError: ``mesh_name`` is registered already.
+        """
+        if mesh_name in self._dispatch_dp_rank:
+            raise ValueError(f"mesh_name {mesh_name} has been registered (dp_rank {self._dispatch_dp_rank[mesh_name]})")
+        self._dispatch_dp_rank[mesh_name], self._collect_dp_rank[mesh_name] = int(dp_rank), bool(is_collect)
+
+    def get_dispatch_collect(self) -> dict[str, dict]:
+        """``{"dispatch_dp_rank": {mesh: dp rank}, "collect_dp_rank": {mesh: kept}}`` of this worker."""
+        return {"dispatch_dp_rank": dict(self._dispatch_dp_rank), "collect_dp_rank": dict(self._collect_dp_rank)}
+
+    def set_dispatch_collect(self, mesh_name: str, dispatch_dp_rank: dict[str, int],
+                             collect_dp_rank: dict[str, bool]) -> None:
+        """Take another worker's layout (its :meth:`get_dispatch_collect`, one mesh) as this worker's
+        ``mesh_name`` (a worker that plays several roles takes each role's).
+
+        Raises:
+            ProtocolError: ``mesh_name`` is registered here already, or the layout holds other than one mesh.
+        """
+        if mesh_name in self._dispatch_dp_rank:
+            raise ProtocolError(f"{mesh_name} is already registered ({sorted(self._dispatch_dp_rank)})")
+        if len(dispatch_dp_rank) != 1 or len(collect_dp_rank) != 1:
+            raise ProtocolError(f"set_dispatch_collect takes the layout of one mesh, got {sorted(dispatch_dp_rank)}")
+        self._register_dispatch_collect_info(mesh_name, next(iter(dispatch_dp_rank.values())),
+                                             next(iter(collect_dp_rank.values())))
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_dispatch_info(self, mesh_name: str) -> int:
+        """This worker's dp rank in ``mesh_name``."""
+        if mesh_name not in self._dispatch_dp_rank:
+            raise ProtocolKeyError(f"{mesh_name} is not registered in {type(self).__name__}; call "
+                                   "self._register_dispatch_collect_info(mesh_name, dp_rank, is_collect) in __init__")
+        return self._dispatch_dp_rank[mesh_name]
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def _query_collect_info(self, mesh_name: str) -> bool:
+        """Whether this worker's output is collected in ``mesh_name``."""
+        if mesh_name not in self._collect_dp_rank:
+            raise ProtocolKeyError(f"{mesh_name} is not registered in {type(self).__name__}; call "
+                                   "self._register_dispatch_collect_info(mesh_name, dp_rank, is_collect) in __init__")
+        return self._collect_dp_rank[mesh_name]
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
     def execute_with_func_generator(self, func: Callable, *args: Any, **kwargs: Any) -> Any:

@@ -161,6 +161,8 @@ class WorkerGroup(ABC):
         self._method_prefix = ""
         self._rank_infos: list[RankInfo] | None = None
         self._state: dict[str, WorkerError | None] = {"failure": None}  # shared with spawned groups
+        self._dispatch_info: dict[str, list[int]] = {}  # mesh -> dp rank of each worker (nd dispatch)
+        self._collect_info: dict[str, list[bool]] = {}  # mesh -> whether each worker's output is collected
 
     # ------------------------------------------------------------------ backend hooks
     @abstractmethod
@@ -310,6 +312,7 @@ class WorkerGroup(ABC):
             group.name = f"{self.name}/{role}"
             group._method_prefix = f"{role}_"
             group._rank_infos = None
+            group._dispatch_info, group._collect_info = {}, {}
             group._bind_worker_methods(self._worker_cls, prefix=f"{role}_")
             groups[role] = group
         return groups

@@ -21,6 +21,7 @@ from rlvr.trainer.config.schema_sections import (
     RayKwargsConfig,
 )
 from rlvr.trainer.ppo.distillation_config import DistillationConfig
+from rlvr.utils.profiler.config import GlobalProfilerConfig, ProfilerConfig, RolloutProfilerConfig
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
@@ -225,6 +226,7 @@ class ActorConfig:
     checkpoint: CheckpointConfig = _sub(CheckpointConfig, "what the actor's checkpoints hold")
     share_prompt_forward: bool = _f(True, "on one rank, run each distinct prompt of a micro-batch once and its responses on its KV cache (exact; about n times less prompt compute)")
     use_rollout_log_probs: bool = _f(True, "reuse the rollout's exact sampling log-probs as old_log_probs when they match the actor (skips a forward pass)")
+    profiler: ProfilerConfig = _sub(ProfilerConfig, "profile the actor's stages (old_log_prob, update_actor) in global_profiler.steps")
 
 
 @dataclass
@@ -238,6 +240,7 @@ class RefConfig:
     ulysses_sequence_parallel_size: int = _f("${actor_rollout_ref.actor.ulysses_sequence_parallel_size}", "Ulysses sequence-parallel ranks of the reference (default: the actor's)")
     fsdp_config: RefFSDPConfig = _sub(RefFSDPConfig, "FSDP2 and offload settings")
     megatron: RefMegatronConfig = _sub(RefMegatronConfig, "strategy=megatron: parallel sizes and offload")
+    profiler: ProfilerConfig = _sub(ProfilerConfig, "profile the reference's stage (ref) in global_profiler.steps")
 
 
 @dataclass
@@ -353,6 +356,7 @@ class RolloutConfig:
     agent: AgentConfig = _sub(AgentConfig, "agent loops above the engine (single-turn, tools, environments)")
     multi_turn: MultiTurnConfig = _sub(MultiTurnConfig, "limits, tools and environment of multi-turn agent loops")
     server: ServerConfig = _sub(ServerConfig, "rollout.mode=async: the inference server replicas (managed or rollout.server.urls)")
+    profiler: RolloutProfilerConfig = _sub(RolloutProfilerConfig, "profile generation (gen) in global_profiler.steps; defaults follow the actor's profiler")
 
 
 @dataclass
@@ -399,6 +403,7 @@ class CriticConfig:
     loss_agg_mode: str = _f("token-mean", "aggregation of the value loss (see actor.loss_agg_mode)")
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
     megatron: MegatronConfig = _sub(MegatronConfig, "strategy=megatron: tensor/pipeline parallel sizes and offload")
+    profiler: ProfilerConfig = _sub(ProfilerConfig, "profile the critic's stages (values, update_critic) in global_profiler.steps")
 
 
 # ----------------------------------------------------------------------------------------- reward
@@ -510,7 +515,10 @@ class TrainerConfig:
     default_local_dir: str = _f("runs/${trainer.project_name}/${trainer.experiment_name}", "run directory: checkpoints, metrics, report")
     export_hf: bool = _f(True, "at the end, export the actor to <run dir>/hf_model (loads with from_pretrained)")
     logger: list = _f(["console", "jsonl"], "metric sinks: console | jsonl | tensorboard | wandb")
-    log_val_generations: int = _f(8, "sample generations kept in the report table")
+    log_val_generations: int = _f(8, "validation samples logged to every logger as a table (W&B table val/generations, TensorBoard text, val_generations.jsonl, console) and kept for the report (0 = none)")
+    rollout_data_dir: Optional[str] = _f(None, "write every training step's samples to <dir>/<step>.jsonl: input, output, gts, score, step and the reward's extra info (None = off)")
+    validation_data_dir: Optional[str] = _f(None, "write every validation's samples to <dir>/<step>.jsonl, fields as rollout_data_dir plus reward (None = off)")
+    val_only: bool = _f(False, "validate once (at step 0, or the resumed checkpoint's step) and stop: no training, checkpoint or export; needs validation data")
     report: bool = _f(True, "write <run dir>/report.md with PNG curves and sample generations at the end")
     seed: int = _f(1, "one seed for init, sampling and data order")
     call_timeout_s: float = _f(3600.0, "time limit of one worker call; a call over it raises naming stage/worker")
@@ -538,3 +546,4 @@ class RlvrConfig:
     ray_kwargs: RayKwargsConfig = _sub(RayKwargsConfig, "Ray start-up settings")
     model_engine: str = _f("dp", "verl's training-engine selector (model_engine=NAME picks the strategies): dp (FSDP2) | megatron | veomni / torchtitan (FSDP2-based engines: rlvr runs its FSDP2, with a start-up note)")
     distillation: DistillationConfig = _sub(DistillationConfig, "on-policy distillation from a frozen teacher (verl 0.9's keys)")
+    global_profiler: GlobalProfilerConfig = _sub(GlobalProfilerConfig, "profiling: the tool (torch | torch_memory), the steps, where traces go")

@@ -36,6 +36,7 @@ from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list
 from rlvr.trainer.config.validate_rollout_scale import check_rollout_scale
 from rlvr.trainer.config.validate_models import check_distillation, check_reward_model, uses_teacher
+from rlvr.trainer.config.validate_profiler import check_profiler
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
 from rlvr.trainer.config.validate_verl import check_verl_settings, rejection_band
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
@@ -131,6 +132,7 @@ def _check_trainer(cfg: DictConfig) -> None:
     _require(t.test_freq == -1 or t.test_freq > 0, "trainer.test_freq", "use -1 (only at the end) or a step count > 0")
     _require(t.save_freq == -1 or t.save_freq > 0, "trainer.save_freq", "use -1 (only at the end) or a step count > 0")
     _require(t.critic_warmup >= 0, "trainer.critic_warmup", "must be >= 0")
+    _require(t.log_val_generations >= 0, "trainer.log_val_generations", "must be >= 0 (0 logs no samples)")
     _require(t.call_timeout_s > 0, "trainer.call_timeout_s", "must be > 0 seconds")
     _require(t.max_restarts >= 0, "trainer.max_restarts", "must be >= 0 (0 = stop at the first worker failure)")
     _require(t.max_actor_ckpt_to_keep is None or t.max_actor_ckpt_to_keep >= 1, "trainer.max_actor_ckpt_to_keep",
@@ -150,6 +152,8 @@ def _check_data(cfg: DictConfig, require_data_files: bool) -> None:
     d = cfg.data
     _check_files("data.train_files", d.train_files, required=require_data_files)
     _check_files("data.val_files", d.val_files, required=False)
+    _require(not (cfg.trainer.val_only and require_data_files and d.val_files is None), "trainer.val_only",
+             "validating only needs validation data: set data.val_files (or trainer.val_only=false)")
     _require(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1 prompt")
     _require(d.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1 token")
     _require(d.max_response_length >= 1, "data.max_response_length", "must be >= 1 token")
@@ -543,6 +547,7 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     _check_reward(cfg)
     check_reward_model(cfg)
     check_distillation(cfg)
+    check_profiler(cfg)
 
 
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:

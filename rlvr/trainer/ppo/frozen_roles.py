@@ -25,7 +25,7 @@ from rlvr.protocol import DataProto
 from rlvr.reward.reward_model import RM_SCORES
 from rlvr.single_controller import ClassWithInitArgs
 from rlvr.trainer.config.validate_models import uses_reward_model, uses_teacher
-from rlvr.trainer.ppo.metrics import reduce_metrics
+from rlvr.trainer.ppo.metric_utils import reduce_metrics
 from rlvr.trainer.ppo.utils import Role
 from rlvr.utils.errors import ConfigError
 

@@ -1,6 +1,6 @@
 """The PPO-family trainer: one driver process that drives role worker groups (verl's trainer API).
 
-One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
+One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing_s/<stage>`` (verl's names)::
 
     gen           prompts (uid each) x rollout.n  -> actor_rollout.generate_sequences
     reward        reward_fn on the responses      -> token_level_scores (+ acc per sample); with
@@ -27,9 +27,11 @@ With ``actor_rollout_ref.hybrid_engine=false`` the rollout runs in a worker grou
 ``async_training.mode`` sync, one_step or bounded), which generates them ahead, overlapped with
 training; ``update_weights`` pushes the new weights to the rollout workers.
 
-Validation (greedy, ``rollout.val_kwargs``; :mod:`rlvr.trainer.ppo.validation`) runs before training
-if asked, every ``test_freq`` steps and at the end; checkpoints (:mod:`rlvr.trainer.ppo.driver_state`)
-every ``save_freq`` steps and at the end.
+Validation (``rollout.val_kwargs``, ``n`` samples per prompt; :mod:`rlvr.trainer.ppo.validation`) runs
+before training if asked, every ``test_freq`` steps and at the end (``trainer.val_only``: once, and no
+training); checkpoints (:mod:`rlvr.trainer.ppo.driver_state`) every ``save_freq`` steps and at the end.
+With ``trainer.rollout_data_dir`` every step's samples are written to ``<dir>/<step>.jsonl``
+(:mod:`rlvr.trainer.generations`).
 
 Faults (see :mod:`rlvr.trainer.recovery`): on the Ray backend a dead or hung worker makes the
 trainer tear down and restart every worker group, restore the last whole checkpoint and go on, up
@@ -63,27 +65,28 @@ from rlvr.single_controller import ClassWithInitArgs
 from rlvr.trainer.async_schedule import AsyncRollout, prox_log_prob_from_update, rollout_correction_config
 from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
 from rlvr.trainer.checkpoint import RunCheckpoints
-from rlvr.trainer.run_settings import checkpoints_to_keep
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
 from rlvr.trainer.config.async_checks import rollout_apart
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
+from rlvr.trainer.generations import REWARD_EXTRA_INFO, dump_batch
 from rlvr.trainer.ppo.balance import balance_batch, update_layouts
-from rlvr.trainer.ppo.core_algos import (
-    agg_loss,
-    get_adv_estimator_fn,
-    get_adv_estimator_needs,
-    get_kl_controller,
-    kl_penalty,
+from rlvr.trainer.ppo.batch_steps import (
+    apply_kl_penalty,
+    compute_advantage,
+    compute_response_mask,
+    compute_spec_decode_metrics,
 )
+from rlvr.trainer.ppo.core_algos import agg_loss, get_adv_estimator_needs, get_kl_controller
 from rlvr.trainer.ppo.driver_state import DriverStateMixin
 from rlvr.trainer.ppo.frozen_roles import FrozenRolesMixin
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
-from rlvr.trainer.ppo.metrics import (
+from rlvr.trainer.ppo.metric_utils import (
     compute_data_metrics,
-    compute_throughput_metrics,
+    compute_throughout_metrics,
     compute_timing_metrics,
     compute_variance_proxy_metrics,
+    per_source_metrics,
     reduce_metrics,
     sample_accuracy,
 )
@@ -98,6 +101,7 @@ from rlvr.trainer.ppo.rollout_correction import (
 )
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.ppo.validation import ValidationMixin
+from rlvr.trainer.run_settings import checkpoints_to_keep
 from rlvr.trainer.ppo.worker_groups import TrainerWorkerGroups
 from rlvr.trainer.graceful_stop import GracefulStop
 from rlvr.trainer.progress import TrainingProgress
@@ -105,6 +109,7 @@ from rlvr.trainer.recovery import RECOVERABLE_ERRORS, Recovery, RestartableGroup
 from rlvr.trainer.tracking import Tracking
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
+from rlvr.utils.profiler.summary import StepProfiler, resolve_save_paths
 from rlvr.utils.torch_functional import masked_mean
 from rlvr.workers.rollout.base import check_weights_version
 
@@ -115,7 +120,8 @@ except ModuleNotFoundError as err:
         raise
     RayWorkerGroup = None
 
-__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role"]
+__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role", "apply_kl_penalty", "compute_advantage",
+           "compute_response_mask", "compute_spec_decode_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -187,9 +193,14 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
         self._create_dataloader(train_dataset, val_dataset, collate_fn or default_collate_fn, train_sampler)
+        if self.config.trainer.val_only and self.val_dataset is None:
+            raise ConfigError("trainer.val_only", "validating only needs validation data: set data.val_files or pass "
+                              "val_dataset (or trainer.val_only=false)")
         if self.routes_rewards:  # datasets built from data files were checked with the config
             check_data_routes(self.config, train_dataset, val_dataset)
         self.reward_workers: RestartableGroup | None = None  # over a RewardWorkerGroups
+        resolve_save_paths(self.config)  # before the workers get the config
+        self.profiling = StepProfiler(self.config, self.device_name)
         self.run_dir = Path(self.config.trainer.default_local_dir)
         self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints",
                                           checkpoints_to_keep(self.config.trainer, self.use_critic))
@@ -323,6 +334,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
                                 console_write=progress.write)
         self._last_val_step = self._last_save_step = self.global_steps
         self._val_before_train_due = self.val_reward_fn is not None and cfg.val_before_train and self.global_steps == 0
+        if cfg.val_only:
+            self._validate_only(progress)
+            return
         with self.stop:
             try:
                 self._run_with_recovery(progress)
@@ -331,8 +345,23 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
                 self.tracker.finish()
                 if self.async_rollout is not None:
                     self.async_rollout.close()
+        self.profiling.finish()
         if cfg.report:
             self._write_report(progress.elapsed_s())
+
+    def _validate_only(self, progress: TrainingProgress) -> None:
+        """``trainer.val_only``: one validation at the current step (0, or the resumed checkpoint's),
+        logged, then the run ends: no training, checkpoint, export or report."""
+        if self.val_reward_fn is None:
+            raise ConfigError("trainer.val_only", "validating only needs a validation reward function: pass "
+                              "val_reward_fn (or trainer.val_only=false)")
+        try:
+            self._log(self._validate(), step=self.global_steps)
+        finally:
+            progress.close()
+            self.tracker.finish()
+            if self.async_rollout is not None:
+                self.async_rollout.close()
 
     def _run_with_recovery(self, progress: TrainingProgress) -> None:
         """:meth:`_run`, restarted from the last whole checkpoint after each recoverable failure."""
@@ -354,16 +383,22 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
             self._val_before_train_due = False
         while self.global_steps < self.total_training_steps and not progress.out_of_time() and not self.stop.requested:
             self.global_steps += 1
+            self.profiling.start(self._profiled_groups(), self.global_steps)
             metrics = self._train_step()
             is_last = self.global_steps >= self.total_training_steps or progress.out_of_time()
+            self.profiling.stop(self._profiled_groups(), self.global_steps, is_last)
             if self.val_reward_fn is not None and cfg.test_freq > 0 and self.global_steps % cfg.test_freq == 0:
+                started = time.perf_counter()
                 metrics.update(self._validate())
+                metrics["timing_s/testing"] = time.perf_counter() - started
                 self._last_val_step = self.global_steps
             if cfg.save_freq > 0 and self.global_steps % cfg.save_freq == 0 and not is_last:
+                started = time.perf_counter()
                 self._save_checkpoint()
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - started
             metrics.update(self.recovery.metrics())
             self._log(metrics, step=self.global_steps)
-            progress.update(metrics["timing/step"], metrics)
+            progress.update(metrics["timing_s/step"], metrics)
         if not self.stop.requested and self.val_reward_fn is not None and self._last_val_step != self.global_steps:
             self._log(self._validate(), step=self.global_steps)
             self._last_val_step = self.global_steps
@@ -371,6 +406,13 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
             self._save_checkpoint()
         if cfg.export_hf and not self.stop.requested:
             self.actor_rollout_wg.export_hf(str(self.run_dir / "hf_model"))
+
+    def _profiled_groups(self) -> list[Any]:
+        """The worker groups whose roles ``global_profiler`` may profile: the actor's (rollout and
+        reference when they share it), a separate reference's and the critic's."""
+        groups = [self.actor_rollout_wg, self.ref_policy_wg, self.critic_wg]
+        return [group for i, group in enumerate(groups)
+                if group is not None and all(group is not earlier for earlier in groups[:i])]
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics_history.append({"step": step, **metrics})
@@ -386,12 +428,19 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
             if batch is not None:
                 self._train_on_batch(batch, timing, metrics)
         if batch is None:
-            return {**metrics, "train/skipped_step": 1.0, **{f"timing/{k}": v for k, v in timing.items()}}
+            return {**metrics, "train/skipped_step": 1.0, **{f"timing_s/{k}": v for k, v in timing.items()}}
+        if self.config.trainer.rollout_data_dir:
+            with _timer("dump_rollout_generations", timing):
+                dump_batch(batch, self.tokenizer, self.config.trainer.rollout_data_dir, self.global_steps)
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
         metrics.update(compute_data_metrics(batch, self.use_critic))
         metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
+        metrics.update(per_source_metrics("train", batch.non_tensor_batch["data_source"],
+                                          batch.batch["token_level_scores"].sum(-1).tolist(),
+                                          batch.non_tensor_batch["acc"].tolist()))
         metrics.update(_tool_use_metrics("train", batch))
         metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(compute_throughput_metrics(batch, timing, world_size(self.config)))
+        metrics.update(compute_throughout_metrics(batch, timing, world_size(self.config)))
         return metrics
 
     def _train_on_batch(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
@@ -496,7 +545,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
         return batch.union(generated)
 
     def _score(self, batch: DataProto, reward_fn: Any) -> dict[str, float]:
-        """``token_level_scores`` and per-sample ``acc`` into ``batch``; returns the reward metrics.
+        """``token_level_scores``, per-sample ``acc`` and the reward function's per-sample extras
+        (column ``reward_extra_info``, a dict per sample) into ``batch``; returns the reward metrics.
         ``acc`` is the task scorer's verdict alone: tool and environment rewards of a multi-turn
         rollout (``turn_scores``) are added to the scores after it, so they never make an answer right."""
         rm_metrics = self._add_rm_scores(batch)
@@ -509,6 +559,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
             reward_tensor = reward_tensor + batch.batch["turn_scores"]
         batch.batch["token_level_scores"] = reward_tensor
         batch.non_tensor_batch["acc"] = np.array(acc.tolist(), dtype=object)
+        extras = np.empty(len(batch), dtype=object)
+        extras[:] = [{key: values[i] for key, values in extra.items()} for i in range(len(batch))]
+        batch.non_tensor_batch[REWARD_EXTRA_INFO] = extras
         return {**rm_metrics, **reduce_metrics(batch.meta_info.pop("metrics", {}))}
 
     def _compute_old_log_prob(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
@@ -557,35 +610,14 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
 
     def _compute_advantage(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """KL penalty in the reward (if enabled), then the registered estimator on the driver."""
-        tensors = batch.batch
+        algo = self.config.algorithm
         with _timer("adv", timing):
             if self.kl_ctrl_in_reward is not None:
-                metrics.update(self._apply_kl_penalty(batch))
+                metrics.update(apply_kl_penalty(batch, self.kl_ctrl_in_reward, algo.kl_penalty)[1])
             else:
-                tensors["token_level_rewards"] = tensors["token_level_scores"]
-            optional = {key: tensors[key] if key in tensors.keys() else None
-                        for key in ("values", "reward_baselines", "old_log_probs", "rollout_log_probs",
-                                    "sum_pi_squared", "rollout_is_weights")}
-            advantages, returns = get_adv_estimator_fn(self.config.algorithm.adv_estimator)(
-                token_level_rewards=tensors["token_level_rewards"], response_mask=tensors["response_mask"],
-                index=batch.non_tensor_batch["uid"], values=optional["values"],
-                reward_baselines=optional["reward_baselines"], old_log_prob=optional["old_log_probs"],
-                old_log_probs=optional["old_log_probs"], rollout_log_prob=optional["rollout_log_probs"],
-                sum_pi_squared=optional["sum_pi_squared"], rollout_is_weights=optional["rollout_is_weights"],
-                non_tensor_batch=batch.non_tensor_batch, batch=tensors, config=self.config.algorithm)
-            tensors["advantages"], tensors["returns"] = advantages, returns
-
-    def _apply_kl_penalty(self, batch: DataProto) -> dict[str, float]:
-        """``token_level_rewards = token_level_scores - beta * KL(actor || ref)`` per token
-        (Ziegler et al. 2019, arXiv:1909.08593); the controller then updates ``beta``."""
-        tensors, algo = batch.batch, self.config.algorithm
-        mask = tensors["response_mask"]
-        kld = kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty) * mask
-        beta = self.kl_ctrl_in_reward.value
-        tensors["token_level_rewards"] = tensors["token_level_scores"] - beta * kld
-        current_kl = masked_mean(kld, mask, axis=-1).mean().item()
-        self.kl_ctrl_in_reward.update(current_kl=current_kl, n_steps=len(batch))
-        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                              norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
 
     def _update_critic(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         with _timer("update_critic", timing):
@@ -600,7 +632,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
         with _timer("update_weights", timing):
             if self.async_rollout is None:
                 stages = self.actor_rollout_wg.update_weights()[0]
-                metrics.update({f"timing/update_weights/{stage}": seconds for stage, seconds in stages.items()})
+                metrics.update({f"timing_s/update_weights/{stage}": seconds for stage, seconds in stages.items()})
             else:
                 self.async_rollout.after_update()
 
