@@ -63,6 +63,7 @@ from rlvr.trainer.ppo.rollout_correction import (
 )
 from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
+from rlvr.utils.torch_functional import DEFAULT_CHUNK_ROWS, entropy_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_token_stats
 from rlvr.workers.actor.packed_log_probs import packed_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
@@ -485,10 +486,10 @@ class DataParallelPPOActor:
         log_probs = log_softmax.gather(-1, batch["responses"][:, :r, None]).squeeze(-1)
         topk = log_softmax.gather(-1, batch[TEACHER_TOPK_IDS][:, :r].long())
         if entropy_grad:
-            entropy = entropy_from_logits(logits)
+            entropy = entropy_from_logits(logits, self.entropy_chunk)
         else:
             with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
+                entropy = entropy_from_logits(logits.detach(), self.entropy_chunk)
         topk = torch.nn.functional.pad(topk, (0, 0, 0, response_len - r))
         return _pad_right(log_probs, response_len), _pad_right(entropy, response_len), topk
 
