@@ -20,6 +20,7 @@ VERL_SIGNATURES = {
     ],
     "rlvr.trainer.ppo.core_algos.kl_penalty": ["logprob", "ref_logprob", "kl_penalty"],
     "rlvr.trainer.ppo.reward.compute_reward": ["data", "reward_fn"],
+    "rlvr.trainer.ppo.utils.need_reward_model": ["config"],
     "rlvr.trainer.ppo.reward.load_reward_manager": ["config", "tokenizer", "num_examine", "reward_kwargs"],
     "rlvr.workers.reward_manager.NaiveRewardManager": ["tokenizer", "num_examine", "compute_score", "reward_fn_key"],
     "rlvr.workers.reward_manager.DAPORewardManager": [
