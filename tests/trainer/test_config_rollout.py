@@ -32,7 +32,7 @@ def test_vllm_without_vllm_names_the_install_command(config):
 def test_vllm_keys_are_checked(config):
     validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm"}))
     bad = {"tensor_model_parallel_size": 2, "dtype": "float16", "gpu_memory_utilization": 1.5,
-           "load_format": "safetensors", "max_num_seqs": 0}
+           "load_format": "gguf", "max_num_seqs": 0}
     for workers, tp in ((2, 1), (2, 2), (4, 2)):  # an engine on every worker, or one per tp workers
         validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm", "trainer.backend": "ray",
                                   "trainer.n_gpus_per_node": workers, "actor_rollout_ref.rollout.n": 4,
@@ -78,3 +78,16 @@ def test_rollout_quantization_is_checked(config):
         validate_config(config(**{key: "int8"}))
     with pytest.raises(ConfigError, match=f"{key}.*cannot hold LoRA adapters"):
         validate_config(config(**{key: "fp8", "actor_rollout_ref.model.lora_rank": 4}))
+
+
+def test_vllm_load_format_takes_the_weight_file_formats(config, monkeypatch):
+    """verl's scripts start vLLM with ``load_format=safetensors``: the checkpoint's weights, like ``auto``."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    key = "actor_rollout_ref.rollout"
+    for value in ("dummy", "auto", "safetensors", "pt"):
+        cfg = config(**{f"{key}.name": "vllm", f"{key}.load_format": value})
+        validate_config(cfg)
+        assert cfg.actor_rollout_ref.rollout.load_format == value
+    with pytest.raises(ConfigError, match=f"{key}.load_format.*'gguf' is not valid.*dummy, auto, safetensors, pt"):
+        validate_config(config(**{f"{key}.name": "vllm", f"{key}.load_format": "gguf"}))

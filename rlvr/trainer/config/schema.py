@@ -180,6 +180,9 @@ AGG_LOSS_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-tok
 """The loss aggregation modes of ``agg_loss`` (``actor.loss_agg_mode``, ``critic.loss_agg_mode``)."""
 
 SINGLETON_CHOICES = ("score", "zero")
+# vLLM load formats that read the model folder's weight files (verl's scripts name safetensors; auto picks
+# safetensors, else PyTorch .bin): the engine's first weights are the checkpoint's, not random (`dummy`)
+WEIGHT_FILE_FORMATS = ("auto", "safetensors", "pt")
 """What a group estimator gives a prompt's only sample (``algorithm.singleton_advantage``)."""
 
 GPG_ALPHA_COUNTS = ("nonzero_score", "informative")
@@ -350,7 +353,7 @@ class RolloutConfig:
     scheduling_policy: str = _f("fcfs", "vllm: request scheduling: fcfs | priority")
     engine_kwargs: EngineKwargsConfig = _sub(EngineKwargsConfig, "more arguments of the inference engine")
     checkpoint_engine: CheckpointEngineConfig = _sub(CheckpointEngineConfig, "how new weights reach the rollout")
-    load_format: str = _f("dummy", "vllm: the engine's first weights: dummy (random; the actor's are loaded in place before the first generation) | auto (read from the model folder)")
+    load_format: str = _f("dummy", "vllm: the engine's first weights: dummy (random; the actor's are loaded in place before the first generation) | auto, safetensors, pt (read from the model folder, in vLLM's named file format)")
     kv_cache_memory_bytes: Optional[int] = _f(None, "vllm: KV-cache size in bytes (None = gpu_memory_utilization on GPU, 1 GiB on CPU)")
     block_size: Optional[int] = _f(None, "vllm: KV-cache block in tokens (None = 32 on CPU, where the default 128 outgrows short prompts; vLLM's default on GPU)")
     agent: AgentConfig = _sub(AgentConfig, "agent loops above the engine (single-turn, tools, environments)")

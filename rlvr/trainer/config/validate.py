@@ -31,7 +31,8 @@ from rlvr.reward.config import ON_ERROR_CHOICES
 from rlvr.trainer.config.algorithm_checks import check_new_algorithm_settings
 from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
-from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES, RlvrConfig
+from rlvr.trainer.config.schema import (AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES,
+                                        WEIGHT_FILE_FORMATS, RlvrConfig)
 from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list
 from rlvr.trainer.config.validate_rollout_scale import check_rollout_scale
@@ -314,7 +315,7 @@ def _check_vllm(rollout: DictConfig) -> None:
     _require(rollout.kv_cache_memory_bytes is None or rollout.kv_cache_memory_bytes > 0,
              f"{key}.kv_cache_memory_bytes", "must be > 0 bytes (or null)")
     _require(rollout.max_num_seqs >= 1, f"{key}.max_num_seqs", "must be >= 1")
-    _check_one_of(rollout.load_format, f"{key}.load_format", ("auto", "dummy"))
+    _check_one_of(rollout.load_format, f"{key}.load_format", ("dummy",) + WEIGHT_FILE_FORMATS)
 
 
 def _check_estimator_needs(cfg: DictConfig, needs: EstimatorNeeds) -> None:

@@ -43,6 +43,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.protocol import DataProto
+from rlvr.trainer.config.schema import WEIGHT_FILE_FORMATS
 from rlvr.utils.errors import VLLM_MISSING, RlvrError
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.rollout.base import CallSettings, Weights, call_settings, register_rollout_engine, response_tensors
@@ -109,14 +110,14 @@ class VLLMRollout:
 
     def _start(self, module: nn.Module, seed: int):
         """Start the engine from the policy's config and tokenizer, written to a temporary folder
-        (``load_format=auto``: from the policy's model folder, weights included)."""
+        (``load_format`` auto / safetensors / pt: from the policy's model folder, weights included)."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, no subprocess
         LLM = _import_vllm().LLM
 
         folder = Path(self._model_dir.name)
         self.names.hf_config.save_pretrained(folder)
         self.tokenizer.save_pretrained(folder)
-        model = self.names.hf_config.name_or_path if self.config.load_format == "auto" else str(folder)
+        model = self.names.hf_config.name_or_path if self.config.load_format in WEIGHT_FILE_FORMATS else str(folder)
         dtype = self.config.dtype or str(next(module.parameters()).dtype).removeprefix("torch.")
         cfg = self.config
         options = {

@@ -81,19 +81,20 @@ ENGINE_KEYS = {"dtype": "bfloat16", "gpu_memory_utilization": 0.3, "tensor_model
                "max_num_batched_tokens": 4096, "max_num_seqs": 17}
 
 
-@pytest.mark.parametrize("device,load_format", [("cpu", "auto"), ("cuda", "dummy")])
+@pytest.mark.parametrize("device,load_format", [("cpu", "auto"), ("cuda", "dummy"), ("cuda", "safetensors")])
 def test_config_keys_reach_the_engine(fake_vllm, tiny, device, load_format):
     model, tokenizer = tiny
     engine = VLLMRollout(rollout_config(load_format=load_format, **ENGINE_KEYS), model, tokenizer, device,
                          seed=3, owns_module=True)
     folder = engine._model_dir.name
     expected = {
-        "model": model.config.name_or_path if load_format == "auto" else folder, "tokenizer": folder,
+        "model": folder if load_format == "dummy" else model.config.name_or_path, "tokenizer": folder,
         "load_format": load_format, "dtype": "bfloat16", "seed": 3, "gpu_memory_utilization": 0.3,
         "tensor_parallel_size": 2, "enforce_eager": False, "enable_prefix_caching": False,
         "max_num_batched_tokens": 4096, "max_num_seqs": 17, "max_model_len": 32 + 12,
         "logprobs_mode": "processed_logprobs", "disable_log_stats": True, "scheduling_policy": "fcfs",
         "enable_sleep_mode": device == "cuda",  # vLLM's CPU build has no sleep mode
+        "distributed_executor_backend": "external_launcher",  # tensor_model_parallel_size=2: the workers' ranks
     }
     if device == "cpu":  # a fixed KV cache (vLLM would take most of the RAM) and blocks short prompts fill
         expected |= {"kv_cache_memory_bytes": 1 << 30, "block_size": 32}
