@@ -23,8 +23,10 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import (
@@ -198,6 +200,7 @@ def load_causal_lm(
     dtype: torch.dtype = torch.float32,
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> PreTrainedModel:
     """Load a causal language model (hub id, local folder or GGUF, see :func:`resolve_model_path`);
     a vision-language model loads with its vision encoder (``AutoModelForImageTextToText``).
@@ -207,10 +210,18 @@ def load_causal_lm(
         attn_implementation: ``"eager"``, ``"sdpa"``, ``"flash_attention_2"``; None lets
             transformers choose.
         trust_remote_code: allow model code from the hub.
+        config_overrides: config fields to set before the model is built (verl's
+            ``model.override_config``); a field the config does not have raises ``ValueError``.
     """
     source = local_model_dir(name_or_path)
-    return _auto_model_class(source, trust_remote_code).from_pretrained(
+    config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    for key, value in (config_overrides or {}).items():
+        if not hasattr(config, key):
+            raise ValueError(f"model.override_config.{key}: the {config.model_type} config has no field {key!r}")
+        setattr(config, key, value)
+    return auto_model_class(config.model_type).from_pretrained(
         source,
+        config=config,
         dtype=dtype,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
@@ -226,10 +237,6 @@ def is_vision_language_model(model_type: str) -> bool:
 def auto_model_class(model_type: str) -> type:
     """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model."""
     return AutoModelForImageTextToText if is_vision_language_model(model_type) else AutoModelForCausalLM
-
-
-def _auto_model_class(source: str, trust_remote_code: bool) -> type:
-    return auto_model_class(AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).model_type)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerBase:

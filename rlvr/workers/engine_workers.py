@@ -62,6 +62,8 @@ from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
 from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
+from rlvr.workers.moe.actor_routing import router_replay_mode
+from rlvr.workers.moe.layout import ROUTED_EXPERTS
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
 from rlvr.workers.rollout.partial import WeightInbox
@@ -193,6 +195,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,
             log_prob_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.actor.ulysses_sequence_parallel_size,
+            router_replay=router_replay_mode(cfg.actor),
         )
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -310,6 +313,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         meta = data.meta_info
         if calculate_entropy or "rollout_log_probs" not in data.batch.keys():
             return False
+        if router_replay_mode(self.config.actor_rollout_ref.actor) == "R2":  # the forward records the routes
+            return False
         if meta.get("old_log_probs_from_rollout") is True:  # the behaviour policy is the old one (no decoupling)
             return True
         return (
@@ -332,7 +337,9 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs [B, R]`` (and ``entropys`` when ``meta_info["calculate_entropy"]``)."""
+        """``old_log_probs [B, R]`` (and ``entropys`` when ``meta_info["calculate_entropy"]``; and the
+        experts of every token, ``routed_experts [B, S, layers, k]``, for an MoE actor under
+        ``router_replay.mode=R2``)."""
         self._require(self._is_actor, "compute_log_prob", "actor")
         timer = self._timer()
         temperature = self._temperature(data)
@@ -343,10 +350,12 @@ class ActorRolloutRefWorker(TrainingWorker):
                 tensors = {"old_log_probs": data.batch["rollout_log_probs"].clone()}
             else:
                 self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
-                log_probs, entropys = self.actor.compute_log_prob(data, calculate_entropy=calculate_entropy)
+                log_probs, entropys, routes = self.actor.compute_log_prob_and_routes(data, calculate_entropy)
                 tensors = {"old_log_probs": log_probs}
                 if entropys is not None:
                     tensors["entropys"] = entropys
+                if routes is not None:
+                    tensors[ROUTED_EXPERTS] = routes
         return self._reply(tensors, {"actor/reused_rollout_log_probs": float(reuse)}, timer, "old_log_prob")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

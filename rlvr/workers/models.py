@@ -48,13 +48,14 @@ def _enable_gradient_checkpointing(model: PreTrainedModel) -> None:
 
 
 def _load(model_config, path: str) -> PreTrainedModel:
-    """The causal LM at ``path`` with the section's dtype and attention; on the packed-sequence
-    attention (over that one) when ``use_remove_padding``."""
+    """The causal LM at ``path`` with the section's dtype, attention and config overrides
+    (``override_config``); on the packed-sequence attention (over that one) when ``use_remove_padding``."""
     model = load_causal_lm(
         path,
         dtype=torch_dtype(model_config.dtype),
         attn_implementation=model_config.attn_implementation,
         trust_remote_code=model_config.trust_remote_code,
+        config_overrides=model_config.override_config,
     )
     if model_config.use_remove_padding:
         use_packed_attention(model)

@@ -61,6 +61,7 @@ class ModelConfig:
     lora_dropout: float = _f(0.0, "LoRA dropout")
     target_modules: Any = _f("all-linear", "LoRA target modules: 'all-linear' or a list of module names")
     external_lib: Any = _f(None, "verl's key: a module (or .py file, or a list) of your own imported before the model is built; rlvr imports it like trainer.user_modules")
+    override_config: dict = _f({}, "verl's key: Hugging Face config fields set when the model loads, e.g. {output_router_logits: true, router_aux_loss_coef: 0.01} puts an MoE router's load-balancing loss into the actor's loss")
 
 
 @dataclass
@@ -77,11 +78,22 @@ class OptimConfig:
 
 
 @dataclass
+class RouterReplayConfig:
+    """verl's ``router_replay`` section of an engine config: a mixture-of-experts actor replays routes
+    (see :mod:`rlvr.workers.moe.actor_routing`); read from the actor's own backend section."""
+
+    mode: str = _f("disabled", "MoE routing replay: disabled | R2 (the update uses the experts of the actor's compute_log_prob) | R3 (compute_log_prob and the update use the rollout's experts; needs rollout.enable_rollout_routing_replay)")
+    record_file: Optional[str] = _f(None, "verl defines it but never reads it; rlvr keeps the routes in the batch (routed_experts): null only")
+    replay_file: Optional[str] = _f(None, "verl defines it but never reads it; rlvr keeps the routes in the batch (routed_experts): null only")
+
+
+@dataclass
 class RefFSDPConfig:
     """The frozen reference's FSDP settings: it has no optimizer, so no ``optimizer_offload``."""
 
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
     reshard_after_forward: bool = _f(True, "FSDP2 reshard_after_forward")
+    router_replay: RouterReplayConfig = _sub(RouterReplayConfig, "MoE routing replay of the actor (strategy fsdp/fsdp2); disabled elsewhere")
 
 
 @dataclass
@@ -98,7 +110,10 @@ class RefMegatronConfig:
 
     tensor_model_parallel_size: Optional[int] = _f(None, "ranks that split every weight matrix (must divide the key/value heads); None = 1 for the actor, the actor's for reference and critic")
     pipeline_model_parallel_size: Optional[int] = _f(None, "ranks that split the layers into stages (must divide the layers); None = 1 for the actor, the actor's for reference and critic")
+    expert_model_parallel_size: Optional[int] = _f(None, "MoE: ranks that split the experts of every MoE layer (must divide the experts); None = 1 for the actor, the actor's for reference and critic")
+    expert_tensor_parallel_size: Optional[int] = _f(None, "MoE: ranks that split every expert's weight matrices (None = tensor_model_parallel_size, as in verl)")
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
+    router_replay: RouterReplayConfig = _sub(RouterReplayConfig, "MoE routing replay of the actor (strategy megatron); disabled elsewhere")
 
 
 @dataclass
@@ -262,6 +277,9 @@ class RolloutConfig:
     dtype: Optional[str] = _f(None, "vllm: dtype of the engine's weights: float32 | bfloat16 (None = model.dtype)")
     gpu_memory_utilization: float = _f(0.5, "vllm: share of GPU memory for weights and KV cache (the actor lives beside it)")
     tensor_model_parallel_size: int = _f(1, "vllm: tensor-parallel ranks per engine (1: one engine per worker)")
+    expert_parallel_size: int = _f(1, "vllm, MoE: 1 splits the experts like the other weights (tensor parallel); > 1 places whole experts on ranks (must equal tensor_model_parallel_size x data_parallel ranks of one engine)")
+    enable_rollout_routing_replay: bool = _f(False, "MoE: the engine returns the experts every token went to (routed_experts), for router_replay.mode=R3 and rollout/moe metrics (hf engine, single_turn agent loop)")
+    moe_load_balance_metrics_interval: int = _f(0, "MoE: every this many steps log rollout/moe/* expert-load metrics from the rollout's routed_experts (needs enable_rollout_routing_replay; 0 = off)")
     enforce_eager: bool = _f(True, "vllm: no CUDA graphs / compilation (fast start; False compiles for speed)")
     enable_prefix_caching: bool = _f(True, "vllm: reuse the KV cache of shared prompt prefixes (the n samples of a prompt)")
     enable_sleep_mode: bool = _f(True, "vllm: free weights and KV cache between phases on GPU (sleep/wake_up); no-op on CPU")

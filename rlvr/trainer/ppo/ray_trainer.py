@@ -490,6 +490,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             output = self.actor_rollout_wg.compute_log_prob(batch)
         mask = batch.batch["response_mask"]
         batch.batch["old_log_probs"] = output.batch["old_log_probs"]
+        if ROUTED_EXPERTS in output.batch.keys():  # an MoE actor's own routes (router_replay.mode=R2)
+            batch.batch[ROUTED_EXPERTS] = output.batch[ROUTED_EXPERTS]
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
         if "entropys" in output.batch.keys():
             loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode

@@ -50,11 +50,14 @@ from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
 from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_log_probs
-from rlvr.workers.actor.packed_log_probs import packed_log_probs
+from rlvr.workers.actor.packed_log_probs import pack_micro_batch, packed_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
+from rlvr.workers.moe.actor_routing import ActorRouting, ForwardRouting, aux_loss_coef
+from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
+from rlvr.workers.moe.routers import router_tap
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group, shared_generator
 
@@ -159,6 +162,8 @@ class DataParallelPPOActor:
         use_remove_padding: run every forward on packed micro-batches (the module must be on the
             packed attention, :func:`~rlvr.workers.packed_attention.use_packed_attention`).
         sp_size: Ulysses sequence-parallel ranks per group (needs ``use_remove_padding``).
+        router_replay: a mixture-of-experts policy's ``router_replay.mode`` (disabled | R2 | R3, see
+            :mod:`rlvr.workers.moe.actor_routing`); a frozen reference keeps ``"disabled"``.
     """
 
     clip_grad_norm_fn = staticmethod(clip_grad_norm)
@@ -169,7 +174,8 @@ class DataParallelPPOActor:
     def __init__(self, config, module: nn.Module, optimizer: torch.optim.Optimizer | None, *,
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
                  device: str | torch.device, log_prob_use_dynamic_bsz: bool = False,
-                 log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1) -> None:
+                 log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1,
+                 router_replay: str = "disabled") -> None:
         self.config = config
         self.module = module
         self.optimizer = optimizer
@@ -186,6 +192,21 @@ class DataParallelPPOActor:
         self.policy_loss_fn = get_policy_loss_fn(config.policy_loss.loss_mode)
         self.chunked_head = world_size == 1 and _has_plain_lm_head(module)
         self.share_prompts = self.chunked_head and config.share_prompt_forward and not use_remove_padding
+        self.routing = self._moe_routing(router_replay)
+        self.metric_names = _METRICS + (("moe_aux_loss",) if self.routing is not None else ())
+
+    def _moe_routing(self, router_replay: str) -> ActorRouting | None:
+        """The routing side of a mixture-of-experts policy (None for a dense one); an MoE policy runs
+        every prompt with its responses (no shared prompt forward: the routers' tokens are the rows')."""
+        tap = router_tap(self.module)
+        if tap is None:
+            if router_replay != "disabled":
+                raise ValueError(f"router_replay.mode={router_replay} replays the experts of a mixture-of-experts "
+                                 f"model, but {type(self.module).__name__} has no router rlvr knows; set it to disabled")
+            return None
+        self.share_prompts = False
+        coef = aux_loss_coef(unwrap_hf_model(self.module).config) if self.optimizer is not None else 0.0
+        return ActorRouting(tap, router_replay, coef, self.sp, self.world_size, self.dp_group)
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int, use_dynamic_bsz: bool,
                        max_token_len: int) -> list[list[int]]:
@@ -207,8 +228,13 @@ class DataParallelPPOActor:
         """Log-probs ``[b, R]`` (float32, 0 past the last response column) and optional entropy."""
         core_lending.check_per_layer(self.module)  # the rollout's cores, while it waits
         if self.use_remove_padding:
+            packed = pack_micro_batch(batch, self.sp)
+            if self.routing is not None:
+                self.routing.start(batch, TokenLayout.packed(batch["attention_mask"], packed, self.sp))
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
-                                    self.chunked_head, self.sp)
+                                    self.chunked_head, self.sp, packed)
+        if self.routing is not None:
+            self.routing.start(batch, TokenLayout.padded(batch["attention_mask"], *response_window(batch)[:2]))
         response_len = batch["responses"].shape[1]
         if self.chunked_head and not (calculate_entropy and entropy_grad):
             hidden, weight = response_hidden(self.module, batch, self.share_prompts)
@@ -228,36 +254,69 @@ class DataParallelPPOActor:
                 entropy = entropy_from_logits(logits.detach())
         return log_probs, _pad_right(entropy, response_len)
 
-    @torch.no_grad()
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Log-probability of each response token under the current policy.
 
         Args:
             data: ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``;
-                ``meta_info["temperature"]``.
+                ``meta_info["temperature"]``; ``routed_experts`` for a policy that replays them
+                (``router_replay.mode=R3``).
             calculate_entropy: also return the per-token entropy of the (tempered) policy.
 
         Returns:
             ``(log_probs [B, R], entropys [B, R] or None)``, float32 on CPU.
         """
+        log_probs, entropys, _ = self.compute_log_prob_and_routes(data, calculate_entropy)
+        return log_probs, entropys
+
+    @torch.no_grad()
+    def compute_log_prob_and_routes(self, data: DataProto, calculate_entropy: bool = False
+                                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`compute_log_prob`, and the experts every token went to (``routed_experts [B, S,
+        layers, k]`` int16) when a mixture-of-experts policy records them (``router_replay.mode=R2``),
+        else None."""
         temperature = float(data.meta_info["temperature"])
-        batch = multi_modal_batch(gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp),
+        step = self.routing.log_prob_step() if self.routing is not None else ForwardRouting()
+        keys = _FORWARD_KEYS + ((ROUTED_EXPERTS,) if step.replay else ())
+        if self.routing is not None:
+            self.routing.require_routes(step, data.batch.keys(), "compute_log_prob")
+        batch = multi_modal_batch(gather_rows(select_batch_keys(data.batch, keys, "compute_log_prob"), self.sp),
                                   data.non_tensor_batch, self.module, self.world_size,
                                   "compute_log_prob", packed=self.use_remove_padding)
         rows, response_len = batch["responses"].shape
         log_probs = torch.zeros(rows, response_len)
         entropys = torch.zeros(rows, response_len) if calculate_entropy else None
+        routes = None
+        if step.record:
+            shape = self.routing.tap.shape
+            routes = torch.full((rows, batch["input_ids"].shape[1], shape.layers, shape.top_k), -1, dtype=torch.int16)
         self.module.eval()
-        for idx in self._micro_batches(batch, self.log_prob_micro_batch_size, self.log_prob_use_dynamic_bsz,
-                                       self.log_prob_max_token_len):
-            index = torch.tensor(idx)
-            micro = {key: value[index].to(self.device) for key, value in batch.items()}
-            lp, ent = self._forward(micro, temperature, calculate_entropy, entropy_grad=False)
-            log_probs[index] = lp.cpu()
-            if entropys is not None:
-                entropys[index] = ent.cpu()
-        return own_rows(log_probs, self.sp), own_rows(entropys, self.sp) if entropys is not None else None
+        self._set_routing(step)
+        try:
+            for idx in self._micro_batches(batch, self.log_prob_micro_batch_size, self.log_prob_use_dynamic_bsz,
+                                           self.log_prob_max_token_len):
+                index = torch.tensor(idx)
+                micro = {key: value[index].to(self.device) for key, value in batch.items()}
+                lp, ent = self._forward(micro, temperature, calculate_entropy, entropy_grad=False)
+                log_probs[index] = lp.cpu()
+                if entropys is not None:
+                    entropys[index] = ent.cpu()
+                if routes is not None:
+                    routes[index] = self.routing.routes()
+        finally:
+            self._set_routing(None)
+        entropys = own_rows(entropys, self.sp) if entropys is not None else None
+        return own_rows(log_probs, self.sp), entropys, own_rows(routes, self.sp) if routes is not None else None
+
+    def _set_routing(self, step: ForwardRouting | None) -> None:
+        """Start an actor call's routing (``step``) or end it (None; disarms the routers)."""
+        if self.routing is None:
+            return
+        if step is None:
+            self.routing.stop()
+        else:
+            self.routing.step = step
 
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
@@ -283,16 +342,24 @@ class DataParallelPPOActor:
             self._check_one_step(len(data))
         if bypass_rs is not None or prox is not None:
             keys.append("rollout_log_probs")
+        step = self.routing.update_step() if self.routing is not None else None
+        if step is not None and step.replay:
+            self.routing.require_routes(step, data.batch.keys(), "update_actor")
+            keys.append(ROUTED_EXPERTS)
         batch = multi_modal_batch(
             gather_rows(select_batch_keys(data.batch, keys, "update_actor"), self.sp, block=self.mini_batch_size),
             data.non_tensor_batch, self.module, self.world_size, "update_actor",
             packed=self.use_remove_padding)
         self.module.train()
-        metrics = run_ppo_epochs(
-            batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox),
-            epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size * self.sp.size,
-            shuffle=self.config.shuffle, generator=shared_generator(self.sp) if self.config.shuffle else None,
-        )
+        self._set_routing(step)
+        try:
+            metrics = run_ppo_epochs(
+                batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox),
+                epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size * self.sp.size,
+                shuffle=self.config.shuffle, generator=shared_generator(self.sp) if self.config.shuffle else None,
+            )
+        finally:
+            self._set_routing(None)
         if prox is not None:
             metrics.update({name: [value] for name, value in prox.metrics().items()})
         return metrics
@@ -309,7 +376,7 @@ class DataParallelPPOActor:
 
     def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None,
                     prox: ProxFromUpdate | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss of one micro-batch (aggregated over it) and its metrics ``[len(_METRICS)]``; in bypass
+        """Loss of one micro-batch (aggregated over it) and its metrics ``[len(metric_names)]``; in bypass
         mode with rejection (``bypass_rs``) the tokens whose ``pi_theta / pi_rollout`` leaves the band
         leave the loss; with ``prox`` (proximal log-probs from the update) the forward pass, detached,
         is ``old_log_probs`` and ``prox`` gives the IS weights (and keeps the micro-batch for its metrics)."""
@@ -335,6 +402,12 @@ class DataParallelPPOActor:
                                config.loss_agg_mode)
             loss = loss + config.kl_loss_coef * kl_loss
         values = [pg_metrics["pg_loss"], pg_metrics["pg_clipfrac"], pg_metrics["ppo_kl"], entropy_loss, kl_loss]
+        if self.routing is not None:
+            aux_loss = self.routing.aux_loss()
+            self.routing.count_load()
+            if self.routing.aux_coef != 0:
+                loss = loss + self.routing.aux_coef * aux_loss
+            values.append(aux_loss * self.sp.size)  # a sequence-parallel rank's part; the metric sums count rows once
         return loss, torch.stack([v.detach().float().cpu() for v in values])
 
     def _train_mini_batch(self, mini: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None,
@@ -346,11 +419,13 @@ class DataParallelPPOActor:
         update = update_mini_batch(
             self.module, self.optimizer, mini, micro_batches,
             lambda micro: self._micro_loss(micro, temperature, bypass_rs, prox),
-            len(_METRICS), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
+            len(self.metric_names), loss_agg_mode=config.loss_agg_mode, grad_clip=config.grad_clip,
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
             clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
         )
-        out = {f"actor/{name}": float(v) for name, v in zip(_METRICS, update.metric_sums)}
+        out = {f"actor/{name}": float(v) for name, v in zip(self.metric_names, update.metric_sums)}
         out["actor/grad_norm"] = update.grad_norm
         out["actor/skipped_steps"] = 0.0 if update.stepped else 1.0
+        if self.routing is not None:
+            out.update(self.routing.load_metrics(self.device))
         return out

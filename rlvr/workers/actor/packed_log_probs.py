@@ -49,8 +49,8 @@ def _head_inputs(module: nn.Module, packed: PackedBatch, sp: SequenceParallel, c
 
 
 def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
-                     calculate_entropy: bool, entropy_grad: bool, chunked_head: bool, sp: SequenceParallel
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     calculate_entropy: bool, entropy_grad: bool, chunked_head: bool, sp: SequenceParallel,
+                     packed: PackedBatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the response tokens and optionally the entropies, from a packed forward.
 
     Args:
@@ -62,11 +62,12 @@ def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperat
         entropy_grad: the entropy carries a gradient (needs the logits head, not ``chunked_head``).
         chunked_head: use the chunked LM head (one unsharded rank, bias-free head).
         sp: the sequence-parallel group (size 1: none).
+        packed: ``batch`` already packed by :func:`pack_micro_batch` (None: packed here).
 
     Returns:
         ``(log_probs [b, R], entropy [b, R] or None)`` float32, zero where a row has no response token.
     """
-    packed = pack_micro_batch(batch, sp)
+    packed = pack_micro_batch(batch, sp) if packed is None else packed
     labels = packed.local_labels(sp)
     head_input, weight = _head_inputs(module, packed, sp, chunked_head and not (calculate_entropy and entropy_grad))
     if weight is not None:

@@ -1,0 +1,121 @@
+"""Checks of the mixture-of-experts keys: routing replay, the rollout's routes and expert parallelism.
+
+Torch-free, run by :func:`~rlvr.trainer.config.validate.check_config`. Megatron's expert-parallel
+sizes are checked with the rest of its layout (:func:`~rlvr.workers.megatron.layout.check_megatron_config`);
+whether the model has routers at all is known only when it loads, and the workers say so then.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlvr.utils.errors import ConfigError
+from rlvr.workers.moe import REPLAY_MODES
+
+__all__ = ["check_moe"]
+
+_ACTOR = "actor_rollout_ref.actor"
+_ROLLOUT = "actor_rollout_ref.rollout"
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(key, message)
+
+
+def _replay_sections(cfg: DictConfig) -> dict[str, DictConfig]:
+    """Every ``router_replay`` section of the config, by key."""
+    arr = cfg.actor_rollout_ref
+    return {
+        f"{_ACTOR}.fsdp_config.router_replay": arr.actor.fsdp_config.router_replay,
+        f"{_ACTOR}.megatron.router_replay": arr.actor.megatron.router_replay,
+        "actor_rollout_ref.ref.fsdp_config.router_replay": arr.ref.fsdp_config.router_replay,
+        "actor_rollout_ref.ref.megatron.router_replay": arr.ref.megatron.router_replay,
+        "critic.fsdp_config.router_replay": cfg.critic.fsdp_config.router_replay,
+        "critic.megatron.router_replay": cfg.critic.megatron.router_replay,
+    }
+
+
+def _actor_replay_key(cfg: DictConfig) -> str:
+    backend = "megatron" if cfg.actor_rollout_ref.actor.strategy == "megatron" else "fsdp_config"
+    return f"{_ACTOR}.{backend}.router_replay"
+
+
+def _check_replay_sections(cfg: DictConfig) -> str:
+    """Each section's mode is valid, its files unset, and only the actor's own backend replays;
+    returns the actor's mode."""
+    active = _actor_replay_key(cfg)
+    for key, section in _replay_sections(cfg).items():
+        _require(section.mode in REPLAY_MODES, f"{key}.mode",
+                 f"{section.mode!r} is not valid; use one of {', '.join(REPLAY_MODES)}")
+        for name in ("record_file", "replay_file"):
+            _require(section[name] is None, f"{key}.{name}",
+                     "verl defines this file but never reads or writes it; rlvr keeps the routes in the batch "
+                     "(routed_experts) instead, so leave it null")
+        if key != active:
+            _require(section.mode == "disabled", f"{key}.mode",
+                     f"only the actor replays routes, and it reads {active} (its strategy's section): the "
+                     "reference and the critic route with their own routers (verl does the same); set this to "
+                     f"disabled and the mode in {active}")
+    return str(OmegaConf.select(cfg, f"{active}.mode"))
+
+
+def _check_rollout_routes(cfg: DictConfig, mode: str) -> None:
+    """What ``enable_rollout_routing_replay`` needs: an engine and schedule that record whole rows."""
+    rollout, key = cfg.actor_rollout_ref.rollout, f"{_ROLLOUT}.enable_rollout_routing_replay"
+    active = _actor_replay_key(cfg)
+    _require(mode != "R3" or rollout.enable_rollout_routing_replay, key,
+             f"{active}.mode=R3 replays the rollout's routes, so the rollout must record them: set it to true")
+    _require(mode != "R2" or not rollout.enable_rollout_routing_replay, key,
+             f"{active}.mode=R2 replays the routes of the actor's own compute_log_prob, and the rollout's would "
+             "conflict with them (verl refuses the same); set it to false, or use mode=R3 to replay the rollout's")
+    _require(rollout.moe_load_balance_metrics_interval >= 0, f"{_ROLLOUT}.moe_load_balance_metrics_interval",
+             "must be >= 0 steps (0 = off)")
+    _require(rollout.moe_load_balance_metrics_interval == 0 or rollout.enable_rollout_routing_replay,
+             f"{_ROLLOUT}.moe_load_balance_metrics_interval",
+             "the rollout/moe metrics count the rollout's routes: set rollout.enable_rollout_routing_replay=true, "
+             "or 0 to turn them off")
+    if not rollout.enable_rollout_routing_replay:
+        return
+    _require(rollout.name == "hf", f"{_ROLLOUT}.name",
+             f"rollout.name={rollout.name} does not return the experts of each token here (the installed vLLM "
+             "has no routed-experts output on this machine's path); use rollout.name=hf with "
+             "enable_rollout_routing_replay, or set it to false")
+    _require(not rollout.compile, f"{_ROLLOUT}.compile",
+             "the compiled decode step cannot record routes; set rollout.compile=false with "
+             "enable_rollout_routing_replay")
+    _require(rollout.agent.default_agent_loop == "single_turn", f"{_ROLLOUT}.agent.default_agent_loop",
+             "only the single_turn loop carries the engine's routes into the batch (a multi-turn trajectory is "
+             "stitched from several calls); use single_turn with enable_rollout_routing_replay")
+    _require(not cfg.async_training.partial_rollout, "async_training.partial_rollout",
+             "a partial rollout continues a row with newer weights, so one row's routes would come from two "
+             "policies; set partial_rollout=false with enable_rollout_routing_replay")
+
+
+def _check_r2(cfg: DictConfig, mode: str) -> None:
+    """R2 records the routes in the actor's ``compute_log_prob``, which must run."""
+    if mode != "R2":
+        return
+    _require(not cfg.algorithm.rollout_correction.bypass_mode, "algorithm.rollout_correction.bypass_mode",
+             f"{_actor_replay_key(cfg)}.mode=R2 records the routes while the actor recomputes old_log_probs, but "
+             "bypass mode skips that forward (verl refuses the same); set bypass_mode=false or mode=R3")
+    _require(cfg.async_training.prox_log_prob_from_update is not True, "async_training.prox_log_prob_from_update",
+             f"{_actor_replay_key(cfg)}.mode=R2 records the routes while the actor recomputes the proximal "
+             "log-probs, which this setting skips; set it to false or null")
+
+
+def _check_expert_parallel(cfg: DictConfig) -> None:
+    """``rollout.expert_parallel_size``: the HF engine holds every expert in each worker."""
+    rollout, key = cfg.actor_rollout_ref.rollout, f"{_ROLLOUT}.expert_parallel_size"
+    _require(rollout.expert_parallel_size >= 1, key, "must be >= 1")
+    _require(rollout.expert_parallel_size == 1 or rollout.name == "vllm", key,
+             f"rollout.name={rollout.name} runs the whole model (every expert) in each worker; expert parallelism "
+             "is vLLM's (rollout.name=vllm); set it to 1")
+
+
+def check_moe(cfg: DictConfig) -> None:
+    """Raise :class:`ConfigError` for an invalid or unsupported mixture-of-experts setting."""
+    mode = _check_replay_sections(cfg)
+    _check_rollout_routes(cfg, mode)
+    _check_r2(cfg, mode)
+    _check_expert_parallel(cfg)
