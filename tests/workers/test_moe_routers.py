@@ -95,8 +95,17 @@ def test_one_tap_per_model_and_none_for_a_dense_one():
     model = tiny_moe_lm("olmoe")
     tap = router_tap(model)
     assert isinstance(tap, RouterTap) and router_tap(model) is tap
+    assert tap.aux_loss_coef == 0.0  # the config did not ask for the load-balancing loss
     peft_model = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj"]))
     assert router_tap(peft_model) is tap
     dense, _ = tiny_causal_lm()
     assert router_tap(dense) is None
     assert router_tap(torch.nn.Linear(2, 2)) is None
+
+
+def test_the_tap_takes_over_the_load_balancing_loss_of_the_config():
+    model = tiny_moe_lm("mixtral", output_router_logits=True, router_aux_loss_coef=0.02)
+    tap = router_tap(model)
+    assert tap.aux_loss_coef == 0.02
+    assert model.config.output_router_logits is False  # transformers' own no longer runs in every forward
+    assert model(**_inputs()).aux_loss is None

@@ -55,7 +55,7 @@ from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
-from rlvr.workers.moe.actor_routing import ActorRouting, ForwardRouting, aux_loss_coef
+from rlvr.workers.moe.actor_routing import ActorRouting, ForwardRouting
 from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
 from rlvr.workers.moe.routers import router_tap
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
@@ -205,7 +205,7 @@ class DataParallelPPOActor:
                                  f"model, but {type(self.module).__name__} has no router rlvr knows; set it to disabled")
             return None
         self.share_prompts = False
-        coef = aux_loss_coef(unwrap_hf_model(self.module).config) if self.optimizer is not None else 0.0
+        coef = tap.aux_loss_coef if self.optimizer is not None else 0.0
         return ActorRouting(tap, router_replay, coef, self.sp, self.world_size, self.dp_group)
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int, use_dynamic_bsz: bool,

@@ -14,8 +14,8 @@ arms the model's :class:`~rlvr.workers.moe.routers.RouterTap` around every forwa
 - **Load-balancing loss**: the Switch-Transformer loss of each micro-batch
   (:func:`~rlvr.workers.moe.balance.load_balancing_loss`) joins the policy loss with the model
   config's coefficient, ``router_aux_loss_coef``, when the config asks for it
-  (``output_router_logits``, transformers' own switch; set both with verl's
-  ``actor_rollout_ref.model.override_config``). It is reported as ``actor/moe_aux_loss`` either way.
+  (``output_router_logits``, transformers' own switch: :attr:`RouterTap.aux_loss_coef`; set both with
+  verl's ``actor_rollout_ref.model.override_config``). It is reported as ``actor/moe_aux_loss`` either way.
 - **Expert load**: ``actor/moe_load_entropy/layer_<i>``, the entropy (nats) of the share of the
   mini-batch's top-k choices each expert of MoE layer ``i`` got (``log E`` = perfectly balanced),
   over all real tokens of the global mini-batch.
@@ -34,20 +34,12 @@ from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
 from rlvr.workers.moe.routers import RouterTap
 from rlvr.workers.ulysses import SequenceParallel
 
-__all__ = ["REPLAY_MODES", "ActorRouting", "ForwardRouting", "aux_loss_coef", "router_replay_mode"]
+__all__ = ["ActorRouting", "ForwardRouting", "router_replay_mode"]
 
 def router_replay_mode(actor_config) -> str:
     """The actor's ``router_replay.mode``: the section of its own backend (``megatron`` or ``fsdp_config``)."""
     section = actor_config.megatron if actor_config.strategy == "megatron" else actor_config.fsdp_config
     return str(section.router_replay.mode)
-
-
-def aux_loss_coef(hf_config) -> float:
-    """The coefficient of the load-balancing loss in the policy loss: the config's
-    ``router_aux_loss_coef`` when its ``output_router_logits`` is set (transformers adds the loss to
-    its own training loss on the same condition), else 0."""
-    text = hf_config.get_text_config()
-    return float(text.router_aux_loss_coef) if text.output_router_logits else 0.0
 
 
 @dataclass(frozen=True)
@@ -71,7 +63,7 @@ class ActorRouting:
     Args:
         tap: the policy model's router tap.
         mode: ``router_replay.mode`` (:data:`REPLAY_MODES`); the reference uses ``"disabled"``.
-        aux_coef: coefficient of the load-balancing loss in the policy loss.
+        aux_coef: coefficient of the load-balancing loss in the policy loss (0: a metric only).
         sp: the actor's sequence-parallel group (its ranks split each packed row).
         world_size: data-parallel ranks (the expert load is summed over them).
         group: the data-parallel process group (None: the default group).

@@ -15,7 +15,10 @@ order, the weights are the same numbers and the forward pass is bit-for-bit the 
 Tokens given as ``-1`` keep their own choice (padding, or tokens the rollout never ran).
 
 A tap is made once per model (:func:`router_tap`) and shared by whatever runs the model: the actor
-and, when it shares the actor's module, the rollout engine. Activation checkpointing runs a
+and, when it shares the actor's module, the rollout engine. It takes over the model's load-balancing
+loss: the config's switch for it (``output_router_logits``, with ``router_aux_loss_coef``) becomes
+the tap's :attr:`RouterTap.aux_loss_coef` and is turned off in the model, whose own loss would run in
+every forward pass, decode steps included (where transformers 5.24's fails on the KV cache's mask). Activation checkpointing runs a
 layer's forward again during the backward pass; the tap stays armed until the next
 :meth:`RouterTap.arm` (or :meth:`RouterTap.disarm`), so the recomputation replays the same
 choices.
@@ -99,6 +102,8 @@ class RouterTap:
 
     Attributes:
         shape: the model's :class:`MoeShape`.
+        aux_loss_coef: the config's ``router_aux_loss_coef`` when its ``output_router_logits`` asked for
+            the load-balancing loss, else 0 (module docstring).
         selected: per MoE layer, ``[T, k]`` the experts of every token in the latest armed forward.
         logits: per MoE layer, ``[T, E]`` the router logits of the latest armed forward (with their
             gradient), when armed with ``keep_logits``.
@@ -110,6 +115,9 @@ class RouterTap:
             raise ValueError(f"{type(model).__name__} has no mixture-of-experts router rlvr knows "
                              f"({', '.join(cls.__name__ for cls in SOFTMAX_TOP_K_ROUTERS)})")
         self.shape = MoeShape(len(routers), int(routers[0].num_experts), int(routers[0].top_k))
+        text_config = model.config.get_text_config()
+        self.aux_loss_coef = float(text_config.router_aux_loss_coef) if text_config.output_router_logits else 0.0
+        text_config.output_router_logits = False
         for layer, router in enumerate(routers):
             renormalise = SOFTMAX_TOP_K_ROUTERS[type(router)](router)
             router.register_forward_hook(partial(self._on_router, layer, renormalise))

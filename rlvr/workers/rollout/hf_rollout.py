@@ -91,10 +91,12 @@ class HFRollout:
             self.decoder = DynamicCacheDecoder(self.module)
 
     def _routes_tap(self, config):
-        """The router tap that records ``routed_experts`` (``enable_rollout_routing_replay``), else None."""
+        """The router tap that records ``routed_experts`` (``enable_rollout_routing_replay``), else None.
+        An MoE model gets its tap either way (it turns off transformers' own load-balancing loss,
+        which fails on a decode step)."""
+        tap = router_tap(self.module)
         if not config.enable_rollout_routing_replay:
             return None
-        tap = router_tap(self.module)
         if tap is None:
             raise ValueError("rollout.enable_rollout_routing_replay records the experts of a mixture-of-experts model, "
                              f"but {type(self.module).__name__} has no router rlvr knows; set it to false")
