@@ -62,7 +62,7 @@ from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
 from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
-from rlvr.workers.moe.actor_routing import router_replay_mode
+from rlvr.workers.moe import router_replay_mode
 from rlvr.workers.moe.layout import ROUTED_EXPERTS
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine

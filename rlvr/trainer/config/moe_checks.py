@@ -7,10 +7,10 @@ whether the model has routers at all is known only when it loads, and the worker
 
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from rlvr.utils.errors import ConfigError
-from rlvr.workers.moe import REPLAY_MODES
+from rlvr.workers.moe import REPLAY_MODES, router_replay_mode
 
 __all__ = ["check_moe"]
 
@@ -57,7 +57,7 @@ def _check_replay_sections(cfg: DictConfig) -> str:
                      f"only the actor replays routes, and it reads {active} (its strategy's section): the "
                      "reference and the critic route with their own routers (verl does the same); set this to "
                      f"disabled and the mode in {active}")
-    return str(OmegaConf.select(cfg, f"{active}.mode"))
+    return router_replay_mode(cfg.actor_rollout_ref.actor)
 
 
 def _check_rollout_routes(cfg: DictConfig, mode: str) -> None:
@@ -93,15 +93,14 @@ def _check_rollout_routes(cfg: DictConfig, mode: str) -> None:
 
 
 def _check_r2(cfg: DictConfig, mode: str) -> None:
-    """R2 records the routes in the actor's ``compute_log_prob``, which must run."""
+    """R2 records the routes in the actor's ``compute_log_prob``, which must run (the proximal
+    log-probs of decoupled PPO are not taken from the update then:
+    :func:`~rlvr.trainer.config.async_checks.prox_from_update_blockers`)."""
     if mode != "R2":
         return
     _require(not cfg.algorithm.rollout_correction.bypass_mode, "algorithm.rollout_correction.bypass_mode",
              f"{_actor_replay_key(cfg)}.mode=R2 records the routes while the actor recomputes old_log_probs, but "
              "bypass mode skips that forward (verl refuses the same); set bypass_mode=false or mode=R3")
-    _require(cfg.async_training.prox_log_prob_from_update is not True, "async_training.prox_log_prob_from_update",
-             f"{_actor_replay_key(cfg)}.mode=R2 records the routes while the actor recomputes the proximal "
-             "log-probs, which this setting skips; set it to false or null")
 
 
 def _check_expert_parallel(cfg: DictConfig) -> None:

@@ -25,8 +25,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlvr.trainer.config.async_checks import check_async_training
-from rlvr.trainer.config.moe_checks import check_moe
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
+from rlvr.trainer.config.moe_checks import check_moe
 from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
 from rlvr.trainer.config.suggest import did_you_mean
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server

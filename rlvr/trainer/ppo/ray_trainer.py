@@ -75,6 +75,7 @@ from rlvr.trainer.ppo.metrics import (
     reduce_metrics,
     sample_accuracy,
 )
+from rlvr.trainer.ppo.moe_metrics import RolloutMoeMetrics
 from rlvr.trainer.ppo.resource_pool import ResourcePoolManager
 from rlvr.trainer.ppo.reward import compute_reward
 from rlvr.trainer.ppo.rollout_correction import (
@@ -94,6 +95,7 @@ from rlvr.trainer.tracking import Tracking
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
 from rlvr.utils.torch_functional import masked_mean
+from rlvr.workers.moe.layout import ROUTED_EXPERTS, ROUTED_EXPERTS_NUM_EXPERTS
 from rlvr.workers.rollout.base import check_weights_version
 
 try:  # verl's default worker group; the local backend runs without Ray installed (a lent GPU machine)
@@ -171,6 +173,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         self.rollout_correction = rollout_correction_config(self.config)
         self.prox_from_update = prox_log_prob_from_update(
             self.config, get_adv_estimator_needs(self.config.algorithm.adv_estimator).reads_old_log_prob)
+        self.rollout_moe_metrics = RolloutMoeMetrics(self.config.actor_rollout_ref.rollout.moe_load_balance_metrics_interval)
         self._check_roles()
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
@@ -435,6 +438,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
                     baseline = self._generate(batch, validate=False, do_sample=False)
                 batch = self._generate(repeated, validate=False)
         metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))
+        if self.rollout_moe_metrics.interval > 0:
+            metrics.update(self.rollout_moe_metrics.update(batch.batch[ROUTED_EXPERTS], batch.batch["response_mask"],
+                                                           batch.meta_info[ROUTED_EXPERTS_NUM_EXPERTS], self.global_steps))
         with _timer("reward", timing):
             metrics.update(self._score(batch, self.reward_fn))
             if greedy_baseline:

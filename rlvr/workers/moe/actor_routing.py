@@ -34,13 +34,7 @@ from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
 from rlvr.workers.moe.routers import RouterTap
 from rlvr.workers.ulysses import SequenceParallel
 
-__all__ = ["ActorRouting", "ForwardRouting", "router_replay_mode"]
-
-def router_replay_mode(actor_config) -> str:
-    """The actor's ``router_replay.mode``: the section of its own backend (``megatron`` or ``fsdp_config``)."""
-    section = actor_config.megatron if actor_config.strategy == "megatron" else actor_config.fsdp_config
-    return str(section.router_replay.mode)
-
+__all__ = ["ActorRouting", "ForwardRouting"]
 
 @dataclass(frozen=True)
 class ForwardRouting:

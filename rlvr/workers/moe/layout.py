@@ -21,10 +21,13 @@ import torch
 from rlvr.workers.packing import PackedBatch
 from rlvr.workers.ulysses import SequenceParallel, gather_sequence
 
-__all__ = ["ROUTED_EXPERTS", "TokenLayout", "empty_routes", "routes_dtype"]
+__all__ = ["ROUTED_EXPERTS", "ROUTED_EXPERTS_NUM_EXPERTS", "TokenLayout", "empty_routes", "routes_dtype"]
 
 ROUTED_EXPERTS = "routed_experts"
 """Batch key of the experts each token was routed to, ``[B, S, layers, k]`` (module docstring)."""
+
+ROUTED_EXPERTS_NUM_EXPERTS = "routed_experts_num_experts"
+"""``meta_info`` key of a rollout output with routes: the experts per MoE layer, ``E``."""
 
 
 def routes_dtype(num_experts: int) -> torch.dtype:

@@ -34,7 +34,7 @@ from rlvr.utils.multimodal import (
 )
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.models import unwrap_hf_model
-from rlvr.workers.moe.layout import ROUTED_EXPERTS, empty_routes
+from rlvr.workers.moe.layout import ROUTED_EXPERTS, ROUTED_EXPERTS_NUM_EXPERTS, empty_routes
 from rlvr.workers.moe.rollout_routes import RouteRecorder
 from rlvr.workers.moe.routers import router_tap
 from rlvr.workers.rollout.base import (
@@ -174,6 +174,8 @@ class HFRollout:
             "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32 and self.fp8 is None,
             "rollout_weights_version": self.weights_version,
         }
+        if self.routes_tap is not None:
+            out_meta[ROUTED_EXPERTS_NUM_EXPERTS] = self.routes_tap.shape.num_experts
         if interrupt is not None:
             out_meta["interrupted_rows"] = interrupted
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=out_meta)
