@@ -3,7 +3,9 @@
 A checkpoint folder holds ``megatron_tp<t>_pp<p>.pt`` for every tensor-parallel rank ``t`` and
 pipeline stage ``p``: that rank's parameters, optimizer state and LR-scheduler state, written by
 data-parallel rank 0 (the other data-parallel ranks hold the same) under a temporary name and
-renamed. Nothing is gathered, so a checkpoint costs each rank its own shard, and it loads into the
+renamed. With expert parallelism the ranks of one stage hold different experts: the files are
+``megatron_tp<t>_pp<p>_ep<e>_etp<x>.pt``, one per expert coordinate, written by the first rank that
+holds those experts (expert-data-parallel rank 0). Nothing is gathered, so a checkpoint costs each rank its own shard, and it loads into the
 same tensor x pipeline layout (any data-parallel size); another layout is refused with the sizes
 it was written with. ``export_hf`` gathers the full weights to write a Hugging Face folder, which
 starts a run of any strategy and layout.
@@ -27,17 +29,27 @@ from rlvr.workers.megatron.weights import gather_hf_weights
 __all__ = ["save_megatron_state", "load_megatron_state", "export_megatron_hf"]
 
 
+def _experts_split(parallel: MegatronParallel) -> bool:
+    return parallel.ep * parallel.etp > 1
+
+
 def _file(folder: Path, parallel: MegatronParallel) -> Path:
-    return folder / f"megatron_tp{parallel.tp_rank}_pp{parallel.pp_rank}.pt"
+    experts = f"_ep{parallel.ep_rank}_etp{parallel.etp_rank}" if _experts_split(parallel) else ""
+    return folder / f"megatron_tp{parallel.tp_rank}_pp{parallel.pp_rank}{experts}.pt"
+
+
+def _layout(parallel: MegatronParallel) -> dict[str, int]:
+    return {"tensor_model_parallel_size": parallel.tp, "pipeline_model_parallel_size": parallel.pp,
+            "expert_model_parallel_size": parallel.ep, "expert_tensor_parallel_size": parallel.etp}
 
 
 def save_megatron_state(path: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None,
                         scheduler: Any, parallel: MegatronParallel) -> None:
     """Write this rank's shard of the model, optimizer and scheduler states into the folder ``path``
     (collective: every rank of the model calls it)."""
-    if parallel.dp_rank == 0:
+    if (parallel.edp_rank if _experts_split(parallel) else parallel.dp_rank) == 0:
         atomic_save({
-            "layout": {"tensor_model_parallel_size": parallel.tp, "pipeline_model_parallel_size": parallel.pp},
+            "layout": _layout(parallel),
             "model": {name: param.detach().cpu() for name, param in module.named_parameters()},
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
@@ -52,8 +64,8 @@ def _layout_error(folder: Path, parallel: MegatronParallel) -> str:
         return (f"the checkpoint {folder} was written {written}; resume it with the strategy that wrote it, or "
                 "export it to Hugging Face (export_hf) and start from that folder")
     sizes = torch.load(folder / found[0], map_location="cpu", weights_only=False)["layout"]
-    return (f"the checkpoint {folder} was written with {sizes}; this run has tensor_model_parallel_size={parallel.tp}, "
-            f"pipeline_model_parallel_size={parallel.pp}: resume with the same sizes, or start from an export_hf folder")
+    return (f"the checkpoint {folder} was written with {sizes}; this run has {_layout(parallel)}: resume with the "
+            "same sizes, or start from an export_hf folder")
 
 
 def load_megatron_state(path: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None,
@@ -68,8 +80,9 @@ def load_megatron_state(path: str | os.PathLike, module: nn.Module, optimizer: t
     if not file.is_file():
         raise FileNotFoundError(_layout_error(folder, parallel))
     state = torch.load(file, map_location="cpu", weights_only=False)
-    layout = state["layout"]
-    if (layout["tensor_model_parallel_size"], layout["pipeline_model_parallel_size"]) != (parallel.tp, parallel.pp):
+    written = {**_layout(parallel), "expert_model_parallel_size": 1, "expert_tensor_parallel_size": 1,
+               **state["layout"]}  # a dense checkpoint of before expert parallelism names no expert sizes
+    if written != _layout(parallel):
         raise FileNotFoundError(_layout_error(folder, parallel))
     params = dict(module.named_parameters())
     if params.keys() != state["model"].keys():

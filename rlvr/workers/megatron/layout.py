@@ -16,8 +16,8 @@ from rlvr.utils.errors import ConfigError
 if TYPE_CHECKING:
     from rlvr.trainer.config.schema import RefMegatronConfig
 
-__all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "data_parallel_size",
-           "check_megatron_config"]
+__all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "expert_sizes",
+           "data_parallel_size", "check_megatron_config"]
 
 MEGATRON_INSTALL = "pip install 'rlvr[megatron]' (or `make setup-megatron` in a clone)"
 """How to install the Megatron backend, for error messages."""
@@ -52,6 +52,18 @@ def megatron_sizes(cfg, role: str) -> tuple[int, int]:
     return (own.tensor_model_parallel_size or defaults[0], own.pipeline_model_parallel_size or defaults[1])
 
 
+def expert_sizes(cfg, role: str) -> tuple[int, int]:
+    """``(expert_model_parallel_size, expert_tensor_parallel_size)`` of ``role``: unset sizes follow
+    the actor's for the other roles; an unset expert-tensor size is the tensor-parallel size (verl's
+    rule), an unset expert size 1."""
+    defaults = (1, None)
+    if role != "actor" and strategy_of(cfg, "actor") == "megatron":
+        defaults = expert_sizes(cfg, "actor")
+    own = _megatron_config(cfg, role)
+    ep = own.expert_model_parallel_size or defaults[0]
+    return ep, own.expert_tensor_parallel_size or defaults[1] or megatron_sizes(cfg, role)[0]
+
+
 def data_parallel_size(cfg, role: str) -> int:
     """Ranks that hold different data for ``role``: the workers on Ray divided by the model-parallel
     size with Megatron; 1 on the local backend (where a Megatron worker starts its model-parallel
@@ -76,6 +88,7 @@ def _check_role(cfg, role: str) -> None:
     if tp < 1 or pp < 1:
         raise ConfigError(f"{key}.megatron.tensor_model_parallel_size",
                           f"the tensor and pipeline parallel sizes must be >= 1, got {tp} and {pp}")
+    _check_experts(cfg, role, key)
     model, model_key = ((cfg.critic.model, "critic.model") if role == "critic"
                         else (cfg.actor_rollout_ref.model, "actor_rollout_ref.model"))
     if model.lora_rank > 0:
@@ -93,6 +106,28 @@ def _check_role(cfg, role: str) -> None:
                           "product divides the number of workers")
 
 
+def _check_experts(cfg, role: str, key: str) -> None:
+    """The expert sizes: >= 1, and the ranks of a pipeline stage split into expert blocks."""
+    ep, etp = expert_sizes(cfg, role)
+    tp, pp = megatron_sizes(cfg, role)
+    if ep < 1 or etp < 1:
+        raise ConfigError(f"{key}.megatron.expert_model_parallel_size",
+                          f"the expert and expert-tensor parallel sizes must be >= 1, got {ep} and {etp}")
+    t = cfg.trainer
+    stage_ranks = tp * ep if t.backend == "local" else t.nnodes * t.n_gpus_per_node // pp
+    if stage_ranks % (ep * etp):
+        raise ConfigError(f"{key}.megatron.expert_model_parallel_size",
+                          f"each pipeline stage has {stage_ranks} ranks, which do not split into blocks of "
+                          f"expert_model_parallel_size={ep} x expert_tensor_parallel_size={etp}; use sizes whose "
+                          "product divides them")
+    if ep > 1 and (role == "critic" and cfg.critic.use_dynamic_bsz or role != "critic" and
+                   cfg.actor_rollout_ref.actor.use_dynamic_bsz):
+        raise ConfigError(f"{key}.use_dynamic_bsz" if role == "critic" else "actor_rollout_ref.actor.use_dynamic_bsz",
+                          f"expert_model_parallel_size={ep}: the expert-parallel ranks exchange their tokens every "
+                          "layer (megatron's allgather dispatcher), so their micro-batches must have the same shape; "
+                          "token budgets give them different ones. Use micro-batches by count")
+
+
 def check_megatron_config(cfg, roles: list[str]) -> None:
     """Raise :class:`ConfigError` when a role of ``roles`` (the model roles the run starts) uses
     Megatron without megatron-core, with LoRA or activation recomputation, with sizes that do not
@@ -102,9 +137,10 @@ def check_megatron_config(cfg, roles: list[str]) -> None:
         _check_role(cfg, role)
     for role in megatron_roles[1:]:
         first = megatron_roles[0]
-        if megatron_sizes(cfg, role) != megatron_sizes(cfg, first):
+        if megatron_sizes(cfg, role) + expert_sizes(cfg, role) != megatron_sizes(cfg, first) + expert_sizes(cfg, first):
             raise ConfigError(
                 f"{_KEYS[role]}.megatron.tensor_model_parallel_size",
-                f"(tensor, pipeline) parallel sizes {megatron_sizes(cfg, role)} differ from the {first}'s "
-                f"{megatron_sizes(cfg, first)}; the model roles share each worker process and megatron-core's layout "
+                f"(tensor, pipeline, expert, expert tensor) parallel sizes {megatron_sizes(cfg, role) + expert_sizes(cfg, role)} "
+                f"differ from the {first}'s {megatron_sizes(cfg, first) + expert_sizes(cfg, first)}; the model roles "
+                "share each worker process and megatron-core's layout "
                 "is global to a process: give them the same sizes (or leave them unset: they follow the actor's)")

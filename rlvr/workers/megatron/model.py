@@ -1,9 +1,10 @@
-"""megatron-core models of a Hugging Face Llama/Qwen2 checkpoint: the policy and the value model.
+"""megatron-core models of a Hugging Face Llama/Qwen2 or MoE checkpoint: the policy and the value model.
 
 A :class:`MegatronStage` is this rank's pipeline stage of a ``GPTModel`` built with megatron-core's
 local layer spec (no transformer-engine, no apex): ``ColumnParallelLinear`` / ``RowParallelLinear``
 projections, a ``VocabParallelEmbedding``, ``torch.nn.RMSNorm``, grouped-query ``DotProductAttention``.
-Its weights come from the HF model through :mod:`rlvr.workers.megatron.hf_mapping`.
+Its weights come from the HF model through :mod:`rlvr.workers.megatron.hf_mapping`; a
+mixture-of-experts model's layers are megatron's ``MoELayer`` (:mod:`rlvr.workers.megatron.moe`).
 
 Rotary embeddings: the model is built with ``position_embedding_type="none"`` and the decoder gets
 the rotary angles of each row's ``position_ids`` (``[s, b, 1, head_dim]``, the HF model's own
@@ -18,21 +19,22 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
 from transformers import PretrainedConfig
 
 from rlvr.workers.megatron.hf_mapping import SUPPORTED_MODEL_TYPES, LlamaShape, Rule, stage_layers, stage_rules
+from rlvr.workers.megatron.moe import is_moe, layer_spec, moe_config_fields, moe_problems
 from rlvr.workers.megatron.parallel import MegatronParallel
 from rlvr.workers.megatron.pipeline import receive_forward, send_forward
 
 __all__ = ["check_supported", "MegatronStage", "MegatronPolicy", "MegatronValueModel"]
 
 
-def check_supported(config: PretrainedConfig, attention_scaling: float) -> None:
-    """Raise ``ValueError`` naming what an HF model has that the Megatron mapping does not cover."""
+def check_supported(config: PretrainedConfig, attention_scaling: float, tp: int = 1, ep: int = 1) -> None:
+    """Raise ``ValueError`` naming what an HF model has that the Megatron mapping does not cover (with
+    ``tp`` tensor-parallel and ``ep`` expert-parallel ranks)."""
     problems = []
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         problems.append(f"model_type {config.model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
@@ -44,12 +46,17 @@ def check_supported(config: PretrainedConfig, attention_scaling: float) -> None:
         problems.append("use_sliding_window")
     if attention_scaling != 1.0:
         problems.append(f"a RoPE variant that scales attention ({attention_scaling})")
+    if is_moe(config):
+        problems += moe_problems(config, tp)
+    elif ep > 1:
+        problems.append(f"expert_model_parallel_size={ep} for a model without experts; set it to 1")
     if problems:
         raise ValueError("strategy=megatron cannot run this model: " + "; ".join(problems))
 
 
 def _transformer_config(config: PretrainedConfig, shape: LlamaShape, parallel: MegatronParallel,
                         dtype: torch.dtype) -> TransformerConfig:
+    moe = moe_config_fields(config, parallel.ep, parallel.etp) if is_moe(config) else {}
     return TransformerConfig(
         num_layers=shape.num_layers, hidden_size=config.hidden_size, ffn_hidden_size=config.intermediate_size,
         num_attention_heads=shape.num_heads, num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim,
@@ -61,6 +68,7 @@ def _transformer_config(config: PretrainedConfig, shape: LlamaShape, parallel: M
         use_cpu_initialization=True, perform_initialization=False, masked_softmax_fusion=False,
         bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False, persist_layer_norm=False, sequence_parallel=False,
+        qk_layernorm=shape.qk_norm, **moe,
     )
 
 
@@ -83,10 +91,10 @@ class MegatronStage(nn.Module):
         self.parallel = parallel
         self.padding_idx = padding_idx
         self.hf_config = config
-        self.shape = LlamaShape.from_hf_config(config, parallel.tp)
+        self.shape = LlamaShape.from_hf_config(config, parallel.tp, parallel.ep)
         stage_layers(self.shape.num_layers, parallel.pp, parallel.pp_rank)  # checks the split
         self.gpt = GPTModel(
-            _transformer_config(config, self.shape, parallel, dtype), get_gpt_layer_local_spec(normalization="RMSNorm"),
+            _transformer_config(config, self.shape, parallel, dtype), layer_spec(config),
             vocab_size=self.shape.padded_vocab, max_sequence_length=config.max_position_embeddings,
             pre_process=parallel.first_stage, post_process=parallel.last_stage,
             share_embeddings_and_output_weights=self.shape.tied and parallel.pp == 1,
@@ -98,7 +106,7 @@ class MegatronStage(nn.Module):
         self.hf_shapes: dict[str, tuple[int, ...]] = {}  # of the HF weights, recorded when they are loaded
         self.rules: dict[str, Rule] = {
             f"gpt.{name}": rule for name, rule in stage_rules(self.shape, parallel.pp, parallel.pp_rank, prefix,
-                                                                lm_head).items()
+                                                                lm_head, parallel.ep_rank).items()
         }
 
     def _rotary(self, position_ids: torch.Tensor) -> torch.Tensor:

@@ -3,6 +3,10 @@
 Every rank of ``torch.distributed``'s default group (``tp * pp * dp`` ranks) is placed by
 megatron-core's ``parallel_state`` in its default order ``tp-cp-ep-dp-pp``: the tensor-parallel rank
 varies fastest, the pipeline stage slowest, so ``rank = tp_rank + tp * (dp_rank + dp * pp_rank)``.
+A mixture-of-experts model's experts have a layout of their own over the same ranks of a stage
+(megatron-core's expert groups): ``etp`` expert-tensor-parallel ranks cut every expert, ``ep``
+expert-parallel ranks hold different experts, ``edp = tp * dp / (etp * ep)`` expert-data-parallel ranks
+hold the same ones.
 ``parallel_state`` is global to the process: every Megatron role living in one process (actor,
 reference, critic colocated) shares one layout, which the config check enforces.
 """
@@ -16,7 +20,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 
-from rlvr.workers.megatron.cpu_shims import apply_cpu_shims
+from rlvr.workers.megatron.cpu_shims import apply_cpu_shims, apply_te_absent_shim
 
 __all__ = ["MegatronParallel", "init_megatron_parallel", "broadcast_rng_state"]
 
@@ -33,6 +37,11 @@ class MegatronParallel:
         prev_rank, next_rank, last_stage_rank, mp_src_rank: global ranks of the previous and next
             pipeline stage, of the last stage of this pipeline, and of model-parallel rank 0.
         embedding_group: the first and last stage of this pipeline (tied embeddings with ``pp > 1``).
+        ep, etp, ep_rank, etp_rank, edp_rank: expert-parallel and expert-tensor-parallel sizes and this
+            rank's coordinates in them and among the ranks holding the same experts (1 and 0 for a dense model).
+        ep_group, etp_group, edp_group, expert_mp_group: groups of this rank's expert-parallel peers,
+            expert-tensor-parallel peers, expert-data-parallel peers (the same experts) and the ranks
+            that together hold every expert of every stage (expert-tensor x expert x pipeline).
     """
 
     tp: int
@@ -50,6 +59,20 @@ class MegatronParallel:
     next_rank: int
     last_stage_rank: int
     mp_src_rank: int
+    ep: int = 1
+    etp: int = 1
+    ep_rank: int = 0
+    etp_rank: int = 0
+    edp_rank: int = 0
+    ep_group: object = None
+    etp_group: object = None
+    edp_group: object = None
+    expert_mp_group: object = None
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel ranks: the ranks of a stage holding the same experts."""
+        return self.tp * self.dp // (self.etp * self.ep)
 
     @property
     def first_stage(self) -> bool:
@@ -75,13 +98,18 @@ def _group(size: int, group):
     return group if size > 1 else None
 
 
-def init_megatron_parallel(tp: int, pp: int, device: str, seed: int, timeout_s: float) -> MegatronParallel:
+def init_megatron_parallel(tp: int, pp: int, device: str, seed: int, timeout_s: float, ep: int = 1,
+                           etp: int = 1) -> MegatronParallel:
     """Build megatron-core's process groups over the default group (once per process) and apply the
     CPU shims on CPU; returns this rank's :class:`MegatronParallel`.
 
+    Args:
+        ep, etp: expert-parallel and expert-tensor-parallel sizes (a mixture-of-experts model).
+
     Raises:
         RuntimeError: ``torch.distributed`` is not initialised, the world does not split into
-            ``tp x pp`` blocks, or another role of this process set up another layout.
+            ``tp x pp`` blocks or a stage's ranks into ``etp x ep`` blocks, or another role of this
+            process set up another layout.
     """
     if not dist.is_initialized():
         raise RuntimeError("the Megatron worker needs torch.distributed; the worker initialises it in _setup()")
@@ -89,21 +117,29 @@ def init_megatron_parallel(tp: int, pp: int, device: str, seed: int, timeout_s: 
     if world % (tp * pp):
         raise RuntimeError(f"{world} ranks do not split into tensor_model_parallel_size={tp} x "
                            f"pipeline_model_parallel_size={pp} blocks")
+    if (world // pp) % (etp * ep):
+        raise RuntimeError(f"the {world // pp} ranks of a pipeline stage do not split into expert_tensor_parallel_size="
+                           f"{etp} x expert_model_parallel_size={ep} blocks")
     if parallel_state.model_parallel_is_initialized():
         have = (parallel_state.get_tensor_model_parallel_world_size(),
-                parallel_state.get_pipeline_model_parallel_world_size())
-        if have != (tp, pp):
-            raise RuntimeError(f"this process already runs a Megatron role with (tensor, pipeline) parallel sizes "
-                               f"{have}; every Megatron role of a process must use the same sizes, got {(tp, pp)}")
+                parallel_state.get_pipeline_model_parallel_world_size(),
+                parallel_state.get_expert_model_parallel_world_size(),
+                parallel_state.get_expert_tensor_parallel_world_size())
+        if have != (tp, pp, ep, etp):
+            raise RuntimeError(f"this process already runs a Megatron role with (tensor, pipeline, expert, expert tensor) "
+                               f"parallel sizes {have}; every Megatron role of a process must use the same sizes, got "
+                               f"{(tp, pp, ep, etp)}")
     else:
         parallel_state.initialize_model_parallel(
-            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-            distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)), create_gloo_process_groups=False,
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp, distributed_timeout_minutes=max(1, math.ceil(timeout_s / 60)),
+            create_gloo_process_groups=False,
         )
         if device.startswith("cuda"):  # megatron's CUDA RNG states, which attention's dropout forks
             tensor_parallel.model_parallel_cuda_manual_seed(seed)
         else:
             apply_cpu_shims(seed + 2718 + parallel_state.get_tensor_model_parallel_rank())
+        apply_te_absent_shim()
     tp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(rank, tp, pp, world)
     ps = parallel_state
     if (tp_rank, dp_rank, pp_rank) != (ps.get_tensor_model_parallel_rank(), ps.get_data_parallel_rank(),
@@ -120,6 +156,12 @@ def init_megatron_parallel(tp: int, pp: int, device: str, seed: int, timeout_s: 
         prev_rank=ps.get_pipeline_model_parallel_prev_rank(), next_rank=ps.get_pipeline_model_parallel_next_rank(),
         last_stage_rank=ps.get_pipeline_model_parallel_last_rank(),
         mp_src_rank=rank - tp_rank - tp * dp * pp_rank,
+        ep=ep, etp=etp, ep_rank=ps.get_expert_model_parallel_rank(), etp_rank=ps.get_expert_tensor_parallel_rank(),
+        edp_rank=ps.get_expert_data_parallel_rank(),
+        ep_group=_group(ep, ps.get_expert_model_parallel_group()),
+        etp_group=_group(etp, ps.get_expert_tensor_parallel_group()),
+        edp_group=_group(tp * dp // (etp * ep), ps.get_expert_data_parallel_group()),
+        expert_mp_group=_group(etp * ep * pp, ps.get_expert_tensor_model_pipeline_parallel_group()),
     )
 
 

@@ -36,7 +36,7 @@ from rlvr.utils.seed import set_seed
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
-from rlvr.workers.megatron.layout import megatron_sizes
+from rlvr.workers.megatron.layout import data_parallel_size, expert_sizes, megatron_sizes
 from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, on_every_rank
 from rlvr.workers.megatron.parallel import MegatronParallel, init_megatron_parallel
 from rlvr.workers.megatron.weights import gather_hf_weights, policy_from_hf, value_model_from_hf
@@ -49,8 +49,12 @@ __all__ = ["MegatronActorRolloutRefWorker", "MegatronCriticWorker"]
 
 def _prepare(worker, role: str, init_args: tuple) -> None:
     """In ``__init__``: the layout of ``role``, the rank info of ``DP_MP_COMPUTE``, CPU threads and,
-    on the local backend, the started model-parallel ranks."""
+    on the local backend, the started ranks (model-parallel, and expert-parallel ranks that each run
+    the whole batch)."""
     tp, pp = megatron_sizes(worker.config, role)
+    # the local backend's worker starts every rank of its layout, and each runs the whole batch (its
+    # expert-parallel ranks too; on Ray they are data-parallel ranks with batches of their own)
+    ranks = tp * pp * expert_sizes(worker.config, role)[0]
     worker.megatron_role, worker.parallel = role, None
     if worker.world_size > 1:
         tp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(worker.rank, tp, pp, worker.world_size)
@@ -58,9 +62,9 @@ def _prepare(worker, role: str, init_args: tuple) -> None:
                                     dp_size=worker.world_size // (tp * pp), tp_rank=tp_rank + tp * pp_rank,
                                     tp_size=tp * pp)
     elif worker.device == "cpu":  # the local backend: this process and the ranks it starts share the cores
-        set_cpu_threads(worker.config.trainer.num_threads, tp * pp)
+        set_cpu_threads(worker.config.trainer.num_threads, ranks)
     timeout_s = float(worker.config.trainer.call_timeout_s)
-    worker._local_ranks, worker._local_key = attach_local_ranks(worker, tp * pp, init_args, timeout_s)
+    worker._local_ranks, worker._local_key = attach_local_ranks(worker, ranks, init_args, timeout_s)
 
 
 def _join(worker) -> MegatronParallel:
@@ -68,8 +72,10 @@ def _join(worker) -> MegatronParallel:
     if worker.world_size > 1:
         worker.init_process_group(timeout_s=float(worker.config.trainer.call_timeout_s))
     tp, pp = megatron_sizes(worker.config, worker.megatron_role)
+    ep, etp = expert_sizes(worker.config, worker.megatron_role)
     seed = int(worker.config.trainer.seed)
-    parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s))
+    parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s), ep,
+                                      etp)
     set_seed(seed)
     return parallel
 
@@ -111,8 +117,8 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             self._rollout_replica = hf.to(self.device)
         optimizer = build_optimizer(module, cfg.actor.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
-        mini = per_rank_batch_size(cfg.actor.ppo_mini_batch_size, cfg.rollout.n, self.parallel.dp,
-                                   "actor_rollout_ref.actor.ppo_mini_batch_size")
+        mini = per_rank_batch_size(cfg.actor.ppo_mini_batch_size, cfg.rollout.n,
+                                   data_parallel_size(self.config, "actor"), "actor_rollout_ref.actor.ppo_mini_batch_size")
         self.actor_module = module
         self.actor = MegatronPPOActor(cfg.actor, module, optimizer, mini_batch_size=mini,
                                       log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu)
@@ -245,8 +251,8 @@ class MegatronCriticWorker(CriticWorker):
         module = value_model_from_hf(build_critic(cfg.model, path), self.parallel).to(self.device)
         optimizer = build_optimizer(module, cfg.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
-        mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n, self.parallel.dp,
-                                   "critic.ppo_mini_batch_size")
+        mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n,
+                                   data_parallel_size(self.config, "critic"), "critic.ppo_mini_batch_size")
         self.critic_module = module
         self.critic = MegatronPPOCritic(cfg, module, optimizer, mini_batch_size=mini)
         self.placement = Placement(module, optimizer, self.device)
