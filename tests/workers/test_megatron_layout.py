@@ -37,7 +37,8 @@ def test_the_config_check_names_the_key(monkeypatch):
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",):
             ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "4 workers"),
         ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4",):
-            ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size", r"\(4, 1\) differ from the actor's \(2, 1\)"),
+            ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size",
+             r"\(4, 1, 1, 4\) differ from the actor's \(2, 1, 1, 2\)"),
         ("actor_rollout_ref.model.lora_rank=8",): ("actor_rollout_ref.model.lora_rank", "LoRA is not available"),
         ("actor_rollout_ref.model.enable_gradient_checkpointing=true",):
             ("actor_rollout_ref.model.enable_gradient_checkpointing", "does not recompute"),

@@ -9,6 +9,7 @@ the critic follows the actor's when the actor uses Megatron.
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import TYPE_CHECKING
 
 from rlvr.utils.errors import ConfigError
@@ -54,14 +55,13 @@ def megatron_sizes(cfg, role: str) -> tuple[int, int]:
 
 def expert_sizes(cfg, role: str) -> tuple[int, int]:
     """``(expert_model_parallel_size, expert_tensor_parallel_size)`` of ``role``: unset sizes follow
-    the actor's for the other roles; an unset expert-tensor size is the tensor-parallel size (verl's
-    rule), an unset expert size 1."""
-    defaults = (1, None)
-    if role != "actor" and strategy_of(cfg, "actor") == "megatron":
-        defaults = expert_sizes(cfg, "actor")
+    the actor's settings for the other roles; an expert-tensor size unset there too is the role's
+    tensor-parallel size (verl's rule), an expert size 1."""
     own = _megatron_config(cfg, role)
-    ep = own.expert_model_parallel_size or defaults[0]
-    return ep, own.expert_tensor_parallel_size or defaults[1] or megatron_sizes(cfg, role)[0]
+    actor = cfg.actor_rollout_ref.actor.megatron if role != "actor" and strategy_of(cfg, "actor") == "megatron" else own
+    ep = own.expert_model_parallel_size or actor.expert_model_parallel_size or 1
+    etp = own.expert_tensor_parallel_size or actor.expert_tensor_parallel_size or megatron_sizes(cfg, role)[0]
+    return ep, etp
 
 
 def data_parallel_size(cfg, role: str) -> int:
@@ -88,7 +88,6 @@ def _check_role(cfg, role: str) -> None:
     if tp < 1 or pp < 1:
         raise ConfigError(f"{key}.megatron.tensor_model_parallel_size",
                           f"the tensor and pipeline parallel sizes must be >= 1, got {tp} and {pp}")
-    _check_experts(cfg, role, key)
     model, model_key = ((cfg.critic.model, "critic.model") if role == "critic"
                         else (cfg.actor_rollout_ref.model, "actor_rollout_ref.model"))
     if model.lora_rank > 0:
@@ -104,6 +103,7 @@ def _check_role(cfg, role: str) -> None:
                           f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node) do not split into blocks of "
                           f"tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp} ranks; use sizes whose "
                           "product divides the number of workers")
+    _check_experts(cfg, role, key)
 
 
 def _check_experts(cfg, role: str, key: str) -> None:
@@ -114,7 +114,7 @@ def _check_experts(cfg, role: str, key: str) -> None:
         raise ConfigError(f"{key}.megatron.expert_model_parallel_size",
                           f"the expert and expert-tensor parallel sizes must be >= 1, got {ep} and {etp}")
     t = cfg.trainer
-    stage_ranks = tp * ep if t.backend == "local" else t.nnodes * t.n_gpus_per_node // pp
+    stage_ranks = math.lcm(tp, ep * etp) if t.backend == "local" else t.nnodes * t.n_gpus_per_node // pp
     if stage_ranks % (ep * etp):
         raise ConfigError(f"{key}.megatron.expert_model_parallel_size",
                           f"each pipeline stage has {stage_ranks} ranks, which do not split into blocks of "

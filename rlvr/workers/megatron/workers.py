@@ -23,6 +23,7 @@ batches and gets the same outputs; ``main_ppo`` picks the classes from ``strateg
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import torch
@@ -54,7 +55,8 @@ def _prepare(worker, role: str, init_args: tuple) -> None:
     tp, pp = megatron_sizes(worker.config, role)
     # the local backend's worker starts every rank of its layout, and each runs the whole batch (its
     # expert-parallel ranks too; on Ray they are data-parallel ranks with batches of their own)
-    ranks = tp * pp * expert_sizes(worker.config, role)[0]
+    ep, etp = expert_sizes(worker.config, role)
+    ranks = pp * math.lcm(tp, ep * etp)
     worker.megatron_role, worker.parallel = role, None
     if worker.world_size > 1:
         tp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(worker.rank, tp, pp, worker.world_size)
