@@ -60,6 +60,15 @@ def _check_replay_sections(cfg: DictConfig) -> str:
     return router_replay_mode(cfg.actor_rollout_ref.actor)
 
 
+def _check_megatron_replay(cfg: DictConfig, mode: str) -> None:
+    """The Megatron actor routes with megatron-core's router and does not replay routes."""
+    _require(mode == "disabled" or cfg.actor_rollout_ref.actor.strategy != "megatron",
+             f"{_ACTOR}.megatron.router_replay.mode",
+             f"mode={mode}: rlvr's Megatron backend does not replay routes (its router is megatron-core's, and rlvr "
+             "has not wired the recorded experts through its pipeline stages); use strategy=fsdp2 for routing "
+             "replay, or set the mode to disabled")
+
+
 def _check_rollout_routes(cfg: DictConfig, mode: str) -> None:
     """What ``enable_rollout_routing_replay`` needs: an engine and schedule that record whole rows."""
     rollout, key = cfg.actor_rollout_ref.rollout, f"{_ROLLOUT}.enable_rollout_routing_replay"
@@ -133,6 +142,7 @@ def _check_expert_parallel(cfg: DictConfig) -> None:
 def check_moe(cfg: DictConfig) -> None:
     """Raise :class:`ConfigError` for an invalid or unsupported mixture-of-experts setting."""
     mode = _check_replay_sections(cfg)
+    _check_megatron_replay(cfg, mode)
     _check_rollout_routes(cfg, mode)
     _check_r2(cfg, mode)
     _check_expert_parallel(cfg)

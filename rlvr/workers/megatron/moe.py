@@ -23,7 +23,8 @@ from megatron.core.transformer.moe.router import TopKRouter
 from megatron.core.transformer.spec_utils import ModuleSpec
 from transformers import PretrainedConfig
 
-__all__ = ["MOE_MODEL_TYPES", "RlvrTopKRouter", "is_moe", "moe_config_fields", "moe_problems", "layer_spec"]
+__all__ = ["MOE_MODEL_TYPES", "RlvrTopKRouter", "is_moe", "layer_spec", "moe_config_fields", "moe_problems",
+           "num_experts", "renormalises"]
 
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 """The HF mixture-of-experts ``model_type`` values the Megatron mapping covers."""
@@ -51,6 +52,9 @@ def moe_problems(config: PretrainedConfig, tp: int) -> list[str]:
         problems.append("dense MLP layers among the MoE layers (mlp_only_layers / decoder_sparse_step)")
     if config.model_type == "mixtral" and config.router_jitter_noise:
         problems.append("router_jitter_noise (random router inputs in training)")
+    if config.output_router_logits:
+        problems.append("output_router_logits (the load-balancing loss in the actor's loss): rlvr's Megatron backend "
+                        "trains without it (megatron-core's own is off); unset it or use strategy=fsdp2")
     if tp > 1:
         problems.append(f"tensor_model_parallel_size={tp} with MoE layers: megatron-core trains MoE layers with "
                         "tensor parallelism only with sequence parallelism, which rlvr's Megatron backend does not "
