@@ -24,9 +24,12 @@ used: it reported a match after different weights were loaded.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr.workers.rollout.server.backend import Completion, LaunchSpec, SyncCall, register_server_backend
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RolloutConfig
 
 __all__ = ["VLLMServerBackend"]
 
@@ -41,7 +44,7 @@ class VLLMServerBackend:
     health_path = "/health"
 
     def launch(self, spec: LaunchSpec, base_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        cfg = spec.rollout
+        cfg: RolloutConfig = spec.rollout
         on_gpu = spec.cuda_devices is not None
         command = [
             spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
