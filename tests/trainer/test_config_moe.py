@@ -39,8 +39,10 @@ def test_routing_replay_settings_that_run_are_accepted(config):
                                      f"{ARR}.rollout.moe_load_balance_metrics_interval": 5}))
     check_config(config(**{f"{ARR}.actor.fsdp_config.router_replay.mode": "R2"}))
     check_config(config(**ROUTES))  # the routes for the rollout/moe metrics only
-    _refused(config(**{f"{ARR}.actor.strategy": "megatron", f"{ARR}.actor.megatron.router_replay.mode": "R2"}),
-             f"{ARR}.actor.megatron.router_replay.mode", "rlvr's Megatron backend does not replay routes")
+    check_config(config(**{f"{ARR}.actor.strategy": "megatron", f"{ARR}.actor.megatron.router_replay.mode": "R2"}))
+    _refused(config(**{f"{ARR}.actor.strategy": "megatron", f"{ARR}.actor.megatron.router_replay.mode": "R2",
+                       f"{ARR}.actor.megatron.pipeline_model_parallel_size": 2}),
+             f"{ARR}.actor.megatron.router_replay.mode", "replays routes on one stage holding every layer")
 
 
 def test_modes_and_sections(config):

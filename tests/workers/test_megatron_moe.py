@@ -134,3 +134,36 @@ def test_layouts_that_cannot_run_are_refused(tmp_path, model_dir):
     shutdown_local_ranks()
     with pytest.raises(WorkerError, match="expert_model_parallel_size=2 for a model without experts"):
         local_group(MegatronActorRolloutRefWorker, make_config(model_dir, *COMMON, *_layout(ep=2)), "actor_rollout_ref")
+
+
+@pytest.mark.parametrize(("arch", "ep", "mode"), [("qwen3_moe", 1, "R3"), ("mixtral", 2, "R2")])
+def test_megatron_routing_replay_and_load_balancing_loss_match_fsdp(arch, ep, mode, tmp_path):
+    """The Megatron actor replays the rollout's routes (R3) or records its own in compute_log_prob and
+    replays them in the update (R2), adds the load-balancing loss and reports the MoE metrics like FSDP2."""
+    path = str(save_tiny_moe(tmp_path / arch, arch, seed=0))
+    moe = ("actor_rollout_ref.model.override_config.output_router_logits=true",
+           "actor_rollout_ref.model.override_config.router_aux_loss_coef=0.05",
+           *(("actor_rollout_ref.rollout.enable_rollout_routing_replay=true",) if mode == "R3" else ()))
+    fsdp = local_group(ActorRolloutRefWorker, make_config(
+        path, *COMMON, *moe, f"actor_rollout_ref.actor.fsdp_config.router_replay.mode={mode}"), "actor_rollout_ref")
+    mega = local_group(MegatronActorRolloutRefWorker, make_config(
+        path, *COMMON, *moe, *_layout(ep), f"actor_rollout_ref.actor.megatron.router_replay.mode={mode}"),
+        "actor_rollout_ref")
+    out = fsdp.generate_sequences(prompt_batch())
+    out.meta_info["temperature"] = 1.0
+    mask = out.batch["response_mask"].bool()
+    one, two = fsdp.compute_log_prob(out).batch, mega.compute_log_prob(out).batch
+    assert float((one["old_log_probs"] - two["old_log_probs"])[mask].abs().max()) < TOL
+    if mode == "R2":  # the recorded routes: the same experts of every real token, -1 on padding
+        real = out.batch["attention_mask"].bool()
+        assert torch.equal(one["routed_experts"].sort(-1).values[real], two["routed_experts"].sort(-1).values[real])
+        assert bool((two["routed_experts"][~real] == -1).all())
+        out.batch["routed_experts"] = one["routed_experts"]
+    batch = with_advantages(out, [1.0, -0.5, 2.0, -1.0], one["old_log_probs"] - 0.05)
+    batch.batch["ref_log_prob"] = one["old_log_probs"]
+    m_one, m_two = fsdp.update_actor(batch).meta_info["metrics"], mega.update_actor(batch).meta_info["metrics"]
+    for name in ("actor/pg_loss", "actor/grad_norm", "actor/moe_aux_loss", "actor/moe_load_entropy/layer_0",
+                 "actor/moe_load_entropy/layer_1"):
+        assert m_two[name] == [pytest.approx(m_one[name][0], rel=TOL, abs=1e-6)], name
+    w_one, w_two = fsdp.get_actor_weights()[0], mega.get_actor_weights()[0]
+    assert max(float((w_one[k] - w_two[k]).abs().max()) for k in w_one) < TOL

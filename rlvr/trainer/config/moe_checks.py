@@ -61,12 +61,14 @@ def _check_replay_sections(cfg: DictConfig) -> str:
 
 
 def _check_megatron_replay(cfg: DictConfig, mode: str) -> None:
-    """The Megatron actor routes with megatron-core's router and does not replay routes."""
-    _require(mode == "disabled" or cfg.actor_rollout_ref.actor.strategy != "megatron",
+    """The Megatron actor replays routes on one pipeline stage holding every layer."""
+    actor = cfg.actor_rollout_ref.actor
+    stages = actor.megatron.pipeline_model_parallel_size or 1
+    _require(mode == "disabled" or actor.strategy != "megatron" or stages == 1,
              f"{_ACTOR}.megatron.router_replay.mode",
-             f"mode={mode}: rlvr's Megatron backend does not replay routes (its router is megatron-core's, and rlvr "
-             "has not wired the recorded experts through its pipeline stages); use strategy=fsdp2 for routing "
-             "replay, or set the mode to disabled")
+             f"mode={mode} with pipeline_model_parallel_size={stages}: rlvr's Megatron actor replays routes on one "
+             "stage holding every layer (the recorded experts are not passed between stages); use "
+             "pipeline_model_parallel_size=1 (expert_model_parallel_size splits the experts), or strategy=fsdp2")
 
 
 def _check_rollout_routes(cfg: DictConfig, mode: str) -> None:

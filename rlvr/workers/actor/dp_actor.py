@@ -57,7 +57,7 @@ from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.moe.actor_routing import ActorRouting, ForwardRouting
 from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
-from rlvr.workers.moe.routers import router_tap
+from rlvr.workers.moe.routers import RoutingTap, router_tap
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
 from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group, shared_generator
 
@@ -195,10 +195,14 @@ class DataParallelPPOActor:
         self.routing = self._moe_routing(router_replay)
         self.metric_names = _METRICS + (("moe_aux_loss",) if self.routing is not None else ())
 
+    def _router_tap(self) -> RoutingTap | None:
+        """The policy's router tap (None: a dense model)."""
+        return router_tap(self.module)
+
     def _moe_routing(self, router_replay: str) -> ActorRouting | None:
         """The routing side of a mixture-of-experts policy (None for a dense one); an MoE policy runs
         every prompt with its responses (no shared prompt forward: the routers' tokens are the rows')."""
-        tap = router_tap(self.module)
+        tap = self._router_tap()
         if tap is None:
             if router_replay != "disabled":
                 raise ValueError(f"router_replay.mode={router_replay} replays the experts of a mixture-of-experts "

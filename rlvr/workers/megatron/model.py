@@ -25,16 +25,16 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from rlvr.workers.megatron.hf_mapping import SUPPORTED_MODEL_TYPES, LlamaShape, Rule, stage_layers, stage_rules
-from rlvr.workers.megatron.moe import is_moe, layer_spec, moe_config_fields, moe_problems
+from rlvr.workers.megatron.moe import MegatronRouterTap, is_moe, layer_spec, moe_config_fields, moe_problems
 from rlvr.workers.megatron.parallel import MegatronParallel
 from rlvr.workers.megatron.pipeline import receive_forward, send_forward
 
 __all__ = ["check_supported", "MegatronStage", "MegatronPolicy", "MegatronValueModel"]
 
 
-def check_supported(config: PretrainedConfig, attention_scaling: float, tp: int = 1, ep: int = 1) -> None:
+def check_supported(config: PretrainedConfig, attention_scaling: float, tp: int = 1, ep: int = 1, pp: int = 1) -> None:
     """Raise ``ValueError`` naming what an HF model has that the Megatron mapping does not cover (with
-    ``tp`` tensor-parallel and ``ep`` expert-parallel ranks)."""
+    ``tp`` tensor-parallel, ``ep`` expert-parallel ranks and ``pp`` pipeline stages)."""
     problems = []
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         problems.append(f"model_type {config.model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
@@ -47,7 +47,7 @@ def check_supported(config: PretrainedConfig, attention_scaling: float, tp: int 
     if attention_scaling != 1.0:
         problems.append(f"a RoPE variant that scales attention ({attention_scaling})")
     if is_moe(config):
-        problems += moe_problems(config, tp)
+        problems += moe_problems(config, tp, pp)
     elif ep > 1:
         problems.append(f"expert_model_parallel_size={ep} for a model without experts; set it to 1")
     if problems:
@@ -102,6 +102,8 @@ class MegatronStage(nn.Module):
         )
         if parallel.last_stage and not lm_head:
             self.gpt.output_layer = None
+        # the routers' tap (an MoE model on one stage): the actor's routing replay, loss and metrics
+        self.router_tap = MegatronRouterTap(self.gpt, config) if is_moe(config) and parallel.pp == 1 else None
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)
         self.hf_shapes: dict[str, tuple[int, ...]] = {}  # of the HF weights, recorded when they are loaded
         self.rules: dict[str, Rule] = {

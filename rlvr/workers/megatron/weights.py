@@ -111,7 +111,7 @@ def _decoder_settings(base_model: nn.Module, parallel: MegatronParallel) -> tupl
     """The HF base model's rotary inverse frequencies ``[head_dim / 2]`` and embedding ``padding_idx``
     (after checking that the mapping covers the model in this layout)."""
     rotary = base_model.rotary_emb
-    check_supported(base_model.config, float(rotary.attention_scaling), parallel.tp, parallel.ep)
+    check_supported(base_model.config, float(rotary.attention_scaling), parallel.tp, parallel.ep, parallel.pp)
     return rotary.inv_freq, base_model.get_input_embeddings().padding_idx
 
 

@@ -42,6 +42,7 @@ from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, o
 from rlvr.workers.megatron.parallel import MegatronParallel, init_megatron_parallel
 from rlvr.workers.megatron.weights import gather_hf_weights, policy_from_hf, value_model_from_hf
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
+from rlvr.workers.moe import router_replay_mode
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.worker_utils import Placement, per_rank_batch_size, set_cpu_threads
 
@@ -123,7 +124,8 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
                                    data_parallel_size(self.config, "actor"), "actor_rollout_ref.actor.ppo_mini_batch_size")
         self.actor_module = module
         self.actor = MegatronPPOActor(cfg.actor, module, optimizer, mini_batch_size=mini,
-                                      log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu)
+                                      log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
+                                      router_replay=router_replay_mode(cfg.actor))
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
 

@@ -31,7 +31,7 @@ from rlvr.workers.collectives import all_reduce_sum
 from rlvr.workers.moe import REPLAY_MODES
 from rlvr.workers.moe.balance import expert_counts, load_balancing_loss, load_entropy
 from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
-from rlvr.workers.moe.routers import RouterTap
+from rlvr.workers.moe.routers import RoutingTap
 from rlvr.workers.ulysses import SequenceParallel
 
 __all__ = ["ActorRouting", "ForwardRouting"]
@@ -55,7 +55,7 @@ class ActorRouting:
     """The routing of one actor's forward passes (module docstring).
 
     Args:
-        tap: the policy model's router tap.
+        tap: the policy model's router tap (an HF model's or a Megatron stage's).
         mode: ``router_replay.mode`` (:data:`REPLAY_MODES`); the reference uses ``"disabled"``.
         aux_coef: coefficient of the load-balancing loss in the policy loss (0: a metric only).
         sp: the actor's sequence-parallel group (its ranks split each packed row).
@@ -63,7 +63,7 @@ class ActorRouting:
         group: the data-parallel process group (None: the default group).
     """
 
-    def __init__(self, tap: RouterTap, mode: str, aux_coef: float, sp: SequenceParallel, world_size: int,
+    def __init__(self, tap: RoutingTap, mode: str, aux_coef: float, sp: SequenceParallel, world_size: int,
                  group=None) -> None:
         if mode not in REPLAY_MODES:
             raise ValueError(f"router_replay.mode must be one of {REPLAY_MODES}, got {mode!r}")

@@ -7,7 +7,7 @@ engine writes it (``rollout.enable_rollout_routing_replay``); the actor's ``comp
 for ``router_replay.mode=R2``; the actor's forward passes read it to replay the choices.
 
 The routers see a forward pass's tokens flattened, ``[T, hidden]``: a padded forward's ``rows x
-columns`` of the window it runs (:func:`~rlvr.workers.actor.dp_actor.response_window`), or the packed
+columns`` of the window it runs (``columns x rows`` in megatron-core, whose activations are sequence-major) (:func:`~rlvr.workers.actor.dp_actor.response_window`), or the packed
 row of ``model.use_remove_padding`` (the real tokens row after row, padding for sequence parallelism
 at the end; under Ulysses each rank runs its slice). :class:`TokenLayout` maps between the two.
 """
@@ -51,17 +51,19 @@ class TokenLayout:
         window: the columns a padded forward runs (None for a packed forward).
         packed_len: the packed row's length, sequence-parallel padding included (None: padded forward).
         part: this rank's slice of the packed row (all of it without sequence parallelism).
+        seq_major: a padded forward's tokens column by column (megatron-core's ``[s, b]`` order).
     """
 
     mask: torch.Tensor
     window: slice | None = None
     packed_len: int | None = None
     part: slice | None = None
+    seq_major: bool = False
 
     @classmethod
-    def padded(cls, attention_mask: torch.Tensor, start: int, stop: int) -> TokenLayout:
-        """A forward on columns ``start:stop`` of ``attention_mask [b, S]``."""
-        return cls(mask=attention_mask.bool(), window=slice(start, stop))
+    def padded(cls, attention_mask: torch.Tensor, start: int, stop: int, seq_major: bool = False) -> TokenLayout:
+        """A forward on columns ``start:stop`` of ``attention_mask [b, S]`` (column by column with ``seq_major``)."""
+        return cls(mask=attention_mask.bool(), window=slice(start, stop), seq_major=seq_major)
 
     @classmethod
     def packed(cls, attention_mask: torch.Tensor, packed: PackedBatch, sp: SequenceParallel) -> TokenLayout:
@@ -71,7 +73,8 @@ class TokenLayout:
     def token_mask(self) -> torch.Tensor:
         """``[T]`` bool: which of the forward's tokens are real (not padding)."""
         if self.window is not None:
-            return self.mask[:, self.window].flatten()
+            window = self.mask[:, self.window]
+            return (window.t() if self.seq_major else window).flatten()
         real = int(self.mask.sum())
         return (torch.arange(self.packed_len, device=self.mask.device) < real)[self.part]
 
@@ -80,7 +83,7 @@ class TokenLayout:
         routes = routes.to(self.mask.device).long()
         if self.window is not None:
             picked = routes[:, self.window].masked_fill(~self.mask[:, self.window, None, None], -1)
-            return picked.flatten(0, 1)
+            return (picked.transpose(0, 1) if self.seq_major else picked).flatten(0, 1)
         real = routes[self.mask]
         padding = real.new_full((self.packed_len - real.shape[0], *real.shape[1:]), -1)
         return torch.cat([real, padding])[self.part]
@@ -92,8 +95,11 @@ class TokenLayout:
         rows, columns = self.mask.shape
         out = torch.full((rows, columns, *tokens.shape[1:]), -1, dtype=torch.int16, device=tokens.device)
         if self.window is not None:
-            window = tokens.view(rows, -1, *tokens.shape[1:]).to(torch.int16)
-            out[:, self.window] = window.masked_fill(~self.mask[:, self.window, None, None], -1)
+            if self.seq_major:
+                window = tokens.view(-1, rows, *tokens.shape[1:]).transpose(0, 1)
+            else:
+                window = tokens.view(rows, -1, *tokens.shape[1:])
+            out[:, self.window] = window.to(torch.int16).masked_fill(~self.mask[:, self.window, None, None], -1)
             return out
         whole = gather_sequence(tokens, sp) if sp.enabled else tokens
         out[self.mask] = whole[: int(self.mask.sum())].to(torch.int16)

@@ -42,7 +42,8 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from rlvr.workers.models import unwrap_hf_model
 
-__all__ = ["SOFTMAX_TOP_K_ROUTERS", "MoeShape", "RouterTap", "has_routers", "router_tap", "replayed_weights"]
+__all__ = ["SOFTMAX_TOP_K_ROUTERS", "MoeShape", "RoutingTap", "RouterTap", "aux_loss_coef", "has_routers", "router_tap",
+           "replayed_weights"]
 
 
 def _own_setting(router: nn.Module) -> bool:
@@ -93,39 +94,25 @@ def replayed_weights(router_logits: torch.Tensor, experts: torch.Tensor, renorma
     return weights.to(dtype)
 
 
-class RouterTap:
-    """Forward hooks on the routers of a transformers MoE model (module docstring).
-
-    Args:
-        model: the Hugging Face model (plain or FSDP2-sharded); it must have at least one router of
-            :data:`SOFTMAX_TOP_K_ROUTERS`.
+class RoutingTap:
+    """What a forward pass's routers chose, and the choices to replay: the state every tap shares.
 
     Attributes:
         shape: the model's :class:`MoeShape`.
-        aux_loss_coef: the config's ``router_aux_loss_coef`` when its ``output_router_logits`` asked for
-            the load-balancing loss, else 0 (module docstring).
+        aux_loss_coef: the coefficient of the load-balancing loss the model config asks for (0: none).
         selected: per MoE layer, ``[T, k]`` the experts of every token in the latest armed forward.
         logits: per MoE layer, ``[T, E]`` the router logits of the latest armed forward (with their
             gradient), when armed with ``keep_logits``.
     """
 
-    def __init__(self, model: nn.Module) -> None:
-        routers = [module for module in model.modules() if type(module) in SOFTMAX_TOP_K_ROUTERS]
-        if not routers:
-            raise ValueError(f"{type(model).__name__} has no mixture-of-experts router rlvr knows "
-                             f"({', '.join(cls.__name__ for cls in SOFTMAX_TOP_K_ROUTERS)})")
-        self.shape = MoeShape(len(routers), int(routers[0].num_experts), int(routers[0].top_k))
-        text_config = model.config.get_text_config()
-        self.aux_loss_coef = float(text_config.router_aux_loss_coef) if text_config.output_router_logits else 0.0
-        text_config.output_router_logits = False
-        for layer, router in enumerate(routers):
-            renormalise = SOFTMAX_TOP_K_ROUTERS[type(router)](router)
-            router.register_forward_hook(partial(self._on_router, layer, renormalise))
-        self._armed = False
+    def __init__(self, shape: MoeShape, aux_loss_coef: float) -> None:
+        self.shape = shape
+        self.aux_loss_coef = aux_loss_coef
+        self.armed = False
         self._replay: torch.Tensor | None = None
         self._keep_logits = False
-        self.selected: list[torch.Tensor | None] = [None] * self.shape.layers
-        self.logits: list[torch.Tensor | None] = [None] * self.shape.layers
+        self.selected: list[torch.Tensor | None] = [None] * shape.layers
+        self.logits: list[torch.Tensor | None] = [None] * shape.layers
 
     def arm(self, replay: torch.Tensor | None = None, keep_logits: bool = False) -> None:
         """Record the routing of the forward passes from now on (until the next ``arm`` or ``disarm``).
@@ -133,13 +120,13 @@ class RouterTap:
         Args:
             replay: ``[T, layers, k]`` int experts to use instead of the routers' own choices, ``-1``
                 for a token that keeps its own; ``T`` must be the tokens of every router call (the
-                forward pass's ``batch x sequence``, flattened). None: the routers choose.
+                forward pass's tokens, flattened in the order the routers see them). None: the routers choose.
             keep_logits: also keep the router logits (for the load-balancing loss).
         """
         if replay is not None and tuple(replay.shape[1:]) != (self.shape.layers, self.shape.top_k):
             raise ValueError(f"routing replay: routes of shape [tokens, layers, k] = [*, {self.shape.layers}, "
                              f"{self.shape.top_k}] expected, got {list(replay.shape)}")
-        self._armed = True
+        self.armed = True
         self._replay = None if replay is None else replay.long()
         self._keep_logits = keep_logits
         self.selected = [None] * self.shape.layers
@@ -147,32 +134,71 @@ class RouterTap:
 
     def disarm(self) -> None:
         """Stop recording and replaying; drop what was kept."""
-        self._armed, self._replay, self._keep_logits = False, None, False
+        self.armed, self._replay, self._keep_logits = False, None, False
         self.selected = [None] * self.shape.layers
         self.logits = [None] * self.shape.layers
 
     def routes(self) -> torch.Tensor:
         """``[T, layers, k]`` int64 the experts of every token in every MoE layer, latest forward."""
         if any(chosen is None for chosen in self.selected):
-            raise RuntimeError("no armed forward pass has run through every router since RouterTap.arm()")
+            raise RuntimeError("no armed forward pass has run through every router since the tap was armed")
         return torch.stack(self.selected, dim=1)
 
-    def _on_router(self, layer: int, renormalise: bool, module: nn.Module, args: tuple, output: tuple):
-        if not self._armed:
+    def given(self, layer: int, tokens: int, device: torch.device) -> torch.Tensor | None:
+        """``[tokens, k]`` the experts to replay in MoE layer ``layer`` (``-1``: the router's own), or None."""
+        if self._replay is None:
             return None
-        logits, weights, experts = output
-        if self._replay is not None:
-            given = self._replay[:, layer].to(experts.device)
-            if given.shape[0] != experts.shape[0]:
-                raise ValueError(f"routing replay: the router of MoE layer {layer} routes {experts.shape[0]} tokens "
-                                 f"but routes for {given.shape[0]} tokens were given")
-            experts = torch.where(given[:, :1] >= 0, given, experts)
-            weights = replayed_weights(logits, experts, renormalise, weights.dtype)
-            output = (logits, weights, experts)
+        given = self._replay[:, layer].to(device)
+        if given.shape[0] != tokens:
+            raise ValueError(f"routing replay: the router of MoE layer {layer} routes {tokens} tokens but routes "
+                             f"for {given.shape[0]} tokens were given")
+        return given
+
+    def record(self, layer: int, logits: torch.Tensor, experts: torch.Tensor) -> None:
+        """Keep MoE layer ``layer``'s choices ``[T, k]`` (and logits ``[T, E]`` when asked)."""
         self.selected[layer] = experts.detach()
         if self._keep_logits:
             self.logits[layer] = logits
+
+
+class RouterTap(RoutingTap):
+    """Forward hooks on the routers of a transformers MoE model (module docstring).
+
+    Args:
+        model: the Hugging Face model (plain or FSDP2-sharded); it must have at least one router of
+            :data:`SOFTMAX_TOP_K_ROUTERS`.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        routers = [module for module in model.modules() if type(module) in SOFTMAX_TOP_K_ROUTERS]
+        if not routers:
+            raise ValueError(f"{type(model).__name__} has no mixture-of-experts router rlvr knows "
+                             f"({', '.join(cls.__name__ for cls in SOFTMAX_TOP_K_ROUTERS)})")
+        text_config = model.config.get_text_config()
+        super().__init__(MoeShape(len(routers), int(routers[0].num_experts), int(routers[0].top_k)),
+                         aux_loss_coef(text_config))
+        text_config.output_router_logits = False
+        for layer, router in enumerate(routers):
+            renormalise = SOFTMAX_TOP_K_ROUTERS[type(router)](router)
+            router.register_forward_hook(partial(self._on_router, layer, renormalise))
+
+    def _on_router(self, layer: int, renormalise: bool, module: nn.Module, args: tuple, output: tuple):
+        if not self.armed:
+            return None
+        logits, weights, experts = output
+        given = self.given(layer, experts.shape[0], experts.device)
+        if given is not None:
+            experts = torch.where(given[:, :1] >= 0, given, experts)
+            weights = replayed_weights(logits, experts, renormalise, weights.dtype)
+            output = (logits, weights, experts)
+        self.record(layer, logits, experts)
         return output
+
+
+def aux_loss_coef(text_config) -> float:
+    """The load-balancing loss coefficient an HF MoE config asks for: its ``router_aux_loss_coef`` when
+    ``output_router_logits`` is set (transformers' own switch for adding it to the loss), else 0."""
+    return float(text_config.router_aux_loss_coef) if text_config.output_router_logits else 0.0
 
 
 _TAPS: weakref.WeakKeyDictionary[nn.Module, RouterTap] = weakref.WeakKeyDictionary()
