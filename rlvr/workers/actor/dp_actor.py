@@ -29,6 +29,10 @@ With ``model.use_remove_padding`` every forward runs on the micro-batch packed i
 tokens), and with ``ulysses_sequence_parallel_size > 1`` the ranks of a sequence-parallel group share
 their rows and split each packed row between them (:mod:`rlvr.workers.ulysses`). Rows with images
 run unpacked.
+
+A mixture-of-experts policy's routers are watched (and, with ``router_replay``, steered) around every
+forward pass (:mod:`rlvr.workers.moe.actor_routing`): routing replay from the batch's ``routed_experts``,
+the load-balancing loss in the policy loss, the expert-load metrics.
 """
 
 from __future__ import annotations
@@ -329,7 +333,8 @@ class DataParallelPPOActor:
             metric name -> one value per mini-batch: ``actor/pg_loss``, ``actor/pg_clipfrac``,
             ``actor/ppo_kl``, ``actor/entropy``, ``actor/kl_loss`` (global means over the
             mini-batch on all ranks), ``actor/grad_norm``, ``actor/skipped_steps`` (1 when the
-            gradient was not finite and the step was skipped).
+            gradient was not finite and the step was skipped); for an MoE policy also
+            ``actor/moe_aux_loss`` and ``actor/moe_load_entropy/layer_<i>``.
         """
         if self.optimizer is None:
             raise RuntimeError("this actor has no optimizer (a frozen reference); it cannot be updated")
