@@ -5,14 +5,16 @@ Checkpoints", arXiv:2212.05055). SmolLM2 is a Llama model, and Mixtral is Llama 
 routed experts: every layer's MLP becomes ``experts`` copies of itself behind a router with small random
 weights, ``top_k`` of them per token. Mixtral renormalises the chosen experts' weights to sum to 1, so with
 identical experts the model computes exactly what SmolLM2 does: a dense warm start, which learns the main
-job's task on CPU where a random MoE would not. ``noise`` then moves each expert's weights apart by that
+job's task on CPU where a random MoE would not. Each expert is a whole MLP, so the model is large for its
+compute: with the default 4 experts about 380M parameters (6 GB with AdamW's state in fp32) for the
+compute of SmolLM2 with two MLPs per token. ``noise`` then moves each expert's weights apart by that
 fraction of the MLP's weight scale, so the router's choices matter from the first step (and the rollout's
 and the trainer's routers can disagree): at the default 0.005 the log-probs of a short text move by at
 most 0.38 from SmolLM2's (0.002: 0.15, 0.01: 0.76; exact copies: 2e-5). Attention, norms, embeddings and the tokenizer are SmolLM2's.
 
 Usage::
 
-    python -m rlvr.data_prep.moe_model --out runs/moe/model --experts 8 --top-k 2 --noise 0.005
+    python -m rlvr.data_prep.moe_model --out runs/moe/model --experts 4 --top-k 2 --noise 0.005
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ def save_moe_model(out: str | Path, experts: int, top_k: int, noise: float, seed
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="folder to write the model and tokenizer to")
-    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--experts", type=int, default=4)
     parser.add_argument("--top-k", type=int, default=2)
     parser.add_argument("--noise", type=float, default=0.005, help="expert perturbation, relative to the weights' std")
     parser.add_argument("--seed", type=int, default=0)
