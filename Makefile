@@ -2,7 +2,10 @@
 #   make train   set up, then run the main job (GRPO on the embedded SmolLM2-135M-Instruct, CPU)
 #   make train-tools   the tool-use main job (the model learns to multiply with a calculator tool)
 #   make train-vision  the vision job (a VLM made from SmolLM2 learns to name a drawn shape's colour and form)
+#   make train-rm      a reward model trained on the main job's own samples, then GRPO with it as the only reward
+#   make train-distill the untrained model distilled on-policy from the model `make train` produced
 #   make test    set up, then run the test suite (slow end-to-end tests: make test-slow)
+#   make docs    build the documentation site into site/ (make docs-serve: serve it at http://127.0.0.1:8000)
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -11,7 +14,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-megatron train train-tools train-moe train-vision test test-slow test-all test-vllm test-megatron bench bench-faults bench-long bench-async gpu-rehearsal clean
+.PHONY: setup setup-vllm setup-megatron train train-tools train-moe train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -78,6 +81,26 @@ train-moe: setup data/arith/test.jsonl runs/moe/model/config.json
 	$(PY) -m rlvr.trainer.main_ppo --preset moe_job actor_rollout_ref.actor.fsdp_config.router_replay.mode=$(MOE_REPLAY) \
 		trainer.experiment_name=moe_$(MOE_REPLAY) trainer.default_local_dir=runs/moe/$(MOE_REPLAY) $(ARGS)
 
+# a reward model: preference pairs (right vs wrong sums) from the main job's own samples, a score head
+# on the embedded SmolLM2-135M trained on them (Bradley-Terry), then GRPO with it as the only reward
+# (the rule computed beside it with weight 0), and the summary with its reward-hacking plot
+RM_PAIRS := data/rm_pairs
+$(RM_PAIRS)/test.jsonl: rlvr/data_prep/rm_pairs.py | data/arith/test.jsonl
+	$(PY) -m rlvr.data_prep.rm_pairs --out $(RM_PAIRS) --prompts 512
+
+train-rm: setup data/arith/test.jsonl $(RM_PAIRS)/test.jsonl
+	$(PY) -m rlvr.trainer.rm_trainer --preset main_job rm.train_files=$(RM_PAIRS)/train.jsonl \
+		rm.val_files=$(RM_PAIRS)/test.jsonl trainer.experiment_name=rm_model
+	$(PY) -m rlvr.trainer.main_ppo --preset rm_job $(ARGS)
+	$(PY) -m rlvr.data_prep.model_jobs_summary rm runs/rlvr/rm_job --rm-summary runs/rlvr/rm_model/rm_summary.json
+
+# on-policy distillation: the teacher is the model `make train` produced (run first when missing), the
+# student the untrained embedded model; the summary sets its held-out accuracy beside GRPO alone's
+train-distill: setup data/arith/test.jsonl
+	test -f runs/rlvr/main_job/hf_model/config.json || $(MAKE) train
+	$(PY) -m rlvr.trainer.main_ppo --preset distill_job $(ARGS)
+	$(PY) -m rlvr.data_prep.model_jobs_summary distill runs/rlvr/distill_job --baseline runs/rlvr/main_job
+
 # three-digit multiplication questions from reasoning-gym for the tool_agent loop, and its tools file
 data/tools/test.jsonl: rlvr/data_prep/tool_use.py rlvr/data_prep/reasoning_gym.py | $(STAMP)
 	$(PY) -m rlvr.data_prep.tool_use --out data/tools
@@ -124,6 +147,16 @@ bench: setup
 	$(PIP) install -q -e ".[bench]"
 	$(PY) -m benchmarks.bench_grpo_vs_trl --size tiny --steps 4 --warmup 1
 
+# the hot-path guard (about a minute): rlvr against TRL on a short CPU workload, appended with the commit to
+# benchmarks/results/hot_path_history.jsonl; exits 1 when the ratio is >15% above the idle baseline.
+# Run it before landing a change to rlvr/trainer, rlvr/workers or rlvr/utils (make hooks: as a pre-push hook)
+bench-guard: setup
+	$(PIP) install -q -e ".[bench]"
+	$(PY) -m benchmarks.hot_path $(ARGS)
+
+hooks:
+	git config core.hooksPath scripts/git-hooks
+
 # the CPU rehearsal of the one-call GPU checks (docs/PERFORMANCE.md, "GPU checks"): every step on tiny
 # models with the GPU machine's imports; also makes the bundle the device call carries (.whl, .bench)
 gpu-rehearsal: setup
@@ -153,5 +186,23 @@ bench-async: setup data/arith/test.jsonl data/tools/test.jsonl
 	$(PY) -m benchmarks.async_simulator --scale --json runs/bench_async/scaling.json
 	$(PY) -m benchmarks.core_contention --json runs/bench_async/core_contention.json
 
+# the documentation site (MkDocs, Material theme) from docs/ and mkdocs.yml; --strict: a broken link, a missing page,
+# an anchor that does not exist or a docstring mkdocstrings cannot read fails the build
+DOCS_STAMP := $(VENV)/.rlvr-docs-setup-done
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
+# docs/config_reference.md from the typed config schema (tests/docs/test_config_reference.py fails when it is stale)
+docs-reference: setup
+	$(PY) scripts/gen_config_reference.py
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache site

@@ -75,7 +75,7 @@ def finished_run(run_dir: Path, steps: int) -> dict | None:
     if not record.is_file():
         return None
     run = json.loads(record.read_text())
-    return run if sum("timing/step" in row for row in run["rows"]) == steps else None
+    return run if sum("timing_s/step" in row for row in run["rows"]) == steps else None
 
 
 def run_job(preset: str, name: str, overrides: list[str], out: Path, steps: int, seed: int, test_freq: int) -> dict:
@@ -108,27 +108,27 @@ def run_job(preset: str, name: str, overrides: list[str], out: Path, steps: int,
 
 def summarize(run: dict) -> dict[str, Any]:
     """Steps per hour, validation accuracy by step and by training time, median stage times."""
-    steps = [r for r in run["rows"] if "timing/step" in r]
+    steps = [r for r in run["rows"] if "timing_s/step" in r]
     elapsed, accuracy = 0.0, {}
     clock = {0: 0.0}
     for row in run["rows"]:
-        if "timing/step" in row:
-            elapsed += row["timing/step"]
+        if "timing_s/step" in row:
+            elapsed += row["timing_s/step"]
             clock[row["step"]] = elapsed
         if "val/acc" in row:
             accuracy[row["step"]] = row["val/acc"]
-    train_s = sum(r["timing/step"] for r in steps)
+    train_s = sum(r["timing_s/step"] for r in steps)
 
     def median(key: str) -> float | None:
         values = [r[key] for r in steps if key in r]
         return statistics.median(values) if values else None
 
-    keys = ("timing/step", "timing/gen", "timing/old_log_prob", "timing/update_actor", "timing/update_weights",
+    keys = ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights",
             "async/rollout_gen_s",
             "async/trainer_wait_s", "async/rollout_wait_s", "async/staleness_mean", "async/staleness_max",
             "async/weight_push_s", "async/interrupted_generations", "response_length/mean")
     return {"steps": len(steps), "train_s": train_s, "steps_per_hour": 3600.0 * len(steps) / train_s,
-            "gen_and_step_s": [[r.get("timing/gen", 0.0), r["timing/step"]] for r in steps],
+            "gen_and_step_s": [[r.get("timing_s/gen", 0.0), r["timing_s/step"]] for r in steps],
             # an asynchronous run's own generations: seconds, and the share of their decode steps on lent cores
             "rollout_gen_s": [[r.get("async/rollout_gen_s"), r.get("async/rollout_lent_core_share")] for r in steps],
             "accuracy": accuracy, "accuracy_clock": {step: clock.get(step) for step in accuracy},
@@ -173,7 +173,7 @@ def markdown(job: str, table: dict[str, dict], summaries: dict[str, list[dict]])
     for mode, row in table.items():
         runs = summaries[mode]
         med = {key: statistics.median(r["medians"][key] or 0.0 for r in runs)  # median over the seeds
-               for key in ("timing/step", "timing/gen", "async/staleness_mean")}
+               for key in ("timing_s/step", "timing_s/gen", "async/staleness_mean")}
         loads = [load[0] for r in runs for load in r["load"]]
         accuracy = ", ".join(f"{100 * row['accuracy_by_step'][s]:.0f}" for s in steps)
         lines.append(
@@ -181,7 +181,7 @@ def markdown(job: str, table: dict[str, dict], summaries: dict[str, list[dict]])
             f"{row['steps_per_hour_range'][1]:.0f}) | {row['speedup']:.2f} | "
             f"{accuracy} | "
             f"{100 * row['accuracy_delta_at_last_step']:+.0f} | {100 * row['sync_accuracy_at_equal_time']:.0f} | "
-            f"{med['timing/step']:.1f} / {med['timing/gen']:.1f} s | {med['async/staleness_mean']:.2f} | "
+            f"{med['timing_s/step']:.1f} / {med['timing_s/gen']:.1f} s | {med['async/staleness_mean']:.2f} | "
             f"{min(loads):.1f}-{max(loads):.1f} |")
     return "\n".join(lines)
 
@@ -213,7 +213,7 @@ def simulator_check(main_job: dict[str, list[dict]], calibration: dict, measured
     push = statistics.median_low([s["medians"]["async/weight_push_s"] for s in main_job["one_step"]])
     one = stages(calibration)
     # a separate proximal pass only where the runs made one (not with prox_log_prob_from_update)
-    proximal = any(s["medians"].get("timing/old_log_prob") for s in main_job["one_step"])
+    proximal = any(s["medians"].get("timing_s/old_log_prob") for s in main_job["one_step"])
     return {"steps": steps, "two_threads": two, "one_thread": one, "push_s": push, "proximal_pass": proximal,
             "predicted": predict_from_stages(two, one, push, proximal), "measured": measured}
 

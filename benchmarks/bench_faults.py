@@ -227,7 +227,7 @@ def main() -> None:
         run_ppo(load_config("grpo", _overrides(*job, root / "reference", args)))
         reference_s = time.monotonic() - start
         reference = read_metrics(root / "reference" / "metrics.jsonl")
-        step_s = statistics.median(row["timing/step"] for row in reference[1:])
+        step_s = statistics.median(row["timing_s/step"] for row in reference[1:])
         rng = random.Random(args.seed)
         results = []
         for i, plan in enumerate(plan_faults(args.runs, args.steps, args.save_freq, step_s, args.seed), 1):

@@ -2,7 +2,7 @@
 
 Runs the main job (``--preset main_job``) for ``--steps`` steps, once per setup, one after the other
 (never two at once), and prints the median seconds of every trainer stage
-(``timing/gen``, ``old_log_prob``, ``update_actor``, ``update_weights`` and the server engine's
+(``timing_s/gen``, ``old_log_prob``, ``update_actor``, ``update_weights`` and the server engine's
 ``update_weights/<stage>``), the rollout/actor log-prob gap and the load average, as a Markdown table:
 
 - ``hf``: the HF engine (its fp32 log-probs are reused: no old-log-prob pass);
@@ -65,10 +65,10 @@ def run_setup(name: str, steps: int, out: Path) -> dict:
     load_before = os.getloadavg()[0]
     subprocess.run(command, check=True, timeout=7200)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps_rows = [row for row in rows if "timing/step" in row]
+    steps_rows = [row for row in rows if "timing_s/step" in row]
     result = {"load_average": [load_before, os.getloadavg()[0]]}
     for stage in STAGES:
-        values = [row[f"timing/{stage}"] for row in steps_rows if f"timing/{stage}" in row]
+        values = [row[f"timing_s/{stage}"] for row in steps_rows if f"timing_s/{stage}" in row]
         result[stage] = statistics.median(values) if values else None
     gaps = [row["training/rollout_log_probs_diff_max"] for row in steps_rows
             if "training/rollout_log_probs_diff_max" in row]

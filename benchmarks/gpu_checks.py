@@ -296,7 +296,7 @@ def run_step(step: Step, ctx: Context, timeout_s: float) -> dict:
     return record
 
 
-TRAINER_KEYS = ("timing/step", "timing/gen", "timing/old_log_prob", "timing/update_actor", "timing/update_weights",
+TRAINER_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights",
                 "actor/reused_rollout_log_probs", "training/rollout_log_probs_diff_max",
                 "training/rollout_log_probs_diff_mean", "training/rollout_probs_diff_max", "rollout_corr/kl",
                 "rollout_corr/k3_kl", "rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_ratio_fraction_high",
@@ -309,8 +309,8 @@ def _trainer_metrics(path: Path) -> dict:
     if not path.is_file():
         return {}
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    steps = [{k: row[k] for k in ("step", *TRAINER_KEYS) if k in row} for row in rows if "timing/step" in row]
-    val = [{k: v for k, v in row.items() if k.startswith("val")} for row in rows if "timing/step" not in row]
+    steps = [{k: row[k] for k in ("step", *TRAINER_KEYS) if k in row} for row in rows if "timing_s/step" in row]
+    val = [{k: v for k, v in row.items() if k.startswith("val")} for row in rows if "timing_s/step" not in row]
     perf = {k: v for row in rows for k, v in row.items() if k.startswith("perf/")}
     return {"steps": steps, "validation": val[-1] if val else {}, "perf": perf}
 
@@ -332,7 +332,7 @@ def _summary_line(record: dict) -> str:
     elif record["step"] in ("main_job", "fp8_train") and result.get("steps"):
         last = result["steps"][-1]
         note = ", ".join(f"{k.split('/')[-1]} {last[k]:.3g}" for k in
-                         ("timing/step", "training/rollout_log_probs_diff_max", "rollout_corr/rollout_is_mean")
+                         ("timing_s/step", "training/rollout_log_probs_diff_max", "rollout_corr/rollout_is_mean")
                          if k in last)
     elif record["step"] == "async" and "main_job" in result:
         note = "; ".join(f"{mode} {row['steps_per_hour']:.0f} steps/h ({row['speedup']:.2f}x)"

@@ -53,6 +53,12 @@ from rlvr.utils.dataproto_reshape import (
     unfold_column_chunks,
     unpad_dataproto,
 )
+from rlvr.utils.dataproto_serialize import (
+    deserialize_single_tensor,
+    deserialize_tensordict,
+    serialize_single_tensor,
+    serialize_tensordict,
+)
 from rlvr.utils.errors import ProtocolError, ProtocolKeyError, ProtocolTypeError
 from rlvr.utils.files import replaced_atomically
 from rlvr.utils.futures import DataProtoFuture
@@ -64,9 +70,13 @@ __all__ = [
     "DataProtoItem",
     "auto_padding",
     "collate_fn",
+    "deserialize_single_tensor",
+    "deserialize_tensordict",
     "fold_batch_dim",
     "list_of_dict_to_dict_of_list",
     "pad_dataproto_to_divisor",
+    "serialize_single_tensor",
+    "serialize_tensordict",
     "unfold_batch_dim",
     "union_numpy_dict",
     "union_tensor_dict",

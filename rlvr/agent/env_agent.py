@@ -173,8 +173,7 @@ class EnvAgentLoop:
         self.factory = get_environment(settings.env_name)
         self.tokenizer = tokenizer
         eos_ids, self.pad_id = tokenizer_ids(tokenizer)
-        limits = TurnLimits(int(rollout_config.response_length), int(rollout_config.prompt_length),
-                            int(settings.max_assistant_turns))
+        limits = TurnLimits.of(rollout_config)
         self.driver = TurnDriver(tokenizer, limits, eos_ids, self.pad_id, processor)
 
     def _call_all(self, functions: list[Callable[[], Any]], rows: list[int], what: str) -> list[Any]:
@@ -206,7 +205,8 @@ class EnvAgentLoop:
                     if isinstance(value, (int, float)):
                         item.count(f"env/{key}", float(value))
                 content, images = observation_parts(observation)
-                content, truncated = truncate_text(self.tokenizer, content, int(self.settings.max_tool_response_tokens))
+                content, truncated = truncate_text(self.tokenizer, content, int(self.settings.max_tool_response_tokens),
+                                                   str(self.settings.tool_response_truncate_side))
                 item.count("env_responses_truncated", float(truncated))
                 images = images[:content.count(IMAGE_PLACEHOLDER)]  # those cut off with the text are dropped
                 replies.append(Reply([{"role": "user", "content": content}], float(reward), bool(done), images))

@@ -75,6 +75,9 @@ class SingleTurnAgentLoop:
         return engine.generate_sequences(prompts)
 
 
+AGENT_LOOPS.add("single_turn_agent", SingleTurnAgentLoop)  # verl's name (config and the data's agent_name)
+
+
 def expand_samples(prompts: DataProto) -> DataProto:
     """``prompts`` with every row repeated ``meta_info["n"]`` times (adjacent) and ``n`` removed from
     ``meta_info``: what an engine does with ``n`` (multi-turn loops need one row per sample)."""

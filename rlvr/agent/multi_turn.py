@@ -61,11 +61,24 @@ the turn limit is reached (a reply that is not ``done`` then ends the trajectory
 
 @dataclass(frozen=True)
 class TurnLimits:
-    """Limits of a multi-turn rollout (see the module docstring)."""
+    """Limits of a multi-turn rollout (see the module docstring); a turn limit of None is no limit."""
 
     response_length: int
     prompt_length: int
-    max_assistant_turns: int
+    max_assistant_turns: int | None
+    max_user_turns: int | None = None
+
+    @classmethod
+    def of(cls, rollout_config: Any) -> TurnLimits:
+        """The limits of the ``actor_rollout_ref.rollout`` section (lengths and ``multi_turn``)."""
+        settings = rollout_config.multi_turn
+        return cls(int(rollout_config.response_length), int(rollout_config.prompt_length),
+                   settings.max_assistant_turns, settings.max_user_turns)
+
+    def may_continue(self, item: Trajectory) -> bool:
+        """Whether another model turn may follow the trajectory's last one (both turn limits)."""
+        return ((self.max_assistant_turns is None or item.assistant_turns < self.max_assistant_turns)
+                and (self.max_user_turns is None or item.counts.get("user_turns", 0) < self.max_user_turns))
 
 
 class TurnDriver:
@@ -144,7 +157,7 @@ class TurnDriver:
         """Ask the responder about the finished turns; end the trajectories or insert the replies."""
         items = [batch.items[i] for i in rows]
         texts = self.tokenizer.batch_decode([item.turn_ids() for item in items], skip_special_tokens=True)
-        may_continue = [item.assistant_turns < self.limits.max_assistant_turns for item in items]
+        may_continue = [self.limits.may_continue(item) for item in items]
         replies = respond(rows, items, texts, may_continue)
         for item, reply, more in zip(items, replies, may_continue):
             item.reward_last_token(reply.reward)
@@ -160,6 +173,7 @@ class TurnDriver:
                     item.add_inserted(inserted)
                     item.add_images(image_inputs, reply.images)
                     item.count("observation_tokens", len(inserted))
+                    item.count("user_turns")
 
     def _inserted(self, reply: Reply, last_token: int) -> tuple[list[int], dict]:
         """Ids of a reply's messages after the turn ending in ``last_token``, and their images' inputs."""

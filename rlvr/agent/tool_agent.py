@@ -46,12 +46,24 @@ __all__ = ["ToolAgentLoop", "truncate_text"]
 TRUNCATED = " ...(truncated)"
 
 
-def truncate_text(tokenizer: PreTrainedTokenizerBase, text: str, max_tokens: int) -> tuple[str, bool]:
-    """``text`` cut to ``max_tokens`` tokens (with a marker), and whether it was cut."""
+def truncate_text(tokenizer: PreTrainedTokenizerBase, text: str, max_tokens: int, side: str = "right"
+                  ) -> tuple[str, bool]:
+    """``text`` cut to ``max_tokens`` tokens, and whether it was cut. ``side`` is where the cut is
+    (``multi_turn.tool_response_truncate_side``, verl's names): ``right`` keeps the start (marker
+    after it), ``left`` keeps the end (marker before it), ``middle`` keeps both ends (marker between)."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) <= max_tokens:
         return text, False
-    return tokenizer.decode(ids[:max_tokens], skip_special_tokens=True) + TRUNCATED, True
+
+    def decode(part: list[int]) -> str:
+        return tokenizer.decode(part, skip_special_tokens=True)
+
+    if side == "left":
+        return TRUNCATED.strip() + " " + decode(ids[len(ids) - max_tokens:]), True
+    if side == "middle":
+        head = max_tokens // 2
+        return decode(ids[:head]) + TRUNCATED + " " + decode(ids[len(ids) - (max_tokens - head):]), True
+    return decode(ids[:max_tokens]) + TRUNCATED, True
 
 
 def _row_kwargs(extra_info: Any, tool_name: str) -> dict:
@@ -199,8 +211,7 @@ class ToolAgentLoop:
         self.parser = get_tool_parser(settings.format)
         self.stop = list(self.parser.stop) if settings.stop_after_tool_call else []
         eos_ids, pad_id = tokenizer_ids(tokenizer)
-        limits = TurnLimits(int(rollout_config.response_length), int(rollout_config.prompt_length),
-                            int(settings.max_assistant_turns))
+        limits = TurnLimits.of(rollout_config)
         self.driver = TurnDriver(tokenizer, limits, eos_ids, pad_id, processor)
 
     def generate_sequences(self, engine: RolloutEngine, prompts: DataProto) -> DataProto:
@@ -267,6 +278,7 @@ class ToolAgentLoop:
         return Reply(messages=[self._tool_message(item, text) for text in texts], reward=reward)
 
     def _tool_message(self, item: Trajectory, text: str) -> dict[str, str]:
-        cut, truncated = truncate_text(self.tokenizer, text, int(self.settings.max_tool_response_tokens))
+        cut, truncated = truncate_text(self.tokenizer, text, int(self.settings.max_tool_response_tokens),
+                                       str(self.settings.tool_response_truncate_side))
         item.count("tool_responses_truncated", float(truncated))
         return {"role": "tool", "content": cut}

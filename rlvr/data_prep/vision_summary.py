@@ -33,8 +33,8 @@ _SAMPLES = 8
 def _rl_facts(rl_dir: Path) -> dict[str, Any]:
     """Steps, training time and the trainer's own ``val/acc`` curve of the RL run."""
     rows = read_metrics(rl_dir / "metrics.jsonl")
-    steps = [r for r in rows if "timing/step" in r]
-    return {"steps": len(steps), "train_s": sum(r["timing/step"] for r in steps),
+    steps = [r for r in rows if "timing_s/step" in r]
+    return {"steps": len(steps), "train_s": sum(r["timing_s/step"] for r in steps),
             "val_acc": {int(r["step"]): r["val/acc"] for r in rows if "val/acc" in r}}
 
 

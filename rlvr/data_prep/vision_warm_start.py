@@ -60,7 +60,7 @@ def evaluate(model: PreTrainedModel, processor: ProcessorMixin, test_file: str |
     config.data.max_prompt_length = 128
     config.actor_rollout_ref.rollout.response_length = max_new_tokens
     tokenizer = processor.tokenizer
-    dataset = create_rl_dataset(str(test_file), config.data, tokenizer, processor)
+    dataset = create_rl_dataset(str(test_file), config.data, tokenizer, processor, is_train=False)
     engine = HFRollout(config.actor_rollout_ref.rollout, model, tokenizer, "cpu", seed=0, owns_module=False)
     rows = read_rows(test_file)
     samples = []

@@ -15,6 +15,8 @@ from rlvr.protocol import DataProto
 from rlvr.utils.errors import RewardError
 
 WORKER_OUTPUT_KEYS = ("token_level_rewards", "response_level_rewards", "scores")
+ACC_THRESHOLD = 1.0
+"""Without an ``acc`` from the reward function, a sample counts as correct when its score is >= 1."""
 
 
 def _check_tensor(value: Any, shape: tuple[int, ...], source: str, key: str) -> torch.Tensor:

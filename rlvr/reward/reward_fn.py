@@ -52,9 +52,10 @@ def get_custom_reward_fn(config: Any) -> CustomRewardFunction | None:
     section = _custom_section(config)
     if section.path is None:
         return None
-    load_function(section.path, section.name)
+    name = section.name or "compute_score"  # verl's legacy section leaves the name null
+    load_function(section.path, name)
     kwargs = dict(_plain(section.reward_kwargs) or {})
-    return CustomRewardFunction(path=str(section.path), name=str(section.name), kwargs=kwargs)
+    return CustomRewardFunction(path=str(section.path), name=name, kwargs=kwargs)
 
 
 def load_reward_manager(config: Any, tokenizer: Any, num_examine: int, **reward_kwargs: Any) -> AbstractRewardManager:

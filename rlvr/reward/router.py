@@ -17,7 +17,10 @@ A route is one of:
   ``meta_info["metrics"]`` are passed on (lists averaged);
 - a reward manager (``manager(data, return_dict=True)``, see :mod:`rlvr.reward.managers.base`);
 - a scorer function ``(data_source, solution_str, ground_truth, extra_info)``, wrapped in a
-  :class:`NaiveRewardManager` with the router's tokenizer and error policy.
+  :class:`NaiveRewardManager` with the router's tokenizer and error policy;
+- a :class:`WeightedRoute`: a weighted sum of such sources (``reward.routes.<domain>=
+  'reward_model+0.5*math_rule'``), with each source's score logged as
+  ``reward/<domain>/<source>/mean_score``.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from rlvr.protocol import DataProto
 from rlvr.utils.errors import RewardError
 from rlvr.reward.scorers.custom import CustomRewardFunction
 from rlvr.reward.decode import last_valid_index, response_mask_of
-from rlvr.reward.contract import check_token_level_scores, check_worker_output
+from rlvr.reward.contract import ACC_THRESHOLD, check_token_level_scores, check_worker_output
 from rlvr.reward.managers.naive import NaiveRewardManager
 
 
@@ -94,6 +97,60 @@ def _score_with_manager(manager: Any, domain: str, part: DataProto) -> RouteOutp
     return RouteOutput(tensor.float(), dict(result.get("reward_extra_info", {})), dict(result.get("reward_metrics", {})))
 
 
+def _score_route(route: Any, domain: str, part: DataProto) -> RouteOutput:
+    if isinstance(route, RewardWorkerLike):
+        return _score_with_worker(route, domain, part)
+    return _score_with_manager(route, domain, part)
+
+
+class WeightedRoute:
+    """A weighted sum of reward sources for one domain: ``sum_i w_i * scores_i`` per token.
+
+    Each source is a reward worker (group) or a reward manager, named as in ``reward.routes``. A
+    source's sequence score is logged as ``reward/<domain>/<name>/mean_score`` and kept per sample as
+    extra info ``<name>/score``, weight 0 included (a 0-weighted rule beside a reward model measures
+    what the reward model is not rewarding). A sample's ``acc`` is the verdict of the first source
+    that gives one: its ``acc`` extra info when it reports one, else its score >= 1, except for the
+    sources named in ``accuracy_exempt`` (a reward model's score is no verdict).
+
+    Args:
+        domain: the route's domain (metric names).
+        terms: ``(weight, name, source)`` in the route's order.
+        accuracy_exempt: source names whose score is not a correctness verdict (``reward_model``).
+    """
+
+    def __init__(self, domain: str, terms: list[tuple[float, str, Any]], accuracy_exempt: tuple[str, ...] = ()) -> None:
+        if not terms:
+            raise RewardError(f"route {domain!r}: a weighted route needs at least one source")
+        self.domain, self.terms, self.accuracy_exempt = domain, terms, accuracy_exempt
+
+    def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]:
+        batch_size, response_len = data.batch["responses"].shape
+        total = torch.zeros(batch_size, response_len, dtype=torch.float32)
+        extra: dict[str, list] = {}
+        metrics: dict[str, float] = {}
+        verdict: list | None = None
+        for weight, name, source in self.terms:
+            output = _score_route(source, f"{self.domain}/{name}", data)
+            total += weight * output.token_level_scores
+            scores = output.token_level_scores.sum(-1)
+            metrics.update(output.metrics)
+            metrics[f"reward/{self.domain}/{name}/mean_score"] = float(scores.mean()) if batch_size else 0.0
+            for key, values in output.extra_info.items():
+                extra[f"{name}/{key}"] = list(values)
+            extra[f"{name}/score"] = scores.tolist()
+            if verdict is None and "acc" in output.extra_info:
+                verdict = list(output.extra_info["acc"])
+            elif verdict is None and name not in self.accuracy_exempt:
+                verdict = [float(score >= ACC_THRESHOLD) for score in scores.tolist()]
+        if verdict is not None:
+            extra["acc"] = verdict
+        metrics[f"reward/{self.domain}/mean_score"] = float(total.sum(-1).mean()) if batch_size else 0.0
+        if not return_dict:
+            return total
+        return {"reward_tensor": total, "reward_extra_info": extra, "reward_metrics": metrics}
+
+
 def _is_scorer(route: Any) -> bool:
     return inspect.isfunction(route) or isinstance(route, (functools.partial, CustomRewardFunction))
 
@@ -114,7 +171,7 @@ class RewardRouter:
         key: str = "data_source",
         tokenizer: Any = None,
         num_examine: int = 0,
-        on_error: str = "raise",
+        on_error: str | None = None,
         fallback_score: float = 0.0,
     ) -> None:
         if not routes:
@@ -158,11 +215,7 @@ class RewardRouter:
         for domain in dict.fromkeys(domains):
             rows = [i for i, d in enumerate(domains) if d == domain]
             route = self.routes[domain]
-            part = data.select_idxs(rows)
-            if isinstance(route, RewardWorkerLike):
-                output = _score_with_worker(route, domain, part)
-            else:
-                output = _score_with_manager(route, domain, part)
+            output = _score_route(route, domain, data.select_idxs(rows))
             reward_tensor[rows] = output.token_level_scores
             for name, values in output.extra_info.items():
                 column = extra_info.setdefault(name, [None] * batch_size)

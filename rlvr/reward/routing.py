@@ -2,8 +2,10 @@
 
 ``reward.routes`` maps a domain, the value of the non-tensor field ``reward.route_key``
 (``data_source`` or ``tag``) of a sample, to a reward worker (a name of the reward-worker registry:
-``math_rule``, ``ifeval``, ``code_sandbox``, ...) or to a reward manager (``naive``, ``dapo``,
-``batch``, ``parallel``). With routes set, the trainer
+``math_rule``, ``ifeval``, ``code_sandbox``, ...), to a reward manager (``naive``, ``dapo``,
+``batch``, ``parallel``), to ``reward_model`` (the discriminative reward model's scores), or to a
+weighted sum of them (``reward_model+0*math_rule``: :mod:`rlvr.reward.route_spec`). With routes set,
+the trainer
 
 1. checks them with the config (:func:`check_reward_routes`: every name is known, the process
    count fits the backend, every domain in the training and validation data files has a route;
@@ -17,7 +19,8 @@
 3. scores every batch through a :class:`~rlvr.reward.router.RewardRouter` over those groups and
    the routed managers (the managers run on the driver), which reports ``reward/<domain>/...``.
 
-Without routes, ``reward_model.reward_manager`` scores every sample (verl's path).
+Without routes, the reward model (``reward.reward_model.enable``) or else
+``reward_model.reward_manager`` scores every sample (verl's path).
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ from omegaconf import DictConfig, OmegaConf
 from rlvr.reward.config import RewardWorkerConfig
 from rlvr.reward.managers import REWARD_MANAGER_REGISTRY
 from rlvr.reward.reward_fn import build_reward_manager
-from rlvr.reward.router import RewardRouter
+from rlvr.reward.reward_model import RewardModelScores
+from rlvr.reward.route_spec import RM_ROUTE, RouteTerm, parse_route
+from rlvr.reward.router import RewardRouter, WeightedRoute
 from rlvr.reward.workers import REWARD_WORKER_REGISTRY, get_reward_worker
 from rlvr.single_controller import ClassWithInitArgs, create_colocated_worker_cls
 from rlvr.single_controller.backend import get_resource_pool_cls, get_worker_group_cls
@@ -50,30 +55,51 @@ __all__ = [
     "reward_worker_config",
     "RoutedRewardWorker",
     "reward_routers",
+    "route_terms",
     "routed_worker_names",
+    "RM_ROUTE",
 ]
+
+
+def route_terms(cfg: DictConfig, domain: str) -> list[RouteTerm]:
+    """The terms of ``reward.routes.<domain>`` (one reward source, or a weighted sum: see
+    :mod:`rlvr.reward.route_spec`); a malformed value is a :class:`ConfigError`."""
+    key = f"reward.routes.{domain}"
+    try:
+        return parse_route(cfg.reward.routes[domain], key)
+    except ValueError as err:
+        raise ConfigError(key, str(err)) from None
 
 
 def routed_worker_names(cfg: DictConfig) -> list[str]:
     """The reward workers that ``reward.routes`` sends at least one domain to (sorted)."""
-    return sorted({str(target) for target in cfg.reward.routes.values() if REWARD_WORKER_REGISTRY.has(target)})
+    return sorted({term.name for domain in cfg.reward.routes for term in route_terms(cfg, str(domain))
+                   if REWARD_WORKER_REGISTRY.has(term.name)})
+
+
+def _check_target(key: str, target: str) -> None:
+    """``target`` is exactly one of a reward worker and a reward manager."""
+    is_worker, is_manager = REWARD_WORKER_REGISTRY.has(target), REWARD_MANAGER_REGISTRY.has(target)
+    if is_object_path(target) and not (is_worker or is_manager):
+        raise ConfigError(key, _unloadable(target))
+    if is_worker and is_manager:
+        raise ConfigError(key, f"{target!r} is registered both as a reward worker and as a reward manager; "
+                          "register one of them under another name")
+    if not (is_worker or is_manager):
+        raise ConfigError(key, f"{target!r} is neither a reward worker ({', '.join(REWARD_WORKER_REGISTRY.names())}), "
+                          f"a reward manager ({', '.join(REWARD_MANAGER_REGISTRY.names())}) nor {RM_ROUTE!r} "
+                          "(the discriminative reward model)")
 
 
 def check_reward_routes(cfg: DictConfig) -> None:
-    """Raise :class:`ConfigError` for a route to an unknown or ambiguous name, or a process count
-    the backend cannot run."""
+    """Raise :class:`ConfigError` for a route to an unknown or ambiguous name, a malformed weighted
+    sum, or a process count the backend cannot run (the reward model's own checks are
+    :func:`~rlvr.trainer.config.validate_models.check_reward_model`)."""
     reward = cfg.reward
-    for domain, target in reward.routes.items():
-        key = f"reward.routes.{domain}"
-        is_worker, is_manager = REWARD_WORKER_REGISTRY.has(target), REWARD_MANAGER_REGISTRY.has(target)
-        if is_object_path(target) and not (is_worker or is_manager):
-            raise ConfigError(key, _unloadable(target))
-        if is_worker and is_manager:
-            raise ConfigError(key, f"{target!r} is registered both as a reward worker and as a reward manager; "
-                              "register one of them under another name")
-        if not (is_worker or is_manager):
-            raise ConfigError(key, f"{target!r} is neither a reward worker ({', '.join(REWARD_WORKER_REGISTRY.names())}) "
-                              f"nor a reward manager ({', '.join(REWARD_MANAGER_REGISTRY.names())})")
+    for domain in reward.routes:
+        for term in route_terms(cfg, str(domain)):
+            if term.name != RM_ROUTE:
+                _check_target(f"reward.routes.{domain}", term.name)
     if reward.num_workers < 1:
         raise ConfigError("reward.num_workers", f"must be >= 1 process per reward worker group, got {reward.num_workers}")
     if cfg.trainer.backend == "local" and reward.num_workers != 1:
@@ -241,16 +267,24 @@ class RoutedRewardWorker:
 
 def build_reward_router(cfg: DictConfig, tokenizer: Any, groups: dict[str, Any], num_examine: int) -> RewardRouter:
     """The reward function of a routed run: each domain scored by its reward worker group (from
-    ``groups``) or by its reward manager (built here, one per manager name, from ``reward_model``)."""
-    managers: dict[str, Any] = {}
+    ``groups``), its reward manager (built here, one per manager name, from ``reward_model``), the
+    reward model's scores (``reward_model``, read from the batch), or a :class:`WeightedRoute` of
+    several of them."""
+    managers: dict[str, Any] = {RM_ROUTE: RewardModelScores()}
     routes: dict[str, Any] = {}
-    for domain, target in cfg.reward.routes.items():
-        if target in groups:
-            routes[str(domain)] = groups[target]
-            continue
-        if target not in managers:
-            managers[target] = build_reward_manager(cfg, target, tokenizer, num_examine, key=f"reward.routes.{domain}")
-        routes[str(domain)] = managers[target]
+    for domain in cfg.reward.routes:
+        terms = []
+        for term in route_terms(cfg, str(domain)):
+            if term.name in groups:
+                source = groups[term.name]
+            else:
+                if term.name not in managers:
+                    managers[term.name] = build_reward_manager(cfg, term.name, tokenizer, num_examine,
+                                                               key=f"reward.routes.{domain}")
+                source = managers[term.name]
+            terms.append((term.weight, term.name, source))
+        single = len(terms) == 1 and terms[0][0] == 1.0
+        routes[str(domain)] = terms[0][2] if single else WeightedRoute(str(domain), terms, accuracy_exempt=(RM_ROUTE,))
     return RewardRouter(routes, key=cfg.reward.route_key, tokenizer=tokenizer, num_examine=num_examine,
                         on_error=cfg.reward_model.on_error, fallback_score=cfg.reward_model.fallback_score)
 

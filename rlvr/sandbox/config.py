@@ -23,7 +23,7 @@ class SandboxConfig:
     max_processes: int = field(default=32, metadata={"help": "RLIMIT_NPROC of the sandbox uid (contains fork bombs)"})
     max_open_files: int = field(default=128, metadata={"help": "RLIMIT_NOFILE of the program"})
     max_output_chars: int = field(default=65536, metadata={"help": "stdout/stderr kept in the result (the rest is cut)"})
-    isolation: Literal["auto", "namespaces", "basic"] = field(default="auto", metadata={"help": "namespaces: require net/mount/pid namespaces; basic: uid + rlimits + socket shim only; auto: namespaces when the kernel allows, else basic with a warning"})
+    isolation: str = field(default="auto", metadata={"help": "namespaces: require net/mount/pid namespaces; basic: uid + rlimits + socket shim only; auto: namespaces when the kernel allows, else basic with a warning", "choices": ("auto", "namespaces", "basic")})
     uid_base: int = field(default=1_200_000, metadata={"help": "first unprivileged uid used for sandboxed programs (one uid per concurrent run)"})
     uid_count: int = field(default=4096, metadata={"help": "number of uids in the pool starting at uid_base"})
     python_executable: str = field(default="", metadata={"help": "interpreter that runs the programs (empty: the current one, or under basic isolation a system python3 when the sandbox uid cannot read the current one); with basic isolation it must be readable by other users"})

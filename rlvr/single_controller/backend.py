@@ -3,6 +3,8 @@ in child processes of the driver, what the local backend runs a rollout apart fr
 
 from __future__ import annotations
 
+from typing import Any
+
 from rlvr.single_controller.base.worker_group import ResourcePool, WorkerGroup
 from rlvr.single_controller.local import LocalResourcePool, LocalWorkerGroup
 from rlvr.single_controller.process import ProcessResourcePool, ProcessWorkerGroup
@@ -34,3 +36,13 @@ def get_resource_pool_cls(backend: str) -> type[ResourcePool]:
     """``RayResourcePool`` for ``"ray"``, ``LocalResourcePool`` for ``"local"``, ``ProcessResourcePool``
     for ``"process"``."""
     return _lookup(backend)[1]
+
+
+def start_worker_group(backend: str, process_on_nodes: list[int], use_gpu: bool, ray_cls_with_init: Any,
+                       call_timeout_s: float, name_prefix: str) -> WorkerGroup:
+    """A worker group of ``ray_cls_with_init`` on ``backend`` over a pool of ``process_on_nodes``
+    (the tools' one-group runs: SFT, offline generation). Ray must be initialised already for ``"ray"``."""
+    pool = get_resource_pool_cls(backend)(process_on_nodes=process_on_nodes, use_gpu=use_gpu)
+    return get_worker_group_cls(backend)(resource_pool=pool, ray_cls_with_init=ray_cls_with_init,
+                                         name_prefix=name_prefix, call_timeout_s=call_timeout_s,
+                                         device_name="cuda" if use_gpu else "cpu")

@@ -79,13 +79,17 @@ class _Done:
 
 
 @contextmanager
-def _worker_env() -> Iterator[None]:
+def _worker_env(group: str) -> Iterator[None]:
     """The environment of rank 0 of a group of one, restored afterwards."""
     env = {
+        "WG_PREFIX": group,
+        "WG_BACKEND": "local",
         "RANK": "0",
         "WORLD_SIZE": "1",
         "LOCAL_RANK": "0",
         "LOCAL_WORLD_SIZE": "1",
+        "RAY_LOCAL_RANK": "0",
+        "RAY_LOCAL_WORLD_SIZE": "1",
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(free_port()),
     }
@@ -114,6 +118,8 @@ class LocalWorkerGroup(WorkerGroup):
         call_timeout_s: timeout checked when each call returns (see the module docstring).
         device_name: ``"cuda"`` or ``"cpu"`` (checked against the pool as by ``RayWorkerGroup``; the
             worker picks its device itself).
+        worker_env: refused when not empty, as are the ``env_vars`` of a ``ray.remote(runtime_env=...)``
+            class: the worker lives in the driver, whose environment is the user's to set.
     """
 
     def __init__(
@@ -126,14 +132,21 @@ class LocalWorkerGroup(WorkerGroup):
         *,
         call_timeout_s: float | None = None,
         device_name: str = "cuda",
+        worker_env: dict[str, str] | None = None,
     ) -> None:
         if detached:
             raise ProtocolError("the local backend cannot start detached workers: they live in the driver process")
+        if worker_env or ray_cls_with_init.runtime_env:
+            raise ProtocolError(
+                "the local backend runs the worker in the driver process, so it cannot give it its own environment "
+                f"(worker_env={worker_env}, ray.remote runtime_env={ray_cls_with_init.runtime_env}): set the "
+                "variables in the driver's environment (os.environ) instead, or use trainer.backend=ray / process"
+            )
         cls = ray_cls_with_init.cls
         super().__init__(name_prefix or f"{cls.__name__}_{uuid.uuid4().hex[:6]}", cls, call_timeout_s)
         self.resource_pool = resource_pool
         check_device_name(self.name, device_name, resource_pool.use_gpu)
-        with _worker_env():
+        with _worker_env(self.name):
             done = self._run(ray_cls_with_init)
         if done.error is not None:
             raise WorkerError(self.name, "__init__", 0, _format(done.error)) from done.error

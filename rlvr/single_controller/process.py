@@ -42,9 +42,15 @@ from typing import Any
 import cloudpickle
 
 from rlvr.single_controller.base.worker import free_port
-from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, check_device_name
+from rlvr.single_controller.base.worker_group import (
+    ClassWithInitArgs,
+    ResourcePool,
+    WorkerGroup,
+    check_device_name,
+    with_worker_env,
+)
 from rlvr.utils.errors import ProtocolError, WorkerDiedError, WorkerError, WorkerTimeoutError
-from rlvr.utils.user_code import current_user_code
+from rlvr.utils.registrations import user_code_for_workers
 
 __all__ = ["ProcessResourcePool", "ProcessWorkerGroup"]
 
@@ -111,6 +117,17 @@ class _Child:
     gone_event: threading.Event = field(default_factory=threading.Event)
 
 
+def _class_env_vars(group: str, ray_cls_with_init: ClassWithInitArgs) -> dict[str, str]:
+    """The ``env_vars`` of the worker class's ``ray.remote(runtime_env=...)``; any other runtime_env
+    field (pip, working_dir, ...) needs Ray and is refused."""
+    runtime_env = ray_cls_with_init.runtime_env
+    others = sorted(set(runtime_env) - {"env_vars"})
+    if others:
+        raise ProtocolError(f"worker group '{group}': the process backend cannot apply runtime_env {others} of the "
+                            "worker class's ray.remote(...) options (only env_vars); use trainer.backend=ray")
+    return dict(runtime_env.get("env_vars") or {})
+
+
 class ProcessWorkerGroup(WorkerGroup):
     """A group of worker processes, children of the driver (see the module docstring).
 
@@ -124,11 +141,14 @@ class ProcessWorkerGroup(WorkerGroup):
         call_timeout_s: timeout of every call (start-up waits ``resource_pool.start_timeout_s``).
         device_name: ``"cuda"`` or ``"cpu"`` (checked against the pool as by ``RayWorkerGroup``).
         max_concurrency: calls each child runs at once (in threads).
+        worker_env: extra environment variables of every child (as ``RayWorkerGroup``'s; one the group
+            sets itself raises ``ValueError``). A child sees every GPU of the machine, so its
+            ``LOCAL_RANK`` is its rank, as under ``torchrun``.
     """
 
     def __init__(self, resource_pool: ProcessResourcePool, ray_cls_with_init: ClassWithInitArgs, bin_pack: bool = True,
                  name_prefix: str | None = None, detached: bool = False, *, call_timeout_s: float | None = None,
-                 device_name: str = "cuda", max_concurrency: int = 1) -> None:
+                 device_name: str = "cuda", max_concurrency: int = 1, worker_env: dict[str, str] | None = None) -> None:
         if detached:
             raise ProtocolError("the process backend cannot start detached workers: they end with the driver")
         cls = ray_cls_with_init.cls
@@ -138,13 +158,16 @@ class ProcessWorkerGroup(WorkerGroup):
         self._ids = itertools.count(_INIT_CALL + 1)
         worker = cloudpickle.dumps(ClassWithInitArgs(cls, *ray_cls_with_init.args, **ray_cls_with_init.kwargs))
         port = str(free_port())
-        user_code = current_user_code().to_env()  # the children import the user's modules the driver imported
+        user_code = user_code_for_workers().to_env()  # the driver's modules and its own registrations
+        world = str(resource_pool.world_size)
+        envs = [{"RANK": str(rank), "WORLD_SIZE": world, "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": world,
+                 "RAY_LOCAL_RANK": str(rank), "RAY_LOCAL_WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": port, "WG_PREFIX": self.name, "WG_BACKEND": "process", "RLVR_WORKER_GROUP": self.name,
+                 **user_code} for rank in range(resource_pool.world_size)]
+        user_env = with_worker_env(self.name, {}, envs[0], _class_env_vars(self.name, ray_cls_with_init), worker_env)
         try:
-            for rank in range(resource_pool.world_size):
-                env = {"RANK": str(rank), "WORLD_SIZE": str(resource_pool.world_size), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(resource_pool.world_size), "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": port, "RLVR_WORKER_GROUP": self.name, **user_code}
-                self._workers.append(self._spawn(rank, worker, env, max_concurrency))
+            for rank, env in enumerate(envs):
+                self._workers.append(self._spawn(rank, worker, {**env, **user_env}, max_concurrency))
             inits = [child.calls[_INIT_CALL] for child in self._workers]
             self._wait(inits, list(range(len(inits))), "__init__", resource_pool.start_timeout_s)
         except Exception:

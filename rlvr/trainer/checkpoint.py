@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,12 @@ def checkpoint_problem(folder: str | os.PathLike, checksums: bool = True) -> str
         return f"{MANIFEST_FILE} is unreadable ({err})"
     if TRAINER_STATE_FILE not in files:
         return f"the manifest lists no {TRAINER_STATE_FILE}"
+    return _files_problem(folder, files, checksums)
+
+
+def _files_problem(folder: Path, files: dict[str, Any], checksums: bool) -> str | None:
+    """The first of ``files`` (manifest entries: name -> size and SHA-256) that is missing or does not
+    match, said in words; None when all match."""
     for name, expected in files.items():
         path = folder / name
         if not path.is_file():
@@ -117,6 +124,23 @@ def checkpoint_problem(folder: str | os.PathLike, checksums: bool = True) -> str
         if checksums and _sha256(path) != expected["sha256"]:
             return f"{name} does not match its SHA-256 in the manifest (corrupted)"
     return None
+
+
+def manifest_problem(folder: str | os.PathLike, subfolder: str) -> str | None:
+    """What is wrong with the files under ``subfolder`` of the checkpoint ``folder`` (a
+    ``global_step_<k>`` directory) against its manifest (sizes and SHA-256), or None when they match
+    or the folder has no manifest (nothing to check against). Reads only those files: a tool that
+    needs one worker's files (the model merger) need not hash the others."""
+    folder = Path(folder)
+    manifest_path = folder / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return None
+    try:
+        files = json.loads(manifest_path.read_text(encoding="utf-8"))["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return f"{MANIFEST_FILE} is unreadable ({err})"
+    prefix = f"{subfolder.strip('/')}/"
+    return _files_problem(folder, {n: e for n, e in files.items() if n.startswith(prefix)}, checksums=True)
 
 
 class CheckpointManager:
@@ -189,10 +213,14 @@ class CheckpointManager:
             logger.warning("checkpoint %s: removed what an interrupted save left", path)
         _fsync_dir(self.root)
 
+    def tmp_dir(self, step: int) -> Path:
+        """Where the checkpoint of ``step`` is written before :meth:`commit` renames it."""
+        return self.root / f"global_step_{step}.tmp"
+
     def begin(self, step: int) -> Path:
         """A fresh temporary directory for the checkpoint of ``step``, after :meth:`tidy`."""
         self.tidy()
-        tmp = self.root / f"global_step_{step}.tmp"
+        tmp = self.tmp_dir(step)
         tmp.mkdir(parents=True)
         return tmp
 
@@ -272,14 +300,30 @@ class RunCheckpoints:
         self.manager = CheckpointManager(root, max_to_keep)
         self.restore_points: list[Path] = []  # written or resumed from by this run, oldest first
 
-    def save(self, step: int, groups: dict[str, Any], driver_state: dict[str, Any]) -> Path:
-        """Write ``global_step_<step>``: every group's state and RNG states, the driver state, the manifest."""
-        tmp = self.manager.begin(step)
+    def save(self, step: int, groups: dict[str, Any], driver_state: dict[str, Any], lead: bool = True,
+             barrier: Callable[[], None] | None = None, hf_exports: frozenset[str] = frozenset()) -> Path:
+        """Write ``global_step_<step>``: every group's state and RNG states, the driver state, the manifest.
+
+        Args:
+            lead: this process does the driver's file work (False on the other processes of a torchrun
+                job, which run the same driver code: they make only the worker calls).
+            barrier: lines a torchrun job's processes up around the lead's file work (None: one driver).
+            hf_exports: the groups that also write their model as a Hugging Face folder
+                ``<name>/huggingface`` (verl's ``checkpoint.save_contents`` with ``hf_model``).
+        """
+        tmp = self.manager.begin(step) if lead else self.manager.tmp_dir(step)
+        if barrier is not None:
+            barrier()
         worker_rng = {}
         for name, group in groups.items():
             group.save_checkpoint(str(tmp / name))
+            if name in hf_exports:
+                group.export_hf(str(tmp / name / "huggingface"))
             worker_rng[name] = group.get_rng_state()
-        path = self.manager.commit(tmp, step, {**driver_state, "worker_rng": worker_rng})
+        path = self.manager.commit(tmp, step, {**driver_state, "worker_rng": worker_rng}) if lead \
+            else self.manager.step_dir(step)
+        if barrier is not None:
+            barrier()
         self.restore_points.append(path)
         return path
 
@@ -313,3 +357,4 @@ class RunCheckpoints:
                 return path
             logger.warning("checkpoint %s skipped: %s; falling back to the previous one", path, problem)
         return None
+

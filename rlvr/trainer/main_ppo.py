@@ -35,10 +35,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from rlvr.trainer.config import (check_config, check_names, help_config, list_presets, load_config, use_reference,
                                  validate_config)
-from rlvr.trainer.config.async_checks import rollout_apart, rollout_world_size
+from rlvr.trainer.config.async_checks import rollout_apart
 from rlvr.trainer.config.validate import uses_user_code
 from rlvr.trainer.config.builtin_names import BUILTIN_NAMES
 from rlvr.trainer.graceful_stop import StopNow
+from rlvr.trainer.config.validate_models import uses_reward_model
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.run_settings import describe_run
 from rlvr.utils.errors import ConfigError, DataError, WorkerError
@@ -76,6 +77,11 @@ def build_role_worker_mapping(cfg: DictConfig) -> tuple[dict[Role, type], dict[R
 
         role_worker_mapping[Role.Rollout] = _worker_classes("fsdp")[0]
         pool_of_role[Role.Rollout] = ROLLOUT_POOL
+    from rlvr.trainer.ppo.frozen_roles import frozen_role_placement
+
+    frozen_workers, frozen_pools, _ = frozen_role_placement(cfg, GLOBAL_POOL)  # reward model, teacher
+    role_worker_mapping.update(frozen_workers)
+    pool_of_role.update(frozen_pools)
     return role_worker_mapping, pool_of_role
 
 
@@ -100,25 +106,29 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
     # Imported here: the command checks the config before paying for torch, Ray and transformers.
     from rlvr.single_controller import get_worker_group_cls
     from rlvr.trainer.async_schedule.placement import rollout_pool_backends, rollout_pool_spec
+    from rlvr.reward.reward_model import RewardModelScores
+    from rlvr.trainer.ppo.frozen_roles import frozen_role_placement
     from rlvr.trainer.ppo.ray_trainer import RayPPOTrainer, ResourcePoolManager
     from rlvr.trainer.ppo.reward import load_reward_manager
     from rlvr.utils.seed import set_seed
-    from rlvr.utils.tokenizer import hf_processor, hf_tokenizer
+    from rlvr.utils.tokenizer import data_tokenizer
 
     set_seed(cfg.trainer.seed)
-    model = cfg.actor_rollout_ref.model
-    tokenizer = hf_tokenizer(model.tokenizer_path or model.path, trust_remote_code=model.trust_remote_code)
-    processor = hf_processor(model.path, trust_remote_code=model.trust_remote_code)  # None: a text-only model
+    tokenizer, processor = data_tokenizer(cfg.actor_rollout_ref.model, cfg.data)  # processor None: a text-only model
     use_gpu = _uses_gpu(cfg)
     default_mapping, pool_of_role = build_role_worker_mapping(cfg)
     spec = {GLOBAL_POOL: [cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes}
     apart = rollout_apart(cfg)
     if apart:
         spec.update(rollout_pool_spec(cfg))
+    spec.update(frozen_role_placement(cfg, GLOBAL_POOL)[2])
     pools = ResourcePoolManager(resource_pool_spec=spec, mapping=pool_of_role, use_gpu=use_gpu,
                                 backend=cfg.trainer.backend, pool_backends=rollout_pool_backends(cfg) if apart else {})
     val_reward_fn = None  # with reward.routes the trainer routes rewards through reward workers
-    if not cfg.reward.routes:
+    if not cfg.reward.routes and uses_reward_model(cfg):  # verl: the reward model alone scores every sample
+        reward_fn = reward_fn or RewardModelScores()
+        val_reward_fn = RewardModelScores() if cfg.data.val_files else None
+    elif not cfg.reward.routes:
         reward_fn = reward_fn or load_reward_manager(cfg, tokenizer, num_examine=cfg.reward_model.num_examine)
         val_reward_fn = load_reward_manager(cfg, tokenizer, num_examine=0) if cfg.data.val_files else None
     trainer = RayPPOTrainer(cfg, tokenizer, role_worker_mapping or default_mapping, pools,
@@ -129,10 +139,13 @@ def run_ppo(cfg: DictConfig, role_worker_mapping: dict[Role, type] | None = None
         import ray
 
         from rlvr.single_controller import init_ray
+        from rlvr.trainer.constants_ppo import get_ppo_ray_runtime_env
 
         if not ray.is_initialized():
-            workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node + (rollout_world_size(cfg) if apart else 0)
-            init_ray(num_cpus=None if use_gpu else max(workers, 1))
+            workers = sum(sum(nodes) for nodes in spec.values())
+            num_cpus = cfg.ray_kwargs.ray_init.num_cpus  # verl's ray_kwargs.ray_init.num_cpus, else the workers'
+            init_ray(num_cpus=num_cpus if num_cpus is not None else None if use_gpu else max(workers, 1),
+                     env_vars=get_ppo_ray_runtime_env(cfg)["env_vars"])
             started_ray = True
     try:
         try:
@@ -152,11 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"presets: {', '.join(list_presets())}. Example: rlvr --preset grpo "
                "data.train_files=train.jsonl trainer.backend=local")
     parser.add_argument("--preset", default=None, help="a preset name or a YAML file, applied before the overrides")
+    parser.add_argument("--config-path", "-cp", "--config-dir", "-cd", dest="config_path", default=None,
+                        help="Hydra: the folder of --config-name (absolute, or relative to rlvr/trainer, then to the "
+                             "working directory)")
+    parser.add_argument("--config-name", "-cn", dest="config_name", default=None,
+                        help="Hydra: a YAML config (its defaults: list may build on ppo_trainer / "
+                             "ppo_megatron_trainer); default ppo_trainer")
     parser.add_argument("--help-config", action="store_true", help="print every config key with its help and exit")
     parser.add_argument("--print-config", action="store_true", help="print the final config and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="check the config, print the derived settings and exit (nothing heavy is imported)")
-    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. algorithm.adv_estimator=grpo")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides: key=value, +key=value, ++key=value, ~key, "
+                                                     "model_engine=megatron, e.g. algorithm.adv_estimator=grpo")
     return parser
 
 
@@ -197,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(help_config())
         return 0
     try:
-        cfg = load_config(args.preset, args.overrides)  # imports the user's modules (trainer.user_modules)
+        cfg = load_config(args.preset, args.overrides, args.config_name, args.config_path)  # imports the user's modules
         check_config(cfg)  # torch-free: everything but the registry names
         if uses_user_code(cfg):
             validate_config(cfg)  # the names against the registries, which hold the user's registrations

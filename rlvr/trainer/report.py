@@ -21,11 +21,14 @@ PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("kl", "KL to the reference / old policy", ("actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl")),
     ("entropy", "policy entropy (nats/token)", ("actor/entropy",)),
     ("response_length", "response length (tokens)", ("response_length/mean", "response_length/max")),
-    ("step_time", "step time (s)", ("timing/step", "timing/gen", "timing/update_actor")),
+    ("step_time", "step time (s)", ("timing_s/step", "timing_s/gen", "timing_s/update_actor")),
+    ("reward_model", "reward model's score beside the rule (reward hacking: they part)",
+     ("reward/*/reward_model/mean_score", "reward_model/*/mean_score", "train/acc")),
+    ("distillation", "distillation loss to the teacher", ("distillation/loss", "distillation/teacher_log_prob")),
 )
 
 
-def _series(rows: Sequence[dict[str, Any]], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
+def metric_series(rows: Sequence[dict[str, Any]], pattern: str) -> dict[str, tuple[list[int], list[float]]]:
     """``{metric: (steps, values)}`` for the metric names matching ``pattern`` (one ``*`` allowed)."""
     prefix, _, suffix = pattern.partition("*")
     wildcard = "*" in pattern
@@ -51,7 +54,7 @@ def plot_metrics(rows: Sequence[dict[str, Any]], out_dir: str | os.PathLike) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, title, patterns in PLOTS:
-        curves = {k: v for pattern in patterns for k, v in _series(rows, pattern).items()}
+        curves = {k: v for pattern in patterns for k, v in metric_series(rows, pattern).items()}
         if not curves:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -124,7 +127,7 @@ def metric_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             summary[f"{key} after (step {val_rows[-1]['step']})"] = val_rows[-1][key]
             if key == "val/acc":
                 summary["val/acc by step"] = ", ".join(f"{r['step']}: {r[key]:.2f}" for r in val_rows)
-    step_times = [r["timing/step"] for r in rows if "timing/step" in r]
+    step_times = [r["timing_s/step"] for r in rows if "timing_s/step" in r]
     if step_times:
         summary["mean step time (s)"] = sum(step_times) / len(step_times)
     return summary

@@ -14,7 +14,8 @@ from omegaconf import DictConfig
 
 from rlvr.trainer.config.async_checks import rollout_apart, rollout_world_size
 from rlvr.trainer.config.validate import use_reference, world_size
-from rlvr.workers.megatron.layout import data_parallel_size, megatron_sizes, strategy_of
+from rlvr.trainer.config.validate_models import frozen_model_notes
+from rlvr.workers.megatron.layout import context_parallel_size, data_parallel_size, megatron_sizes, strategy_of
 
 
 def _algorithm(cfg: DictConfig) -> str:
@@ -75,15 +76,45 @@ def _placement(cfg: DictConfig) -> str:
         where += (f"; rollout in {rollout_world_size(cfg)} Ray worker process(es) of its own ({cfg.rollout.nnodes} "
                   f"node(s) x {cfg.rollout.n_gpus_per_node})") if apart else ""
     model_roles = {"actor": "actor", "reference": "ref", "critic": "critic"}
-    megatron = ["{} {}x{}".format(name, *megatron_sizes(cfg, model_roles[name])) for name in roles
-                if name in model_roles and strategy_of(cfg, model_roles[name]) == "megatron"]
+    megatron = ["{} {}x{}".format(name, *megatron_sizes(cfg, model_roles[name]))
+                + (f" (context parallel {cp})" if (cp := context_parallel_size(cfg, model_roles[name])) > 1 else "")
+                for name in roles if name in model_roles and strategy_of(cfg, model_roles[name]) == "megatron"]
     if megatron:
         where += (f"; megatron tensor x pipeline parallel: {', '.join(megatron)}"
                   + (" (the driver starts the extra ranks as processes)" if t.backend == "local" else ""))
     reward = cfg.reward_model
     scoring = (f"{reward.num_workers} processes of the parallel reward manager" if reward.reward_manager == "parallel"
                else f"the {reward.reward_manager} reward manager in the driver")
+    if cfg.reward.routes:
+        scoring = "routed by domain (reward.routes)"
+    elif cfg.reward.reward_model.enable:
+        scoring = "the reward model"
     return f"{where}; rewards: {scoring}"
+
+
+_NAIVE = "rlvr's push above is that in-process / inter-process copy"
+_NETWORK = ("its transfer engine is a library rlvr does not use; the push above carries the same weights "
+            "(a speed difference only)")
+
+
+def weight_push(cfg: DictConfig) -> str:
+    """How new weights reach the rollout, and what verl's ``rollout.checkpoint_engine.backend``
+    maps to (each of verl's transfer backends moves the same tensors: rlvr's path is decided by
+    where the rollout runs)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.mode == "async":
+        path = "written to a weights folder that every vLLM server replica reloads"
+    elif rollout_apart(cfg):
+        path = ("through shared memory to the rollout child process" if cfg.trainer.backend == "local"
+                else "through the Ray object store to the rollout workers")
+    elif rollout.name == "vllm":
+        path = "copied in place into each worker's in-process vLLM engine"
+    elif world_size(cfg) == 1 and rollout.dtype in (None, cfg.actor_rollout_ref.model.dtype):
+        path = "none to push: the HF engine shares the actor's module"
+    else:
+        path = "copied in place into each worker's HF engine copy (gathered one parameter at a time)"
+    backend = rollout.checkpoint_engine.backend
+    return f"{path} (verl's checkpoint_engine.backend={backend}: {_NAIVE if backend == 'naive' else _NETWORK})"
 
 
 def _schedule(cfg: DictConfig) -> str:
@@ -109,7 +140,8 @@ def _generation(cfg: DictConfig) -> str:
 def _checkpoints(cfg: DictConfig) -> str:
     t = cfg.trainer
     when = f"every {t.save_freq} steps and at the end" if t.save_freq > 0 else "at the end"
-    keep = "all" if t.max_actor_ckpt_to_keep is None else f"the last {t.max_actor_ckpt_to_keep}"
+    kept = checkpoints_to_keep(t, bool(cfg.critic.enable))
+    keep = "all" if kept is None else f"the last {kept}"
     return f"{when} into {t.default_local_dir}/checkpoints (keep {keep}); resume: {t.resume_mode}"
 
 
@@ -125,15 +157,62 @@ def _recovery(cfg: DictConfig) -> str:
                    if t.save_freq <= 0 else "")
 
 
+ENGINE_NOTES = {
+    "veomni": "verl's VeOmni engine is a library rlvr does not use; rlvr's FSDP2 runs the same computation",
+    "torchtitan": "verl's TorchTitan engine is a library rlvr does not use; rlvr's FSDP2 runs the same computation",
+}
+"""``model_engine`` selections that rlvr runs with its own FSDP2 (a start-up note says so)."""
+
+
+def _engine(cfg: DictConfig) -> str:
+    strategy = strategy_of(cfg, "actor")
+    engine = "Megatron-LM (megatron-core)" if strategy == "megatron" else "PyTorch FSDP2"
+    note = ENGINE_NOTES.get(cfg.model_engine)
+    return f"{engine} (model_engine={cfg.model_engine}{'; note: ' + note if note else ''})"
+def _frozen_models(cfg: DictConfig) -> str | None:
+    """Where the reward model and the teacher run, or None without either."""
+    parts = []
+    rm = cfg.reward.reward_model
+    if rm.enable:
+        where = (f"its own pool ({rm.nnodes} node(s) x {rm.n_gpus_per_node})" if rm.enable_resource_pool
+                 else "colocated with the actor")
+        use = "routed in reward.routes" if cfg.reward.routes else "the only reward"
+        parts.append(f"reward model {rm.model_path} ({use}) {where}")
+    dist = cfg.distillation
+    if dist.enabled:
+        where = f"its own pool ({dist.nnodes} node(s) x {dist.n_gpus_per_node})" if dist.nnodes > 0 else "colocated with the actor"
+        loss = dist.distillation_loss
+        parts.append(f"teacher {dist.teacher_models['teacher_model'].model_path} ({loss.loss_mode} loss, "
+                     + (f"x{loss.distillation_loss_coef:g} beside the task rewards" if loss.use_task_rewards else "alone")
+                     + f") {where}")
+    return "; ".join(parts) or None
+
+
 def describe_run(cfg: DictConfig) -> str:
     """A few lines with the settings derived from ``cfg`` (a checked, finalised config)."""
-    rows = [("algorithm", _algorithm(cfg)), ("per step", _per_step(cfg)),
+    rows = [("algorithm", _algorithm(cfg)), ("engine", _engine(cfg)), ("per step", _per_step(cfg)),
             ("actor updates", _updates(cfg, "actor", cfg.actor_rollout_ref.actor,
                                        cfg.actor_rollout_ref.actor.use_dynamic_bsz,
                                        cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu))]
     if cfg.critic.enable:
         rows.append(("critic updates", _updates(cfg, "critic", cfg.critic, cfg.critic.use_dynamic_bsz,
                                                 cfg.critic.ppo_max_token_len_per_gpu)))
-    rows += [("workers", _placement(cfg)), ("schedule", _schedule(cfg)), ("checkpoints", _checkpoints(cfg)),
+    rows += [("workers", _placement(cfg)), ("weight sync", weight_push(cfg)), ("schedule", _schedule(cfg)),
+             ("checkpoints", _checkpoints(cfg)),
              ("recovery", _recovery(cfg))]
+    frozen = _frozen_models(cfg)
+    if frozen is not None:
+        rows.append(("scoring models", frozen))
+    rows += [("note", note) for note in frozen_model_notes(cfg)]
     return "\n".join(["rlvr: derived settings"] + [f"  {label:<15}{text}" for label, text in rows])
+
+
+def checkpoints_to_keep(trainer_config, with_critic: bool) -> int | None:
+    """How many whole checkpoints to keep: ``trainer.max_actor_ckpt_to_keep``, and
+    ``max_critic_ckpt_to_keep`` when a critic trains (verl prunes the roles' states separately; a
+    rlvr checkpoint is whole or not resumable, so the smallest limit applies); None = all."""
+    limits = [trainer_config.max_actor_ckpt_to_keep]
+    if with_critic:
+        limits.append(trainer_config.max_critic_ckpt_to_keep)
+    limits = [int(k) for k in limits if k is not None]
+    return min(limits) if limits else None

@@ -2,6 +2,10 @@
 
 TensorBoard and W&B are optional dependencies: asking for them without the package installed is an
 error that says what to install.
+
+Validation samples (``trainer.log_val_generations``, :meth:`Tracking.log_generations`) go to every
+sink as a table: a W&B table ``val/generations`` (one row per validation, as verl logs it), a
+TensorBoard text table, ``<run dir>/val_generations.jsonl`` (one line per sample) and a console table.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from rlvr.utils.errors import RlvrError
 logger = logging.getLogger(__name__)
 
 CONSOLE_KEYS = (
+    ("train/loss", "loss"),
     ("critic/score/mean", "score"),
     ("train/acc", "acc"),
     ("train/unfiltered_acc", "acc_all"),
@@ -27,13 +32,24 @@ CONSOLE_KEYS = (
     ("actor/entropy", "entropy"),
     ("actor/grad_norm", "grad"),
     ("response_length/mean", "len"),
-    ("timing/step", "s/step"),
-    ("perf/throughput", "tok/s"),
+    ("timing_s/step", "s/step"),
+    ("perf/throughput", "tok/s/worker"),
 )
+
+Generation = tuple[str, str, float]
+"""One logged validation sample: ``(input, output, score)``."""
+
+CONSOLE_TEXT_CHARS = 60
+"""Characters of an input or output shown in the console's sample table."""
 
 
 def _fmt(value: float) -> str:
     return f"{value:.4g}"
+
+
+def _clip(text: str, width: int = CONSOLE_TEXT_CHARS) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
 class ConsoleLogger:
@@ -51,6 +67,13 @@ class ConsoleLogger:
         parts += [f"{short}={_fmt(data[key])}" for key, short in CONSOLE_KEYS if key in data]
         parts += [f"{key}={_fmt(value)}" for key, value in sorted(data.items()) if key.startswith("val/")]
         self.write(" | ".join(parts))
+
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        """A table of the samples: score, input and output, each cut to one short line."""
+        self.write(f"validation samples at step {step}:")
+        self.write(f"  {'score':>7} | {'input':<{CONSOLE_TEXT_CHARS}} | output")
+        for text_in, text_out, score in samples:
+            self.write(f"  {_fmt(score):>7} | {_clip(text_in):<{CONSOLE_TEXT_CHARS}} | {_clip(text_out)}")
 
     def rewind(self, step: int) -> None:
         """Printed lines stay printed."""
@@ -70,21 +93,21 @@ class JsonlLogger:
 
     def __init__(self, path: str | os.PathLike, resume_step: int | None = None) -> None:
         self.path = Path(path)
+        self.generations_path = self.path.with_name("val_generations.jsonl")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume_step is None:
-            self.path.write_text("")
-        elif self.path.exists():
-            self._keep_up_to(resume_step)
+        for file in (self.path, self.generations_path):
+            if resume_step is None:
+                file.write_text("")
+            elif file.exists():
+                _keep_up_to(file, resume_step)
         self._file = self.path.open("a", encoding="utf-8")
-
-    def _keep_up_to(self, step: int) -> None:
-        kept = [line for line in read_metrics(self.path) if line["step"] <= step]
-        self.path.write_text("".join(json.dumps(line) + "\n" for line in kept))
 
     def rewind(self, step: int) -> None:
         """Remove the rows after ``step`` (training went back to that step's checkpoint)."""
         self._file.close()
-        self._keep_up_to(step)
+        for file in (self.path, self.generations_path):
+            if file.exists():
+                _keep_up_to(file, step)
         self._file = self.path.open("a", encoding="utf-8")
 
     def log(self, data: dict[str, float], step: int) -> None:
@@ -93,8 +116,21 @@ class JsonlLogger:
         self._file.write(json.dumps(row) + "\n")
         self._file.flush()
 
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        """One line ``{"step", "input", "output", "score"}`` per sample in ``val_generations.jsonl``."""
+        with self.generations_path.open("a", encoding="utf-8") as f:
+            for text_in, text_out, score in samples:
+                f.write(json.dumps({"step": step, "input": text_in, "output": text_out, "score": score},
+                                   ensure_ascii=False) + "\n")
+
     def finish(self) -> None:
         self._file.close()
+
+
+def _keep_up_to(path: Path, step: int) -> None:
+    """Keep the rows of a JSONL file of ``{"step": ...}`` rows whose step is at most ``step``."""
+    kept = [line for line in read_metrics(path) if line["step"] <= step]
+    path.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in kept), encoding="utf-8")
 
 
 class TensorboardLogger:
@@ -112,6 +148,13 @@ class TensorboardLogger:
         for key, value in data.items():
             self.writer.add_scalar(key, value, step)
 
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        """A markdown table under ``val/generations`` (TensorBoard's text tab)."""
+        rows = ["| input | output | score |", "|---|---|---|"]
+        rows += [f"| {_markdown_cell(text_in)} | {_markdown_cell(text_out)} | {_fmt(score)} |"
+                 for text_in, text_out, score in samples]
+        self.writer.add_text("val/generations", "\n".join(rows), step)
+
     def rewind(self, step: int) -> None:
         """Event files are append-only: TensorBoard shows the redone steps as a second set of points."""
 
@@ -128,10 +171,21 @@ class WandbLogger:
         except ImportError as err:
             raise RlvrError("the wandb logger needs the `wandb` package: `pip install wandb` "
                             "(or `pip install rlvr[wandb]`), or remove it from trainer.logger") from err
+        self.wandb = wandb
         self.run = wandb.init(project=project, name=experiment, config=config, dir=str(run_dir))
+        self.generation_rows: list[list[Any]] = []
 
     def log(self, data: dict[str, float], step: int) -> None:
         self.run.log(data, step=step)
+
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        """The table ``val/generations``: one row per validation (``step``, then ``input_i``,
+        ``output_i``, ``score_i`` of each sample), the earlier validations' rows kept above it (a
+        new table object each time: W&B does not show rows added to a table already logged)."""
+        columns = ["step"] + [f"{field}_{i + 1}" for i in range(len(samples)) for field in ("input", "output", "score")]
+        self.generation_rows.append([step] + [value for sample in samples for value in sample])
+        rows = [row for row in self.generation_rows if len(row) == len(columns)]
+        self.run.log({"val/generations": self.wandb.Table(columns=columns, data=rows)}, step=step)
 
     def rewind(self, step: int) -> None:
         """A W&B run only moves forward: it drops the redone steps up to the step reached before."""
@@ -173,6 +227,13 @@ class Tracking:
         for logger in self.loggers.values():
             logger.log(data, step)
 
+    def log_generations(self, samples: Sequence[Generation], step: int) -> None:
+        """Send the validation samples ``[(input, output, score)]`` of ``step`` to every sink as a table."""
+        if not samples:
+            return
+        for logger in self.loggers.values():
+            logger.log_generations(samples, step)
+
     def rewind(self, step: int) -> None:
         """Training went back to the checkpoint of ``step``: sinks that can, forget the later rows."""
         for logger in self.loggers.values():
@@ -181,6 +242,10 @@ class Tracking:
     def finish(self) -> None:
         for logger in self.loggers.values():
             logger.finish()
+
+
+def _markdown_cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:

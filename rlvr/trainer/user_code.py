@@ -3,7 +3,7 @@
 ``trainer.user_modules`` is rlvr's key for the user's modules: every registry (estimators, losses,
 reward managers and workers, scorers, rollout engines, agent loops, tool-call parsers,
 environments) sees what they register. verl's ``actor_rollout_ref.model.external_lib`` (and
-``critic.model.external_lib``), which verl imports before it builds a model (to register custom
+``critic.model.external_lib``, ``reward_model.model.external_lib``), which verl imports before it builds a model (to register custom
 model classes), is honoured too and imported the same way, in the driver and in every worker
 process. How an entry is found and how worker processes get it: :mod:`rlvr.utils.user_code`.
 """
@@ -32,6 +32,7 @@ def user_module_entries(cfg: DictConfig) -> dict[str, list[str]]:
         "trainer.user_modules": _specs(cfg.trainer.user_modules),
         "actor_rollout_ref.model.external_lib": _specs(cfg.actor_rollout_ref.model.external_lib),
         "critic.model.external_lib": _specs(cfg.critic.model.external_lib),
+        "reward_model.model.external_lib": _specs(cfg.reward_model.model.external_lib),
     }
     return {key: specs for key, specs in entries.items() if specs}
 
@@ -50,7 +51,7 @@ def import_run_modules(cfg: DictConfig) -> None:
         except UserCodeError as err:
             raise ConfigError(key, str(err)) from None
     cfg.trainer.user_modules = [absolute_spec(spec) for spec in _specs(cfg.trainer.user_modules)]
-    for model in (cfg.actor_rollout_ref.model, cfg.critic.model):
+    for model in (cfg.actor_rollout_ref.model, cfg.critic.model, cfg.reward_model.model):
         if isinstance(model.external_lib, str):
             model.external_lib = absolute_spec(model.external_lib)
         elif model.external_lib is not None:

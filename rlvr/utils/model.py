@@ -23,7 +23,6 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -195,12 +194,22 @@ def local_model_dir(name_or_path: str | os.PathLike) -> str:
     return str(target)
 
 
+def update_model_config(module_config: Any, override_config_kwargs: dict[str, Any]) -> None:
+    """Set the fields of a Hugging Face config from ``override_config_kwargs`` in place; a dict value
+    updates the sub-config of that name (``{"text_config": {"num_experts": 4}}``). verl's function."""
+    for key, value in override_config_kwargs.items():
+        if isinstance(value, dict):
+            update_model_config(getattr(module_config, key), value)
+        else:
+            setattr(module_config, key, value)
+
+
 def load_causal_lm(
     name_or_path: str | os.PathLike,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str | None = None,
     trust_remote_code: bool = False,
-    config_overrides: Mapping[str, Any] | None = None,
+    **config_overrides,
 ) -> PreTrainedModel:
     """Load a causal language model (hub id, local folder or GGUF, see :func:`resolve_model_path`);
     a vision-language model loads with its vision encoder (``AutoModelForImageTextToText``).
@@ -210,15 +219,16 @@ def load_causal_lm(
         attn_implementation: ``"eager"``, ``"sdpa"``, ``"flash_attention_2"``; None lets
             transformers choose.
         trust_remote_code: allow model code from the hub.
-        config_overrides: config fields to set before the model is built (verl's
-            ``model.override_config``); a field the config does not have raises ``ValueError``.
+        **config_overrides: values that replace the model config's before the model is built
+            (``model.override_config``; a dict value updates that sub-config, see
+            :func:`update_model_config`); a field the config does not have raises ``ValueError``.
     """
     source = local_model_dir(name_or_path)
     config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
-    for key, value in (config_overrides or {}).items():
+    for key in config_overrides:
         if not hasattr(config, key):
             raise ValueError(f"model.override_config.{key}: the {config.model_type} config has no field {key!r}")
-        setattr(config, key, value)
+    update_model_config(config, config_overrides)
     return auto_model_class(config.model_type).from_pretrained(
         source,
         config=config,

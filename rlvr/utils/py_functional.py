@@ -7,7 +7,24 @@ from typing import Any
 
 from rlvr.utils.errors import ProtocolError, ProtocolKeyError
 
-__all__ = ["DynamicEnum"]
+__all__ = ["DynamicEnum", "append_to_dict"]
+
+
+def append_to_dict(data: dict[str, Any], new_data: dict[str, Any], prefix: str = "") -> None:
+    """Collect metric values per name, in place: ``data[prefix + key]`` gets each value of
+    ``new_data`` appended (a list is extended; a key already starting with ``prefix`` keeps its name).
+    A :class:`~rlvr.utils.metric.Metric` value starts a ``Metric`` of its aggregation rather than a list.
+    """
+    from rlvr.utils.metric import Metric  # imported here: this module stays torch-free for the config check
+
+    for key, value in new_data.items():
+        name = key if key.startswith(prefix) else f"{prefix}{key}"
+        if name not in data:
+            data[name] = value.init_list() if isinstance(value, Metric) else []
+        if isinstance(value, list):
+            data[name].extend(value)
+        else:
+            data[name].append(value)
 
 
 class _DynamicEnumMeta(type):

@@ -16,12 +16,18 @@ plain-dict registries works unchanged: ``name in REGISTRY``, ``REGISTRY[name]``,
   that looks it up. An object registered under some name in its module brings that entry's
   metadata; another object is checked by the registry's ``coerce`` (callable by default);
 - an entry may carry metadata (what it needs from the trainer, e.g. a critic), a frozen dataclass
-  given at registration and read back with :meth:`Registry.metadata`.
+  given at registration and read back with :meth:`Registry.metadata`;
+- every registry is known to :func:`all_registries`, so that the names a process registered of its
+  own reach the worker processes (:mod:`rlvr.utils.registrations`). A name the driver sent that a
+  worker could not load is noted (:meth:`Registry.note_unloadable`) and its reason is part of the
+  message of a lookup of that name.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -29,9 +35,17 @@ from rlvr.utils.user_code import UserCodeError, is_object_path, load_object
 
 T = TypeVar("T")
 
-__all__ = ["Registry", "RegistryKeyError", "lookup_in", "register_in", "same_origin"]
+__all__ = ["Registry", "RegistryKeyError", "all_registries", "lookup_in", "register_in", "same_origin"]
 
 logger = logging.getLogger(__name__)
+
+_INSTANCES: weakref.WeakValueDictionary[int, Registry] = weakref.WeakValueDictionary()
+_NUMBERS = itertools.count()
+
+
+def all_registries() -> list[Registry]:
+    """Every registry that exists in this process, in the order they were made."""
+    return [registry for _, registry in sorted(_INSTANCES.items())]
 
 
 class RegistryKeyError(KeyError, ValueError):
@@ -89,6 +103,8 @@ class Registry(dict, Generic[T]):
         self._verl_miss = verl_miss
         self.object_paths = object_paths
         self._metadata: dict[str, tuple[Any, Any]] = {}
+        self._unloadable: dict[str, str] = {}
+        _INSTANCES[next(_NUMBERS)] = self
 
     def register(self, name: str, **metadata: Any) -> Callable[[T], T]:
         """Decorator that adds the decorated object under ``name`` (see :meth:`add`)."""
@@ -130,7 +146,25 @@ class Registry(dict, Generic[T]):
         message = f"Unknown {self.kind}: {name}; valid names: {', '.join(valid) or '(none registered)'}"
         if self._verl_miss is not None:
             message += f" (verl: {self._verl_miss.format(name=name)})"
+        if str(name) in self._unloadable:
+            message += f". The driver registered {name!r}, but this process could not load it: {self._unloadable[str(name)]}"
         return message
+
+    def identity_of(self, entry: T) -> Any:
+        """The function or class that identifies ``entry`` (the entry itself, unless the registry
+        was made with an ``identity``)."""
+        return self._identity(entry)
+
+    def note_unloadable(self, name: str, reason: str) -> None:
+        """Record that the entry ``name`` another process registered could not be loaded here, and why
+        (a lookup of ``name`` then says so)."""
+        self._unloadable[str(name)] = reason
+
+    def registered_metadata(self, name: str) -> Any:
+        """The metadata ``name`` was registered with (None: none, or put in with ``registry[name] = obj``)."""
+        key = str(name)
+        registered, entry_metadata = self._metadata.get(key, (None, None))
+        return entry_metadata if key in self and registered is self[key] else None
 
     def _is_path(self, name: Any) -> bool:
         return self.object_paths and is_object_path(name)

@@ -6,21 +6,27 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",
     "tiny_tokenizer",
     "tiny_causal_lm",
     "save_tiny_model",
+    "save_tiny_reward_model",
+    "RM_CHAT_TEMPLATE",
     "judge_stub_server",
+    "openai_stub_server",
+    "StubReply",
     "local_ray_cluster",
     "forward_log_probs",
 ]
@@ -34,6 +40,14 @@ TINY_CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+
+
+RM_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '### ' + message['role'] + ': ' + message['content'] + '\n' }}"
+    "{% endfor %}{{ '### end' }}"
+)
+"""A chat template unlike :data:`TINY_CHAT_TEMPLATE` (a reward model's own format, opening with BOS)."""
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
@@ -112,6 +126,27 @@ def save_tiny_model(path: str | os.PathLike, **kwargs) -> Path:
     return path
 
 
+def save_tiny_reward_model(path: str | os.PathLike, seed: int = 1, num_labels: int = 1,
+                           chat_template: str | None = RM_CHAT_TEMPLATE, hidden_size: int = 32) -> Path:
+    """Write a small random ``LlamaForSequenceClassification`` (``num_labels`` outputs, the weights
+    depending only on ``seed``) and :func:`tiny_tokenizer` with ``chat_template`` to the folder
+    ``path``; returns the folder."""
+    path = Path(path)
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = chat_template
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=2 * hidden_size, max_position_embeddings=512,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, num_labels=num_labels)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForSequenceClassification(config)
+        torch.nn.init.normal_(model.score.weight, std=0.5)  # scores of order 1, not ~0
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 @torch.no_grad()
 def forward_log_probs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor], temperature: float) -> torch.Tensor:
     """Log-prob ``[b, R]`` of each response token under ``softmax(logits / temperature)`` from one
@@ -124,40 +159,90 @@ def forward_log_probs(model: torch.nn.Module, batch: Mapping[str, torch.Tensor],
     return logits.log_softmax(-1).gather(-1, responses[..., None]).squeeze(-1)
 
 
-@contextmanager
-def judge_stub_server(reply: Callable[[str], str]) -> Iterator[tuple[str, list[tuple[str, str | None, dict]]]]:
-    """Serve an OpenAI-compatible chat-completions stub on a free local port while the block runs.
+@dataclass
+class StubReply:
+    """What the OpenAI-compatible stub answers to one request: an HTTP ``status``, the assistant
+    message ``content`` (a 200 only), after ``delay_s`` seconds."""
 
-    Every POST answers ``{"choices": [{"message": {"role": "assistant", "content": reply(prompt)}}]}``
-    where ``prompt`` is the content of the request's first message.
+    content: str = ""
+    status: int = 200
+    delay_s: float = 0.0
+
+
+@dataclass
+class StubLog:
+    """What the stub received: ``requests`` as ``(path, Authorization header or None, JSON body)`` in
+    arrival order, and the most requests it had in flight at once (``max_in_flight``)."""
+
+    requests: list = field(default_factory=list)
+    max_in_flight: int = 0
+    in_flight: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@contextmanager
+def openai_stub_server(answer: Callable[[dict, int], StubReply]) -> Iterator[tuple[str, StubLog]]:
+    """Serve an OpenAI-compatible ``/v1/chat/completions`` stub on a free local port while the block runs.
+
+    Args:
+        answer: ``(request body, number of the request from 0) -> StubReply``; a 200 answers
+            ``{"choices": [{"message": {"role": "assistant", "content": ...}}]}``, any other status
+            an error body with that status.
 
     Yields:
-        ``(api_base, requests)``: ``http://127.0.0.1:<port>/v1`` and the list of received
-        requests as ``(path, Authorization header or None, JSON body)``, in arrival order.
+        ``(api_base, log)``: ``http://127.0.0.1:<port>/v1`` and the :class:`StubLog`.
     """
-    requests: list[tuple[str, str | None, dict]] = []
+    log = StubLog()
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - the http.server hook name
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            requests.append((self.path, self.headers.get("Authorization"), body))
-            content = reply(body["messages"][0]["content"])
-            data = json.dumps({"choices": [{"message": {"role": "assistant", "content": content}}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            with log.lock:
+                number = len(log.requests)
+                log.requests.append((self.path, self.headers.get("Authorization"), body))
+                log.in_flight += 1
+                log.max_in_flight = max(log.max_in_flight, log.in_flight)
+            try:
+                reply = answer(body, number)
+                time.sleep(reply.delay_s)
+            finally:  # counted as in flight until answered (not while the answer is sent: the client is done)
+                with log.lock:
+                    log.in_flight -= 1
+            payload = ({"choices": [{"message": {"role": "assistant", "content": reply.content}}]}
+                       if reply.status == 200 else {"error": {"message": f"stub status {reply.status}"}})
+            data = json.dumps(payload).encode()
+            try:
+                self.send_response(reply.status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):  # the client gave up (its time limit)
+                pass
 
         def log_message(self, *args: object) -> None:
             return
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", requests
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", log
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def judge_stub_server(reply: Callable[[str], str]) -> Iterator[tuple[str, list[tuple[str, str | None, dict]]]]:
+    """:func:`openai_stub_server` answering ``reply(prompt)`` to every request, ``prompt`` being the
+    content of the request's first message.
+
+    Yields:
+        ``(api_base, requests)``: ``http://127.0.0.1:<port>/v1`` and the list of received
+        requests as ``(path, Authorization header or None, JSON body)``, in arrival order.
+    """
+    with openai_stub_server(lambda body, _: StubReply(reply(body["messages"][0]["content"]))) as (url, log):
+        yield url, log.requests
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from transformers import AutoProcessor, AutoTokenizer, PreTrainedTokenizerBase, 
 from rlvr.utils.model import local_model_dir, resolve_model_path
 from rlvr.utils.processor import load_processor
 
-__all__ = ["hf_tokenizer", "hf_processor", "set_pad_token_id"]
+__all__ = ["hf_tokenizer", "hf_processor", "set_pad_token_id", "set_chat_template", "data_tokenizer"]
 
 GEMMA2_NAME = "gemma-2-2b-it"
 GEMMA2_EOS_TOKEN = "<end_of_turn>"
@@ -97,3 +97,25 @@ def _auto_processor(name: str, **kwargs) -> ProcessorMixin | None:
     except (OSError, ValueError, KeyError):
         # text-only models ship no processor config; AutoProcessor then has nothing to build
         return None
+
+
+def set_chat_template(tokenizer: PreTrainedTokenizerBase, processor: ProcessorMixin | None, template: str | None
+                      ) -> None:
+    """Replace the chat template of the tokenizer (and of the processor, which renders rows with
+    images) with ``template`` (``model.custom_chat_template``; None keeps theirs)."""
+    if template is None:
+        return
+    tokenizer.chat_template = template
+    if processor is not None:
+        processor.chat_template = template
+
+
+def data_tokenizer(model_config, data_config) -> tuple[PreTrainedTokenizerBase, ProcessorMixin | None]:
+    """The tokenizer and processor (None for a text-only model) that tokenize the data in the
+    driver: the policy's, with its custom chat template; custom code allowed by
+    ``data.trust_remote_code`` (verl's key for them) or ``model.trust_remote_code``."""
+    trust = bool(data_config.trust_remote_code or model_config.trust_remote_code)
+    tokenizer = hf_tokenizer(model_config.tokenizer_path or model_config.path, trust_remote_code=trust)
+    processor = hf_processor(model_config.path, trust_remote_code=trust)
+    set_chat_template(tokenizer, processor, model_config.custom_chat_template)
+    return tokenizer, processor

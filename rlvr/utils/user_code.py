@@ -19,7 +19,9 @@ worker actors through their environment (:func:`UserCode.to_env`, read back by
 :func:`import_user_code_from_env` in ``Worker.__init__``), the processes of the scoring pools as an
 argument (:func:`import_user_code`), the process backend's children (an asynchronous run's rollout
 on the local backend) through their environment as well. A worker on the local backend is the driver
-process itself.
+process itself. The record the workers get also holds every name the driver registered of its own
+in some other way (a launcher script that imports its extensions or defines them itself), pickled:
+:func:`rlvr.utils.registrations.user_code_for_workers`; :func:`import_user_code` registers those last.
 
 Wherever a registry name goes, ``pkg.module:Name`` (or ``path/to/file.py:Name``) names an object
 directly; :func:`load_object` imports it on demand, in whichever process needs it.
@@ -27,11 +29,13 @@ directly; :func:`load_object` imports it on demand, in whichever process needs i
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib
 import importlib.util
 import json
 import os
+import pickle
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +59,10 @@ __all__ = [
 USER_CODE_ENV = "RLVR_USER_CODE"
 """Environment variable that carries a :class:`UserCode` (JSON) to a worker process."""
 
+MAX_ENV_REGISTRATIONS = 96 * 1024
+"""Largest base64 text of :attr:`UserCode.registrations` sent in an environment variable (Linux
+limits one variable to 128 KiB)."""
+
 
 class UserCodeError(ImportError):
     """A user module or object could not be imported; the message says which and why."""
@@ -68,21 +76,35 @@ class UserCode:
         modules: module names and absolute ``.py`` paths, in import order.
         paths: absolute folders appended to ``sys.path`` (the driver's working directory, the
             folders of the files).
+        registrations: registry entries to add after the modules are imported, pickled
+            (:func:`rlvr.utils.registrations.user_code_for_workers`); empty: none.
     """
 
     modules: tuple[str, ...] = ()
     paths: tuple[str, ...] = ()
+    registrations: bytes = b""
 
     def to_env(self) -> dict[str, str]:
         """Environment variables that give a worker process this code: ``RLVR_USER_CODE`` and a
         ``PYTHONPATH`` that ends with :attr:`paths` (so that Ray can import a user class before the
-        worker's constructor runs). Empty when there is nothing to pass."""
-        if not self.modules and not self.paths:
+        worker's constructor runs). Empty when there is nothing to pass.
+
+        Raises:
+            UserCodeError: the registrations are too large for an environment variable.
+        """
+        if not self.modules and not self.paths and not self.registrations:
             return {}
         existing = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         pythonpath = os.pathsep.join(dict.fromkeys([*existing, *self.paths]))
-        return {USER_CODE_ENV: json.dumps({"modules": list(self.modules), "paths": list(self.paths)}),
-                "PYTHONPATH": pythonpath}
+        record: dict[str, Any] = {"modules": list(self.modules), "paths": list(self.paths)}
+        if self.registrations:
+            record["registrations"] = base64.b64encode(self.registrations).decode("ascii")
+            if len(record["registrations"]) > MAX_ENV_REGISTRATIONS:
+                raise UserCodeError(
+                    f"the names this process registered of its own take {len(record['registrations']) // 1024} KiB "
+                    f"pickled, more than a worker's environment carries ({MAX_ENV_REGISTRATIONS // 1024} KiB); put "
+                    "their code in a module and list it in trainer.user_modules")
+        return {USER_CODE_ENV: json.dumps(record), "PYTHONPATH": pythonpath}
 
 
 _imported: dict[str, None] = {}  # ordered set of the specs this process imported
@@ -241,11 +263,32 @@ def _how_to_import(spec: str, module: ModuleType) -> str:
 
 
 def import_user_code(code: UserCode) -> None:
-    """Import ``code`` (from another process) here: append its folders to ``sys.path``, then
-    import its modules. Modules imported already are not imported again."""
+    """Import ``code`` (from another process) here: append its folders to ``sys.path``, import
+    its modules, then add its registrations. Modules imported already are not imported again."""
     for folder in code.paths:
         _record_path(_append_path(folder))
     import_user_modules([spec for spec in code.modules if spec not in _imported])
+    if code.registrations:
+        _register_shipped(code.registrations)
+
+
+def _register_shipped(registrations: bytes) -> None:
+    """Add the entries of another process (see :class:`UserCode`): ``(registry module, registry
+    attribute, name, pickled entry, metadata fields or None)`` each. A name already registered here
+    (its module's import registered it) is kept; an entry that cannot be unpickled here is noted
+    on its registry, whose lookup of the name then says why."""
+    for module, attribute, name, payload, metadata in pickle.loads(registrations):
+        registry = vars(importlib.import_module(module))[attribute]
+        if name in registry:
+            continue
+        try:
+            entry = pickle.loads(payload)  # imports the module of an entry sent by reference
+        except Exception as err:  # noqa: BLE001 - any failure to load is reported at the lookup
+            registry.note_unloadable(name, f"{type(err).__name__}: {err} (make its module importable here, e.g. "
+                                           "list it in trainer.user_modules)")
+            continue
+        if name not in registry:
+            registry.add(name, entry, **(metadata or {}))
 
 
 def import_user_code_from_env() -> None:
@@ -255,7 +298,8 @@ def import_user_code_from_env() -> None:
     if not raw:
         return
     data = json.loads(raw)
-    import_user_code(UserCode(tuple(data.get("modules", ())), tuple(data.get("paths", ()))))
+    import_user_code(UserCode(tuple(data.get("modules", ())), tuple(data.get("paths", ())),
+                              base64.b64decode(data.get("registrations", ""))))
 
 
 def load_object(path: str) -> Any:

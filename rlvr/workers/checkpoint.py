@@ -3,12 +3,17 @@
 States are gathered unsharded on rank 0 (``torch.distributed.checkpoint.state_dict`` with
 ``full_state_dict=True``), so a checkpoint loads into any number of ranks. Rank 0 writes each file
 under a temporary name and renames it (atomic on POSIX); the other ranks wait at a barrier.
-Layout of a checkpoint folder: ``model.pt``, ``optim.pt``, ``scheduler.pt``.
+Layout of a checkpoint folder: ``model.pt``, ``optim.pt``, ``scheduler.pt``, and what turns the
+weights back into a Hugging Face folder without the run's config (verl's layout):
+``huggingface/`` (the model's config and generation config, its tokenizer or processor) and, for a
+model with LoRA adapters, ``lora_train_meta.json`` (rank, alpha, rsLoRA, targets: what
+``python -m rlvr.model_merger`` needs to fold or save the adapters).
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import tempfile
@@ -33,7 +38,15 @@ from rlvr.workers.fsdp import (
 from rlvr.workers.models import unwrap_hf_model
 
 __all__ = ["atomic_save", "save_training_state", "load_training_state", "export_hf_model", "merge_lora",
-           "save_hf_folder"]
+           "merge_lora_state", "lora_settings", "save_model_files", "read_model_state", "save_hf_folder",
+           "HF_FILES_DIR", "LORA_META_FILE", "MODEL_FILE"]
+
+MODEL_FILE = "model.pt"
+"""The full model state dict (HF names; peft's names for a model with LoRA adapters)."""
+HF_FILES_DIR = "huggingface"
+"""Folder of a checkpoint with the model's config, generation config and tokenizer or processor."""
+LORA_META_FILE = "lora_train_meta.json"
+"""The LoRA settings of a checkpoint of a model with adapters (verl's file name)."""
 
 
 def _barrier(world_size: int) -> None:
@@ -73,7 +86,7 @@ def save_training_state(path: str | os.PathLike, module: nn.Module, optimizer: t
     model_state = full_state_dict(module, world_size)
     optim_state = full_optimizer_state_dict(module, optimizer, world_size) if optimizer is not None else None
     if rank == 0:
-        atomic_save(model_state, folder / "model.pt")
+        atomic_save(model_state, folder / MODEL_FILE)
         if optim_state is not None:
             atomic_save(optim_state, folder / "optim.pt")
         if scheduler is not None:
@@ -93,7 +106,7 @@ def load_training_state(path: str | os.PathLike, module: nn.Module, optimizer: t
                         scheduler: Any, rank: int, world_size: int) -> None:
     """Restore what :func:`save_training_state` wrote (collective; rank 0 reads the files)."""
     folder = Path(path)
-    load_full_state_dict(module, _read(folder / "model.pt", rank), world_size)
+    load_full_state_dict(module, _read(folder / MODEL_FILE, rank), world_size)
     if optimizer is not None:
         load_full_optimizer_state_dict(module, optimizer, _read(folder / "optim.pt", rank), world_size)
     if scheduler is not None:
@@ -104,20 +117,34 @@ def load_training_state(path: str | os.PathLike, module: nn.Module, optimizer: t
     _barrier(world_size)
 
 
-def merge_lora(state: dict[str, torch.Tensor], module: PeftModel) -> dict[str, torch.Tensor]:
-    """Fold the LoRA adapters of a peft state dict into the base weights.
+def lora_settings(module: PeftModel) -> dict[str, Any]:
+    """The settings of the active LoRA adapter of ``module`` that :func:`merge_lora_state` and a peft
+    adapter folder need: ``r``, ``lora_alpha``, ``use_rslora``, ``target_modules``, ``task_type``
+    (verl's keys of ``lora_train_meta.json``, plus rsLoRA and the targets) and ``adapter_name``."""
+    config = module.peft_config[module.active_adapter]
+    targets = config.target_modules
+    return {"r": int(config.r), "lora_alpha": int(config.lora_alpha), "use_rslora": bool(config.use_rslora),
+            "target_modules": targets if isinstance(targets, str) else sorted(targets),
+            "task_type": str(config.task_type) if config.task_type is not None else None,
+            "adapter_name": module.active_adapter}
 
-    ``W' = W + scale * B @ A`` with ``scale = lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA); the
-    keys lose peft's prefixes, so the result loads into the plain base model.
+
+def lora_scale(settings: dict[str, Any]) -> float:
+    """``lora_alpha / r`` (``/ sqrt(r)`` with rsLoRA) of :func:`lora_settings`."""
+    r = settings["r"]
+    return settings["lora_alpha"] / (r**0.5 if settings.get("use_rslora", False) else r)
+
+
+def merge_lora_state(state: dict[str, torch.Tensor], scale: float, adapter: str) -> dict[str, torch.Tensor]:
+    """Fold LoRA adapters ``adapter`` of a peft state dict into the base weights:
+    ``W' = W + scale * B @ A`` (in float32, cast back to the weight's dtype); the keys lose peft's
+    prefixes, so the result loads into the plain base model.
 
     Args:
-        state: full state dict of the ``PeftModel`` (``base_model.model.<name>.base_layer.weight``,
-            ``...lora_A.default.weight`` ``[r, in]``, ``...lora_B.default.weight`` ``[out, r]``).
-        module: the peft model (for the adapter config).
+        state: full state dict of a ``PeftModel`` (``base_model.model.<name>.base_layer.weight``,
+            ``...lora_A.<adapter>.weight`` ``[r, in]``, ``...lora_B.<adapter>.weight`` ``[out, r]``).
+        scale: :func:`lora_scale`.
     """
-    config = module.peft_config[module.active_adapter]
-    scale = config.lora_alpha / (config.r**0.5 if config.use_rslora else config.r)
-    adapter = module.active_adapter
     merged: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if ".lora_" in key:
@@ -134,37 +161,95 @@ def merge_lora(state: dict[str, torch.Tensor], module: PeftModel) -> dict[str, t
     return merged
 
 
+def merge_lora(state: dict[str, torch.Tensor], module: PeftModel) -> dict[str, torch.Tensor]:
+    """Fold the LoRA adapters of a peft state dict into the base weights (Hu et al. 2021, "LoRA:
+    Low-Rank Adaptation of Large Language Models"); see :func:`merge_lora_state`.
+
+    Args:
+        state: full state dict of the ``PeftModel``.
+        module: the peft model (for the adapter config).
+    """
+    settings = lora_settings(module)
+    return merge_lora_state(state, lora_scale(settings), settings["adapter_name"])
+
+
+def save_model_files(path: str | os.PathLike, config: PretrainedConfig, generation_config: GenerationConfig | None,
+                     tokenizer: PreTrainedTokenizerBase | None, processor: ProcessorMixin | None = None,
+                     lora: dict[str, Any] | None = None) -> None:
+    """Write what a checkpoint folder needs besides its tensors to become a Hugging Face folder:
+    ``huggingface/`` with the model's config, generation config and the processor (else the
+    tokenizer), and ``lora_train_meta.json`` when ``lora`` (:func:`lora_settings`) is given. Called
+    on rank 0; the checkpoint's folder is written whole or not at all by its caller."""
+    folder = Path(path) / HF_FILES_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(folder)
+    if generation_config is not None:
+        generation_config.save_pretrained(folder)
+    if processor is not None:
+        save_processor(processor, folder)
+    elif tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    if lora is not None:
+        (Path(path) / LORA_META_FILE).write_text(json.dumps(lora, indent=1, sort_keys=True), encoding="utf-8")
+
+
+def read_model_state(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The full model state dict of the checkpoint folder ``path`` (``model.pt``, on CPU).
+
+    Raises:
+        FileNotFoundError: the folder has no ``model.pt``.
+        ValueError: the file is not a readable state dict (truncated or corrupted), naming it.
+    """
+    file = Path(path) / MODEL_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"checkpoint file {file} is missing; was the checkpoint written completely?")
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError... for a damaged file
+        raise ValueError(f"checkpoint file {file} cannot be read ({type(err).__name__}: {err}); it is truncated "
+                         "or corrupted: take another checkpoint") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"checkpoint file {file} is not a model state dict (name -> tensor)")
+    return state
+
+
 def export_hf_model(path: str | os.PathLike, module: nn.Module, tokenizer: PreTrainedTokenizerBase | None,
-                    rank: int, world_size: int, processor: ProcessorMixin | None = None) -> None:
+                    rank: int, world_size: int, processor: ProcessorMixin | None = None,
+                    auto_cls: type | None = None) -> None:
     """Write the policy as a Hugging Face folder (``from_pretrained`` loads it); LoRA merged.
 
     Rank 0 builds the plain model from the gathered weights, saves it with its tokenizer (a
     vision-language model: its processor, tokenizer included) into a temporary folder and renames it
-    to ``path`` (an existing folder there is replaced).
+    to ``path`` (an existing folder there is replaced). ``auto_cls`` builds the saved model (None:
+    the causal LM's or vision-language model's auto class; a reward model passes
+    ``AutoModelForSequenceClassification``).
     """
     state = full_state_dict(module, world_size)
     if rank == 0:
         hf_model = unwrap_hf_model(module)
         if isinstance(module, PeftModel):
             state = merge_lora(state, module)
-        save_hf_folder(path, hf_model.config, hf_model.generation_config, state, tokenizer, processor)
+        generation_config = hf_model.generation_config if hf_model.can_generate() else None  # a classifier has none
+        save_hf_folder(path, hf_model.config, generation_config, state, tokenizer, processor, auto_cls)
     _barrier(world_size)
 
 
-def save_hf_folder(path: str | os.PathLike, config: PretrainedConfig, generation_config: GenerationConfig,
+def save_hf_folder(path: str | os.PathLike, config: PretrainedConfig, generation_config: GenerationConfig | None,
                    state: dict[str, torch.Tensor], tokenizer: PreTrainedTokenizerBase | None,
-                   processor: ProcessorMixin | None = None) -> None:
-    """Write the model of ``config`` (its auto class: a causal LM, or a vision-language model) with
-    the full weights ``state`` (HF names, every key of the model's state dict) and the processor, else
-    the tokenizer, as a Hugging Face folder: into a temporary folder, renamed to ``path`` (an existing
-    folder there is replaced)."""
+                   processor: ProcessorMixin | None = None, model_class: type | None = None) -> None:
+    """Write the model of ``config`` (its auto class: a causal LM, or a vision-language model; or
+    ``model_class``) with the full weights ``state`` (HF names, every key of the model's state dict)
+    and the processor, else the tokenizer, as a Hugging Face folder: into a temporary folder, renamed
+    to ``path`` (an existing folder there is replaced)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
     try:
-        plain = auto_model_class(config.model_type).from_config(config, dtype=next(iter(state.values())).dtype)
+        cls = model_class or auto_model_class(config.model_type)
+        plain = cls.from_config(config, dtype=next(iter(state.values())).dtype)
         plain.load_state_dict(state, strict=True)
-        plain.generation_config = generation_config
+        if generation_config is not None:
+            plain.generation_config = generation_config
         plain.save_pretrained(tmp)
         if processor is not None:
             save_processor(processor, tmp)

@@ -48,6 +48,7 @@ from __future__ import annotations
 import copy
 
 import torch
+from peft import PeftModel
 
 from rlvr.agent import AgentLoopManager
 from rlvr.protocol import DataProto
@@ -55,20 +56,29 @@ from rlvr.single_controller.base.decorator import Dispatch, register
 from rlvr.single_controller.base.worker import Worker
 from rlvr.utils import core_lending
 from rlvr.utils.model import load_tokenizer
+from rlvr.utils.profiler.worker import WorkerProfiler
 from rlvr.utils.seed import get_rng_state, set_rng_state, set_seed
-from rlvr.utils.tokenizer import hf_processor
+from rlvr.utils.tokenizer import hf_processor, set_chat_template
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
-from rlvr.workers.checkpoint import export_hf_model, load_training_state, merge_lora, save_training_state
+from rlvr.workers.checkpoint import (export_hf_model, load_training_state, lora_settings, merge_lora, save_model_files,
+                                     save_training_state)
 from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
-from rlvr.workers.fsdp import full_parameters, full_state_dict, shard_module
-from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
+from rlvr.workers.frozen import frozen_policy
+from rlvr.workers.fsdp import compute_dtype, fsdp_options, full_parameters, full_state_dict, shard_role_module
+from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer, unwrap_hf_model
 from rlvr.workers.moe import router_replay_mode
 from rlvr.workers.moe.layout import ROUTED_EXPERTS
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
+from rlvr.workers.rollout.base import check_weights_version
 from rlvr.workers.rollout.partial import WeightInbox
+from rlvr.workers.rollout.placement import RolloutPlacement
 from rlvr.workers.worker_utils import (
     Placement,
+    rollout_dtype,
+    rollout_seed,
+    seed_role,
+    use_full_determinism,
     StageTimer,
     cpu_workers,
     peak_memory_metrics,
@@ -88,21 +98,35 @@ class TrainingWorker(Worker):
         config: the whole run config.
     """
 
-    def __init__(self, config) -> None:
+    def __init__(self, config, roles: tuple[str, ...] = ()) -> None:
         super().__init__(config)
         self.config = config
         if self.device == "cpu":
             set_cpu_threads(config.trainer.num_threads, cpu_workers(config))
+        self.profiler = WorkerProfiler(config, roles, self.rank, self.device)
 
     def _device_type(self) -> str:
         return "cuda" if self.device.startswith("cuda") else "cpu"
 
     def _setup(self) -> None:
-        """Join the process group (several ranks) and seed identically on every rank so that
-        randomly initialised parts (the value head) agree before sharding."""
+        """Join the process group (several ranks; collectives time out after the role's
+        ``nccl_timeout``), seed identically on every rank so that randomly initialised parts (the
+        value head) agree before sharding, and turn on deterministic kernels when a role of this
+        worker asks for them (``full_determinism``)."""
         if self.world_size > 1:
-            self.init_process_group(timeout_s=float(self.config.trainer.call_timeout_s))
+            self.init_process_group(timeout_s=float(self._process_group_timeout()))
         set_seed(int(self.config.trainer.seed))
+        if self._full_determinism():
+            use_full_determinism()
+
+    def _process_group_timeout(self) -> float:
+        timeout = self.config.actor_rollout_ref.nccl_timeout
+        return float(self.config.trainer.call_timeout_s if timeout is None else timeout)
+
+    def _full_determinism(self) -> bool:
+        arr = self.config.actor_rollout_ref
+        return bool(arr.actor.fsdp_config.full_determinism or arr.ref.fsdp_config.full_determinism
+                    or arr.rollout.full_determinism)
 
     def _reply(self, tensors: dict[str, torch.Tensor] | None, metrics: dict, timer: StageTimer,
                stage: str) -> DataProto:
@@ -110,13 +134,24 @@ class TrainingWorker(Worker):
         return DataProto.from_dict(tensors=tensors, meta_info={"metrics": metrics, "timing": timer.result()})
 
     def _timer(self) -> StageTimer:
-        return StageTimer(self.world_size, self.device)
+        return StageTimer(self.world_size, self.device, self.profiler.stage)
 
     def _extra_rng_state(self) -> dict:
         return {}
 
     def _load_extra_rng_state(self, state: dict) -> None:
         return None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def start_profile(self, profile_step: int) -> None:
+        """Profile this worker's enabled roles in training step ``profile_step`` (``global_profiler``)."""
+        self.profiler.start(profile_step)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stop_profile(self, flush: bool = True, run_command: bool = False) -> dict:
+        """End the profiled step; ``flush`` writes its traces, ``run_command`` runs ``finish_hook_cmd``.
+        Returns this rank's report per role (:meth:`rlvr.utils.profiler.worker.WorkerProfiler.stop`)."""
+        return self.profiler.stop(flush, run_command)
 
     @register(dispatch_mode=Dispatch.ALL_TO_ALL)
     def get_rng_state(self) -> dict:
@@ -143,7 +178,7 @@ class ActorRolloutRefWorker(TrainingWorker):
     def __init__(self, config, role: str) -> None:
         if role not in HYBRID_ROLES:
             raise ValueError(f"{type(self).__name__} role must be one of {HYBRID_ROLES}, got {role!r}")
-        super().__init__(config)
+        super().__init__(config, tuple(role.split("_")))
         self.role = role
         self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
@@ -171,6 +206,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         cfg = self.config.actor_rollout_ref
         self.tokenizer = load_tokenizer(cfg.model.tokenizer_path or cfg.model.path)
         self.processor = hf_processor(cfg.model.path, trust_remote_code=cfg.model.trust_remote_code)  # None: text
+        set_chat_template(self.tokenizer, self.processor, cfg.model.custom_chat_template)
         if self._is_actor:
             self._init_actor(cfg)
         if self._is_rollout:
@@ -179,10 +215,17 @@ class ActorRolloutRefWorker(TrainingWorker):
             self._init_ref(cfg)
 
     def _init_actor(self, cfg) -> None:
-        module = build_causal_lm(cfg.model, trainable=True).to(self.device)
-        if self._is_rollout and self.world_size > 1 and get_rollout_engine(cfg.rollout.name).runs_torch_module:
-            self._rollout_replica = copy.deepcopy(module).requires_grad_(False)
-        module = shard_module(module, self.world_size, self._device_type(), cfg.actor.fsdp_config.reshard_after_forward)
+        fsdp = cfg.actor.fsdp_config
+        seed_role(fsdp)
+        module = build_causal_lm(cfg.model, trainable=True, dtype=fsdp.model_dtype,
+                                 freeze_vision=cfg.actor.freeze_vision_tower).to(self.device)
+        own_dtype = rollout_dtype(cfg.rollout, module)  # the HF engine in another dtype keeps its own copy
+        if (self._is_rollout and (self.world_size > 1 or own_dtype is not None)
+                and get_rollout_engine(cfg.rollout.name).runs_torch_module):
+            self._rollout_replica = copy.deepcopy(module).to(own_dtype or next(module.parameters()).dtype)
+            self._rollout_replica.requires_grad_(False)
+        precision = compute_dtype(fsdp, module)
+        module = shard_role_module(module, self.world_size, self._device_type(), fsdp)
         optimizer = build_optimizer(module, cfg.actor.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
         mini = per_rank_batch_size(cfg.actor.ppo_mini_batch_size, cfg.rollout.n, self.world_size,
@@ -195,7 +238,8 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,
             log_prob_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.actor.ulysses_sequence_parallel_size,
-            router_replay=router_replay_mode(cfg.actor),
+            compute_dtype=precision, compile_forward=cfg.actor.use_torch_compile,
+            distillation=self.config.distillation, router_replay=router_replay_mode(cfg.actor),
         )
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -208,8 +252,12 @@ class ActorRolloutRefWorker(TrainingWorker):
         else:  # parameters that require grad, as the actor's (the decode runs under no_grad: no cost): for
             # frozen weights PyTorch's CPU linear on the prefill's last hidden state (logits_to_keep=1) takes
             # another path, 1e-7 apart, and a rollout apart would not sample what the one-rank hybrid does
-            shared, module = False, build_causal_lm(cfg.model, trainable=False).requires_grad_(True).to(self.device)
-        seed = int(self.config.trainer.seed) + 1_000_003 * (self.rank + 1)
+            module = build_causal_lm(cfg.model, trainable=False, dtype=cfg.rollout.dtype)
+            shared, module = False, module.requires_grad_(True).to(self.device)
+        # in-process engines span tensor_model_parallel_size consecutive workers; server replicas have their own ranks
+        ranks = int(cfg.rollout.tensor_model_parallel_size) if cfg.rollout.mode == "sync" else 1
+        self.rollout_placement = RolloutPlacement(ranks, self.rank, self.world_size)
+        seed = rollout_seed(self.config, self.rollout_placement.engine)
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
         self._rollout_shares_actor = shared
         # a rollout worker of its own takes weights while it generates (async_training.partial_rollout)
@@ -221,34 +269,25 @@ class ActorRolloutRefWorker(TrainingWorker):
         self.agent_loops = AgentLoopManager(cfg.rollout, self.tokenizer, self.processor)
 
     def _init_ref(self, cfg) -> None:
-        if self._is_actor and cfg.model.lora_rank > 0:
-            self._ref_shares_actor = True
-            module = self.actor_module
-        else:
-            module = build_causal_lm(cfg.model, trainable=False).to(self.device)
-            module = shard_module(module, self.world_size, self._device_type(),
-                                  cfg.ref.fsdp_config.reshard_after_forward)
-        self.ref = DataParallelPPOActor(
-            cfg.actor, module, None, mini_batch_size=1,
-            log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
-            world_size=self.world_size, device=self.device,
-            log_prob_use_dynamic_bsz=cfg.ref.log_prob_use_dynamic_bsz,
-            log_prob_max_token_len=cfg.ref.log_prob_max_token_len_per_gpu,
-            use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.ref.ulysses_sequence_parallel_size,
-        )
-        self.ref_placement = Placement(module, None, self.device)
-        if not self._ref_shares_actor:
-            self._rest_ref()
+        """The reference: a frozen policy (:func:`~rlvr.workers.frozen.frozen_policy`) of its own, or -
+        when the actor trains LoRA adapters - the actor's module with the adapters disabled."""
+        self._ref_shares_actor = self._is_actor and cfg.model.lora_rank > 0
+        ref = cfg.ref
+        module = self.actor_module if self._ref_shares_actor else build_causal_lm(
+            cfg.model, trainable=False, dtype=ref.fsdp_config.model_dtype).to(self.device)
+        options = fsdp_options(ref.fsdp_config, module)
+        options.pop("reshard_after_forward")  # frozen_policy takes it from fsdp_config
+        self.ref_model, self.ref = frozen_policy(
+            module, cfg.actor, world_size=self.world_size, device=self.device, fsdp_config=ref.fsdp_config,
+            micro_batch_size=ref.log_prob_micro_batch_size_per_gpu, use_dynamic_bsz=ref.log_prob_use_dynamic_bsz,
+            max_token_len=ref.log_prob_max_token_len_per_gpu, use_remove_padding=cfg.model.use_remove_padding,
+            sp_size=ref.ulysses_sequence_parallel_size, shared=self._ref_shares_actor, shard_options=options,
+            compute_dtype=options["param_dtype"], compile_forward=ref.use_torch_compile)
 
     def _rest_actor(self) -> None:
         """Actor placement between phases (CPU when offload is configured; GPU only)."""
         fsdp = self.config.actor_rollout_ref.actor.fsdp_config
         self.actor_placement.place(params=not fsdp.param_offload, optimizer=not fsdp.optimizer_offload)
-
-    def _rest_ref(self) -> None:
-        """Placement of a separate reference between phases (CPU with param_offload; GPU only)."""
-        self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.fsdp_config.param_offload,
-                                 optimizer=False)
 
     def _temperature(self, data: DataProto) -> float:
         data.meta_info.setdefault("temperature", float(self.config.actor_rollout_ref.rollout.temperature))
@@ -276,16 +315,23 @@ class ActorRolloutRefWorker(TrainingWorker):
             if self._is_actor:
                 self._sync_rollout_weights()
                 self.actor_placement.place(params=self._rollout_shares_actor, optimizer=False)
+            rows, counts = self.rollout_placement.gather(prompts)  # the rows of every rank of this engine
             with self.weight_inbox.generation(bool(prompts.meta_info.get("validate", False)),
                                               self.config.actor_rollout_ref.rollout.free_cache_engine) as engine:
-                output = self.agent_loops.generate_sequences(engine, prompts)
+                output = self.rollout_placement.own(self.agent_loops.generate_sequences(engine, rows), counts)
         metrics = {**output.meta_info.get("metrics", {}), **peak_memory_metrics(self.device, "gen"),
-                   **core_lending.take_lent_share("rollout")}
+                   **core_lending.take_lent_share("rollout"),
+                   "rollout/weights_version": float(self.rollout.weights_version)}  # one entry per worker
         if self.weight_inbox.interrupt is not None:
             metrics["async/interrupted_generations"] = float(self.weight_inbox.last_interrupted_rows)
         output.meta_info.update(metrics=metrics, timing=timer.result())
+        if not self.config.actor_rollout_ref.rollout.calculate_log_probs:
+            output.batch.pop("rollout_log_probs")  # verl's calculate_log_probs=false: no rollout log-probs
         if self._is_actor:
             output.meta_info["actor_weights_version"] = self._weights_version
+            if self.rollout_placement.num_engines > 1:  # the trainer sees the engines' outputs merged: each checks itself
+                check_weights_version(output.meta_info, f"rollout engine {self.rollout_placement.engine} of "
+                                                        f"{self.rollout_placement.num_engines} (worker rank {self.rank})")
         else:  # a rollout group apart: its ranks may end a call on different versions; response_versions say which
             output.meta_info.pop("rollout_weights_version")
         return output
@@ -337,25 +383,30 @@ class ActorRolloutRefWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs [B, R]`` (and ``entropys`` when ``meta_info["calculate_entropy"]``; and the
-        experts of every token, ``routed_experts [B, S, layers, k]``, for an MoE actor under
-        ``router_replay.mode=R2``)."""
+        """``old_log_probs [B, R]`` (and ``entropys`` when ``meta_info["calculate_entropy"]``,
+        ``sum_pi_squared`` when ``meta_info["calculate_sum_pi_squared"]``: those need the actor's
+        forward even where the rollout's log-probs are reused as the old ones; and the experts of
+        every token, ``routed_experts [B, S, layers, k]``, for an MoE actor under ``router_replay.mode=R2``)."""
         self._require(self._is_actor, "compute_log_prob", "actor")
         timer = self._timer()
         temperature = self._temperature(data)
         calculate_entropy = bool(data.meta_info.get("calculate_entropy", False))
+        calculate_sum_pi_squared = bool(data.meta_info.get("calculate_sum_pi_squared", False))
         reuse = self._reuse_rollout_log_probs(data, temperature, calculate_entropy)
         with timer.stage("old_log_prob"):
-            if reuse:
-                tensors = {"old_log_probs": data.batch["rollout_log_probs"].clone()}
-            else:
+            tensors = {}
+            if not reuse or calculate_sum_pi_squared:
                 self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
-                log_probs, entropys, routes = self.actor.compute_log_prob_and_routes(data, calculate_entropy)
-                tensors = {"old_log_probs": log_probs}
-                if entropys is not None:
-                    tensors["entropys"] = entropys
-                if routes is not None:
-                    tensors[ROUTED_EXPERTS] = routes
+                stats = self.actor.compute_log_prob_stats(data, calculate_entropy, calculate_sum_pi_squared)
+                tensors = {"old_log_probs": stats["log_probs"]}
+                if calculate_entropy:
+                    tensors["entropys"] = stats["entropy"]
+                if calculate_sum_pi_squared:
+                    tensors["sum_pi_squared"] = stats["sum_pi_squared"]
+                if ROUTED_EXPERTS in stats:
+                    tensors[ROUTED_EXPERTS] = stats[ROUTED_EXPERTS]
+            if reuse:
+                tensors["old_log_probs"] = data.batch["rollout_log_probs"].clone()
         return self._reply(tensors, {"actor/reused_rollout_log_probs": float(reuse)}, timer, "old_log_prob")
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -386,17 +437,21 @@ class ActorRolloutRefWorker(TrainingWorker):
                 with self.actor_module.disable_adapter():
                     log_probs, _ = self.ref.compute_log_prob(data)
             else:
-                self.ref_placement.place(params=True, optimizer=False)
-                log_probs, _ = self.ref.compute_log_prob(data)
-                self._rest_ref()
+                with self.ref_model.on_device():
+                    log_probs, _ = self.ref.compute_log_prob(data)
         return self._reply({"ref_log_prob": log_probs}, {}, timer, "ref")
 
     # ------------------------------------------------------------------ checkpoints and export
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        """Write the actor's model, optimizer and LR-scheduler states to the folder ``path``."""
+        """Write the actor's model, optimizer and LR-scheduler states to the folder ``path``, with its
+        config, tokenizer (or processor) and LoRA settings (what ``rlvr.model_merger`` reads)."""
         self._require(self._is_actor, "save_checkpoint", "actor")
         self.actor_placement.place(params=True, optimizer=True)
+        if self.rank == 0:
+            hf_model = unwrap_hf_model(self.actor_module)
+            lora = lora_settings(self.actor_module) if isinstance(self.actor_module, PeftModel) else None
+            save_model_files(path, hf_model.config, hf_model.generation_config, self.tokenizer, self.processor, lora)
         save_training_state(path, self.actor_module, self.actor.optimizer, self.lr_scheduler, self.rank,
                             self.world_size)
         self._rest_actor()
@@ -445,8 +500,15 @@ class CriticWorker(TrainingWorker):
     """
 
     def __init__(self, config) -> None:
-        super().__init__(config)
+        super().__init__(config, ("critic",))
         self.critic = None
+
+    def _process_group_timeout(self) -> float:
+        timeout = self.config.critic.nccl_timeout
+        return float(self.config.trainer.call_timeout_s if timeout is None else timeout)
+
+    def _full_determinism(self) -> bool:
+        return bool(self.config.critic.fsdp_config.full_determinism)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -455,8 +517,10 @@ class CriticWorker(TrainingWorker):
         cfg = self.config.critic
         self.tokenizer = critic_tokenizer(self.config)
         path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
-        module = build_critic(cfg.model, path).to(self.device)
-        module = shard_module(module, self.world_size, self._device_type(), cfg.fsdp_config.reshard_after_forward)
+        seed_role(cfg.fsdp_config)
+        module = build_critic(cfg.model, path, dtype=cfg.fsdp_config.model_dtype).to(self.device)
+        precision = compute_dtype(cfg.fsdp_config, module)
+        module = shard_role_module(module, self.world_size, self._device_type(), cfg.fsdp_config)
         optimizer = build_optimizer(module, cfg.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
         mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n, self.world_size,
@@ -465,7 +529,7 @@ class CriticWorker(TrainingWorker):
         self.critic = DataParallelPPOCritic(cfg, module, optimizer, mini_batch_size=mini,
                                             world_size=self.world_size, device=self.device,
                                             use_remove_padding=cfg.model.use_remove_padding,
-                                            sp_size=cfg.ulysses_sequence_parallel_size)
+                                            sp_size=cfg.ulysses_sequence_parallel_size, compute_dtype=precision)
         self.placement = Placement(module, optimizer, self.device)
         self._rest()
 
@@ -498,8 +562,13 @@ class CriticWorker(TrainingWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, path: str) -> None:
-        """Write the critic's model, optimizer and LR-scheduler states to the folder ``path``."""
+        """Write the critic's model, optimizer and LR-scheduler states to the folder ``path``, with the
+        backbone's config, the tokenizer and LoRA settings (``rlvr.model_merger --is-value-model``)."""
         self.placement.place(params=True, optimizer=True)
+        if self.rank == 0:
+            backbone = self.critic_module.backbone
+            lora = lora_settings(backbone) if isinstance(backbone, PeftModel) else None
+            save_model_files(path, self.critic_module.config, None, self.tokenizer, None, lora)
         save_training_state(path, self.critic_module, self.critic.optimizer, self.lr_scheduler, self.rank,
                             self.world_size)
         self._rest()

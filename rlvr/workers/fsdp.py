@@ -11,6 +11,7 @@ reduce-scattered (averaged over ranks).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -23,12 +24,19 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RefFSDPConfig, RefMegatronConfig
+
 __all__ = [
     "shard_module",
+    "shard_role_module",
+    "fsdp_wrap",
+    "fsdp_options",
+    "compute_dtype",
     "clip_grad_norm",
     "full_parameters",
     "full_state_dict",
@@ -49,7 +57,9 @@ def _layer_class_names(module: nn.Module) -> set[str]:
     return names
 
 
-def shard_module(module: nn.Module, world_size: int, device_type: str, reshard_after_forward: bool) -> nn.Module:
+def shard_module(module: nn.Module, world_size: int, device_type: str, reshard_after_forward: bool, *,
+                 offload_policy: bool = False, forward_prefetch: bool = False,
+                 param_dtype: torch.dtype | None = None) -> nn.Module:
     """Wrap ``module`` with FSDP2 over all ranks of the default process group.
 
     Each transformer block becomes its own FSDP unit (all-gathered one at a time), the root holds
@@ -61,6 +71,11 @@ def shard_module(module: nn.Module, world_size: int, device_type: str, reshard_a
         world_size: ranks in the group.
         device_type: ``"cpu"`` or ``"cuda"``.
         reshard_after_forward: free the gathered parameters after each block's forward.
+        offload_policy: FSDP2's ``CPUOffloadPolicy``: the sharded parameters, their gradients and
+            the optimizer state stay on CPU, each unit is copied to the device for its compute.
+        forward_prefetch: each block all-gathers the next block's parameters as it starts.
+        param_dtype: mixed precision: the dtype blocks compute in (parameters keep theirs;
+            gradients are reduced in float32); None = the parameters' dtype.
     """
     if world_size == 1:
         return module
@@ -69,15 +84,55 @@ def shard_module(module: nn.Module, world_size: int, device_type: str, reshard_a
             f"sharding over {world_size} ranks needs torch.distributed; call the worker's "
             "init_process_group() first"
         )
-    mesh = init_device_mesh(device_type, (world_size,))
+    return fsdp_wrap(module, init_device_mesh(device_type, (world_size,)), reshard_after_forward,
+                     offload_policy=offload_policy, forward_prefetch=forward_prefetch, param_dtype=param_dtype)
+
+
+def fsdp_wrap(module: nn.Module, mesh, reshard_after_forward: bool, *, offload_policy: bool = False,
+              forward_prefetch: bool = False, param_dtype: torch.dtype | None = None) -> nn.Module:
+    """``fully_shard`` every transformer block of ``module`` and then the root over ``mesh`` (see
+    :func:`shard_module` for the options)."""
     layer_names = _layer_class_names(module)
     if not layer_names:
         raise ValueError(f"{type(module).__name__} declares no transformer block class (_no_split_modules)")
-    for sub in list(module.modules()):
-        if type(sub).__name__ in layer_names:
-            fully_shard(sub, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    device_type = mesh.device_type
+    options = {"mesh": mesh, "reshard_after_forward": reshard_after_forward,
+               "offload_policy": CPUOffloadPolicy(pin_memory=device_type == "cuda") if offload_policy
+               else OffloadPolicy(),
+               "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+               if param_dtype is not None else MixedPrecisionPolicy()}
+    layers = [sub for sub in list(module.modules()) if type(sub).__name__ in layer_names]
+    for layer in layers:
+        fully_shard(layer, **options)
+    fully_shard(module, **options)
+    if forward_prefetch:
+        for layer, following in zip(layers, layers[1:]):
+            layer.set_modules_to_forward_prefetch([following])
     return module
+
+
+def compute_dtype(fsdp_config: RefFSDPConfig | RefMegatronConfig, module: nn.Module) -> torch.dtype | None:
+    """The mixed-precision dtype of a role (``fsdp_config.dtype``) when it differs from the dtype
+    of the module's parameters (``fsdp_config.model_dtype`` / ``model.dtype``), else None."""
+    from rlvr.workers.models import torch_dtype
+
+    if fsdp_config.dtype is None:
+        return None
+    dtype = torch_dtype(fsdp_config.dtype)
+    return None if dtype == next(module.parameters()).dtype else dtype
+
+
+def fsdp_options(fsdp_config, module: nn.Module) -> dict:
+    """The :func:`shard_module` options of a role's ``fsdp_config`` (reshard, CPU offload policy,
+    forward prefetch, mixed precision)."""
+    return {"reshard_after_forward": fsdp_config.reshard_after_forward, "offload_policy": fsdp_config.offload_policy,
+            "forward_prefetch": fsdp_config.forward_prefetch, "param_dtype": compute_dtype(fsdp_config, module)}
+
+
+def shard_role_module(module: nn.Module, world_size: int, device_type: str, fsdp_config) -> nn.Module:
+    """:func:`shard_module` with a role's ``fsdp_config`` (:func:`fsdp_options`)."""
+    options = fsdp_options(fsdp_config, module)
+    return shard_module(module, world_size, device_type, options.pop("reshard_after_forward"), **options)
 
 
 def clip_grad_norm(module: nn.Module, max_norm: float) -> float:

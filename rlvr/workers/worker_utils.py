@@ -5,18 +5,24 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rlvr.utils.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RefFSDPConfig
 from rlvr.workers.collectives import all_reduce_max
 from rlvr.workers.fsdp import move_module, move_optimizer_state
+from rlvr.workers.rollout.placement import SEED_STRIDE
 
 __all__ = ["cpu_workers", "cpu_thread_share", "set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement",
-           "peak_memory_metrics"]
+           "peak_memory_metrics", "seed_role", "use_full_determinism", "rollout_seed",
+           "rollout_dtype"]
 
 
 def cpu_workers(config) -> int:
@@ -62,18 +68,26 @@ def per_rank_batch_size(prompts: int, samples_per_prompt: int, world_size: int, 
 
 class StageTimer:
     """Wall time of the stages of one worker call; values are the slowest rank's (so that every
-    rank reports the same numbers and the collected ``meta_info["timing"]`` agrees)."""
+    rank reports the same numbers and the collected ``meta_info["timing"]`` agrees).
 
-    def __init__(self, world_size: int, device: str) -> None:
+    Args:
+        around: a context manager factory entered inside each timed stage with its name (the
+            worker's profiler, :meth:`rlvr.utils.profiler.worker.WorkerProfiler.stage`).
+    """
+
+    def __init__(self, world_size: int, device: str,
+                 around: Callable[[str], AbstractContextManager[None]] | None = None) -> None:
         self.world_size = world_size
         self.device = device
+        self.around = around
         self.timing: dict[str, float] = {}
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
         start = time.perf_counter()
         try:
-            yield
+            with self.around(name) if self.around is not None else nullcontext():
+                yield
         finally:
             self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
 
@@ -120,3 +134,42 @@ def peak_memory_metrics(device: str, stage: str) -> dict[str, float]:
     peak = torch.cuda.max_memory_allocated(device) / 1024**3
     torch.cuda.reset_peak_memory_stats(device)
     return {f"perf/{stage}/max_memory_allocated_gb": peak}
+
+
+def seed_role(fsdp_config: RefFSDPConfig) -> None:
+    """Seed the global RNGs with a role's ``fsdp_config.seed`` (verl's key) before its model is built,
+    so that its random parts (LoRA adapters, the value head) come from that seed; None keeps the
+    worker's seed (``trainer.seed``)."""
+    if fsdp_config.seed is not None:
+        from rlvr.utils.seed import set_seed
+
+        set_seed(int(fsdp_config.seed))
+
+
+def use_full_determinism() -> None:
+    """Deterministic torch kernels in this process (verl's ``full_determinism``): the same inputs give
+    bit-identical results on the same hardware; an op without a deterministic kernel raises."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
+
+
+def rollout_seed(config, engine: int) -> int:
+    """The sampling seed of rollout engine ``engine`` (the same on every rank of a tensor-parallel
+    engine; the worker's rank when each worker runs its own): verl's ``rollout.seed`` + engine, or
+    (unset) one derived from ``trainer.seed`` (as
+    :meth:`~rlvr.workers.rollout.placement.RolloutPlacement.engine_seed`)."""
+    seed = config.actor_rollout_ref.rollout.seed
+    if seed is not None:
+        return int(seed) + engine
+    return int(config.trainer.seed) + SEED_STRIDE * (engine + 1)
+
+
+def rollout_dtype(rollout_config, module: nn.Module) -> torch.dtype | None:
+    """The dtype ``rollout.dtype`` asks the HF engine to generate in when it differs from the
+    actor's parameters (None: the engine may share the actor's module)."""
+    from rlvr.workers.models import torch_dtype
+
+    if rollout_config.dtype is None:
+        return None
+    dtype = torch_dtype(rollout_config.dtype)
+    return None if dtype == next(module.parameters()).dtype else dtype

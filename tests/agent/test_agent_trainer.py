@@ -24,7 +24,7 @@ def test_env_agent_trains_on_the_local_backend(eos_prone_model_dir, gsm8k_like_d
     cfg = load_config("grpo", overrides(eos_prone_model_dir, gsm8k_like_data, tmp_path / "run", **{
         "actor_rollout_ref.rollout.val_kwargs.n": 4, "trainer.log_val_generations": 16}))
     trainer = run_ppo(cfg)
-    steps = [row for row in trainer.metrics_history if "timing/step" in row]
+    steps = [row for row in trainer.metrics_history if "timing_s/step" in row]
     assert len(steps) == 2
     for row in steps:
         assert row["agent/num_turns/mean"] > 1.0, "the environment never got a second turn"
@@ -45,7 +45,7 @@ def test_tool_agent_run_reports_tool_metrics(eos_prone_model_dir, gsm8k_like_dat
             "actor_rollout_ref.rollout.multi_turn.tool_config_path": str(tools),
             "trainer.total_training_steps": 1, "trainer.report": False}))
     trainer = run_ppo(cfg)
-    step = [row for row in trainer.metrics_history if "timing/step" in row][0]
+    step = [row for row in trainer.metrics_history if "timing_s/step" in row][0]
     assert step["agent/num_turns/mean"] == 1.0 and step["agent/stop/answered"] > 0  # no calls from a random model
     val = [row for row in trainer.metrics_history if "val/acc" in row]
     assert all("val/agent/tool_use_rate" in row for row in val)
@@ -85,7 +85,7 @@ def test_env_agent_trains_on_the_ray_backend(eos_prone_model_dir, gsm8k_like_dat
         trainer = run_ppo(cfg)
     finally:
         ray.shutdown()
-    step = [row for row in trainer.metrics_history if "timing/step" in row][0]
+    step = [row for row in trainer.metrics_history if "timing_s/step" in row][0]
     assert step["agent/num_turns/mean"] > 1.0 and step["critic/score/mean"] < 0
 
 
@@ -108,7 +108,7 @@ def test_tool_agent_calls_the_calculator_on_the_ray_backend(tool_calling_model_d
         trainer = run_ppo(cfg)
     finally:
         ray.shutdown()
-    step = [row for row in trainer.metrics_history if "timing/step" in row][0]
+    step = [row for row in trainer.metrics_history if "timing_s/step" in row][0]
     assert step["agent/tool_calls"] > 0 and step["train/agent/tool_use_rate"] > 0
     assert step["agent/tool_errors"] < step["agent/tool_calls"]  # calculator answers came back
     assert step["agent/num_turns/mean"] > 1.0 and step["agent/observation_tokens"] > 0

@@ -24,13 +24,13 @@ def test_env_agent_trains_with_the_vllm_engine(vllm_eos_prone_model_dir, gsm8k_l
         "actor_rollout_ref.rollout.name": "vllm", "actor_rollout_ref.rollout.kv_cache_memory_bytes": 64 << 20,
         "trainer.report": False}))
     trainer = run_ppo(cfg)
-    steps = [row for row in trainer.metrics_history if "timing/step" in row]
+    steps = [row for row in trainer.metrics_history if "timing_s/step" in row]
     assert len(steps) == 2
     for row in steps:
         assert row["agent/num_turns/mean"] > 1.0, "the environment never got a second turn"
         assert row["agent/observation_tokens"] > 0  # feedback inserted between the sampled turns
         assert row["critic/score/mean"] < 0  # the wrong turns' -0.5 rewards reached the trained scores
-        assert row["timing/update_weights"] > 0.0
+        assert row["timing_s/update_weights"] > 0.0
         # the actor's log-probs of the sampled tokens of whole conversations equal vLLM's (fp32)
         assert 0.0 <= row["training/rollout_log_probs_diff_max"] < 1e-3
 

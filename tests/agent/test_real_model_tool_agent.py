@@ -30,7 +30,7 @@ def test_tool_agent_trains_the_real_model_with_the_calculator(tmp_path):
     ])
     validate_config(cfg)
     trainer = run_ppo(cfg)
-    steps = [row for row in trainer.metrics_history if "timing/step" in row]
+    steps = [row for row in trainer.metrics_history if "timing_s/step" in row]
     assert len(steps) == 3
     assert sum(row["agent/tool_calls"] for row in steps) / 3 > 0.1, "the model hardly called the calculator"
     assert max(row["agent/num_turns/mean"] for row in steps) > 1.0

@@ -16,7 +16,7 @@ def run(step_s: float, accuracies: dict[int, float], gen_s: float | None = None,
     rows = []
     for step in range(5):
         if step > 0:
-            rows.append({"step": step, "timing/step": step_s, "timing/gen": step_s / 2 if gen_s is None else gen_s,
+            rows.append({"step": step, "timing_s/step": step_s, "timing_s/gen": step_s / 2 if gen_s is None else gen_s,
                          **(extra or {})})
         if step in accuracies:
             rows.append({"step": step, "val/acc": accuracies[step]})
@@ -29,7 +29,7 @@ def test_steps_per_hour_leave_validation_out_and_accuracy_is_interpolated_on_tra
     assert summary["accuracy_clock"] == {0: 0.0, 2: 20.0, 4: 40.0}
     assert accuracy_at(summary, 10.0) == pytest.approx(0.4) and accuracy_at(summary, 30.0) == pytest.approx(0.7)
     assert accuracy_at(summary, 99.0) == pytest.approx(0.8)
-    assert summary["medians"]["timing/gen"] == 5.0
+    assert summary["medians"]["timing_s/gen"] == 5.0
 
 
 def test_compare_gives_speedups_accuracy_deltas_and_sync_at_equal_time():
@@ -106,7 +106,7 @@ def test_lend_only_runs_sync_and_the_lent_schedules_alone(tmp_path, monkeypatch,
         if name == bench_async.CALIBRATION:  # one thread: generation 6 s (1.2x), the rest 8 s (1.6x)
             assert overrides[0] == "trainer.num_threads=1"
             calibration = run(14.0, {}, gen_s=6.0)
-            calibration["rows"][0].update({"timing/gen": 20.0, "timing/step": 28.0})  # warming up: left out
+            calibration["rows"][0].update({"timing_s/gen": 20.0, "timing_s/step": 28.0})  # warming up: left out
             return calibration
         mode = name.split("_", 2)[2].rsplit("_", 1)[0]
         extra = {"async/weight_push_s": 0.5} if "lend" in name else {}
@@ -165,13 +165,13 @@ def test_the_simulator_check_compares_the_same_first_steps_of_sync_and_the_calib
     from benchmarks.bench_async import simulator_check
 
     def timed(pairs, extra=None):  # (gen, step) seconds per step
-        rows = [{"step": i + 1, "timing/gen": g, "timing/step": s, "async/weight_push_s": 0.5, **(extra or {})}
+        rows = [{"step": i + 1, "timing_s/gen": g, "timing_s/step": s, "async/weight_push_s": 0.5, **(extra or {})}
                 for i, (g, s) in enumerate(pairs)]
         return summarize({"rows": rows, "wall_s": 0.0, "load_before": (0, 0, 0), "load_after": (0, 0, 0)})
 
     sync = timed([(8.0, 20.0)] * 2 + [(4.0, 8.0)] * 6)  # the first steps are the slow ones
     calibration = timed([(10.0, 26.0)] * 2)
-    recomputed = timed([(0.0, 9.0)] * 8, {"timing/old_log_prob": 2.0})  # runs with a separate proximal pass
+    recomputed = timed([(0.0, 9.0)] * 8, {"timing_s/old_log_prob": 2.0})  # runs with a separate proximal pass
     check = simulator_check({"sync": [sync], "one_step": [recomputed]}, calibration, {"one_step": 0.9})
     assert check["steps"] == 2 and check["two_threads"] == {"gen_s": 8.0, "train_s": 12.0}
     assert check["one_thread"] == {"gen_s": 10.0, "train_s": 16.0} and check["push_s"] == 0.5

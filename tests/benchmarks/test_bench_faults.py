@@ -27,7 +27,7 @@ def test_summary_counts_and_comparable_rows():
     assert summarize(runs) == {"runs": 3, "faults injected": 2, "runs completed": 2,
                                "runs with the reference metrics": 2, "restarts": 3, "steps redone": 4,
                                "recovery s (median)": 20.0, "recovery s (max)": 30.0}
-    row = {"step": 1, "a": 1.0, "timing/step": 2.0, "perf/throughput": 3.0, "trainer/restarts": 1.0}
+    row = {"step": 1, "a": 1.0, "timing_s/step": 2.0, "perf/throughput": 3.0, "trainer/restarts": 1.0}
     assert comparable([row]) == [{"step": 1, "a": 1.0}]
 
 

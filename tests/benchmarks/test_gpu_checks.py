@@ -145,10 +145,10 @@ def test_junit_and_trainer_metrics_are_read_into_the_record(tmp_path):
                                                 "failed": ["t::bad: assert 1 == 2"]}
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text("\n".join(json.dumps(row) for row in [
-        {"step": 1, "timing/step": 2.0, "actor/pg_loss": 0.1, "other": 5, "perf/throughput": 10.0},
+        {"step": 1, "timing_s/step": 2.0, "actor/pg_loss": 0.1, "other": 5, "perf/throughput": 10.0},
         {"step": 1, "val/acc": 0.25}]))
     assert gpu_checks._trainer_metrics(metrics) == {
-        "steps": [{"step": 1, "timing/step": 2.0, "actor/pg_loss": 0.1}], "validation": {"val/acc": 0.25},
+        "steps": [{"step": 1, "timing_s/step": 2.0, "actor/pg_loss": 0.1}], "validation": {"val/acc": 0.25},
         "perf": {"perf/throughput": 10.0}}
 
 
@@ -174,6 +174,6 @@ def test_the_whole_rehearsal_passes_on_cpu(tmp_path):
     assert records[-1]["status"] in ("ok", "skipped")  # ok once tests/gpu has a Megatron test
     by_step = {r["step"]: r.get("result") for r in records}
     assert by_step["logprobs"]["float32"]["within_limit"]
-    assert by_step["main_job"]["steps"][0]["timing/step"] > 0
+    assert by_step["main_job"]["steps"][0]["timing_s/step"] > 0
     assert by_step["fp8_train"]["steps"][0]["training/rollout_log_probs_diff_max"] > 0  # the fp8 gap, measured
     assert by_step["fp8_rollout"]["log_prob_gap"]["fp8_vs_fp32"]["max"] > 0

@@ -163,3 +163,13 @@ def test_geometry3k_records_become_image_rows(vl_dirs, tmp_path):
     ds = dataset(vl_dirs["qwen2_vl"], tmp_path / "train.parquet", "data.max_prompt_length=128")
     assert ds[1][MULTI_MODAL_INPUTS]["image_grid_thw"].tolist() == [[1, 4, 4]]
     assert default_compute_score(DATA_SOURCE, "<think>...</think> \\boxed{0.5}", "\\frac{1}{2}")["acc"] == 1.0
+
+
+def test_mm_processor_kwargs_reach_the_processor(vl_dirs, image_data):
+    """verl's data.mm_processor_kwargs: under a pixel budget of 56x56 the processor resizes the 84x56
+    images (its rounding gives them 2 image tokens instead of 6); the 56x56 ones keep their 4."""
+    plain = dataset(vl_dirs["qwen2_vl"], image_data)
+    capped = dataset(vl_dirs["qwen2_vl"], image_data, "data.mm_processor_kwargs.max_pixels=3136")
+    token = hf_processor(vl_dirs["qwen2_vl"]).image_token_id
+    counts = [[int((ds[i]["input_ids"] == token).sum()) for i in range(len(ds))] for ds in (plain, capped)]
+    assert counts == [[4, 6, 4, 6], [4, 2, 4, 2]]

@@ -120,3 +120,16 @@ def test_the_critic_reads_the_images(vl_dirs, image_data):
     assert metrics["critic/vf_loss"][0] == pytest.approx(0.5, rel=1e-4)  # 0.5 * (returns - values)^2, clipped
     after = critic.compute_values(out).batch["values"]
     assert ((after - values) * mask).sum() > 0  # the values moved toward the returns
+
+
+def test_freeze_vision_tower_keeps_the_vision_encoder_out_of_training(vl_dirs):
+    """verl's actor.freeze_vision_tower: the vision encoder's parameters do not train; the language
+    model's do."""
+    from rlvr.workers.models import build_causal_lm
+
+    model = make_config(vl_dirs["qwen2_vl"]).actor_rollout_ref.model
+    frozen = build_causal_lm(model, trainable=True, freeze_vision=True)
+    trains = {name.split(".")[1] for name, p in frozen.named_parameters() if p.requires_grad}
+    assert not any(p.requires_grad for name, p in frozen.named_parameters() if ".visual." in f".{name}.")
+    assert "language_model" in trains
+    assert all(p.requires_grad for p in build_causal_lm(model, trainable=True).parameters())

@@ -37,7 +37,7 @@ def test_route_names_are_checked_against_both_registries():
     check_reward_routes(cfg)
     assert routed_worker_names(cfg) == ["ifeval", "math_rule"]
     with pytest.raises(ConfigError, match=r"reward.routes.code.*'sandbox' is neither a reward worker "
-                                          r"\(code_sandbox, crossthinkqa.*\) nor a reward manager \(batch, dapo"):
+                                          r"\(code_sandbox, crossthinkqa.*\), a reward manager \(batch, dapo.*\) nor 'reward_model'"):
         check_reward_routes(_cfg("reward.routes.code=sandbox"))
     with pytest.raises(ConfigError, match="reward.num_workers.*local backend runs the reward workers in the driver"):
         check_reward_routes(_cfg("reward.routes.math=math_rule", "reward.num_workers=2"))

@@ -178,3 +178,23 @@ def late_part(delay_s: float, fail: bool) -> DataProto:
     if fail:
         raise ValueError("deliberate failure of a part")
     return DataProto.from_dict(tensors={"x": torch.zeros(1)})
+
+
+ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RAY_LOCAL_RANK", "RAY_LOCAL_WORLD_SIZE",
+            "MASTER_ADDR", "MASTER_PORT", "WG_PREFIX", "WG_BACKEND")
+
+
+class EnvWorker(Worker):
+    """Reports the environment variables it was started with (read in ``__init__``, when the local
+    backend's worker sees them too) and as its methods see them later (``getenv``, verl's test helper)."""
+
+    def __init__(self, extra_keys: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.at_init = {key: os.environ.get(key) for key in (*ENV_KEYS, *extra_keys)}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def env_at_init(self) -> dict:
+        return self.at_init
+
+    def getenv(self, key: str) -> str:
+        return os.getenv(key, f"{key} not set")

@@ -26,7 +26,8 @@ def test_register_records_settings_and_keeps_the_method_callable(monkeypatch):
     monkeypatch.setenv("MASTER_PORT", "29500")
     methods = registered_methods(_Plain)
     assert set(methods) == {
-        "compute", "report", "init_process_group", "execute_with_func_generator", "execute_func_rank_zero"
+        "compute", "report", "init_process_group", "execute_with_func_generator", "execute_func_rank_zero",
+        "_query_dispatch_info", "_query_collect_info",  # the base Worker's (verl's nd dispatch)
     }
     assert methods["compute"] == RegisterSpec(Dispatch.DP_MP_COMPUTE, Execute.ALL, True, True, False)
     assert methods["report"].execute_mode is Execute.RANK_ZERO  # RANK_ZERO dispatch runs on rank 0 only

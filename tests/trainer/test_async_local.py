@@ -87,7 +87,7 @@ def test_the_staleness_bound_is_never_exceeded(run, mode):
         assert sum(interrupted) > 0, f"no weight push landed in a generation: {interrupted}, staleness {staleness}"
     # decoupled PPO by default, one optimizer step per batch: the update's forward is the proximal policy
     assert all(row["actor/prox_from_update"] == 1.0 and "rollout_corr/rollout_is_mean" in row for row in steps)
-    assert all("timing/old_log_prob" not in row and "actor/reused_rollout_log_probs" not in row for row in steps)
+    assert all("timing_s/old_log_prob" not in row and "actor/reused_rollout_log_probs" not in row for row in steps)
     # samples of the current version: proximal == behaviour (the HF engine's fp32 log-probs), no weight capped
     current = [row for row, s in zip(steps, staleness) if max(s) == 0]
     assert current and all(row["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0 for row in current)
@@ -129,7 +129,7 @@ def test_a_users_estimator_that_reads_old_log_probs_gets_them_before_the_update(
     finally:
         ADV_ESTIMATOR_REGISTRY.pop("grpo_reading_old", None)
     steps = trainer.metrics_history[:2]
-    assert all("timing/old_log_prob" in row and "actor/prox_from_update" not in row for row in steps)
+    assert all("timing_s/old_log_prob" in row and "actor/prox_from_update" not in row for row in steps)
     assert steps[1]["async/staleness_max"] == 1.0 and steps[1]["actor/reused_rollout_log_probs"] == 0.0
 
 
@@ -209,7 +209,7 @@ def _wait_for_step(run_dir, step: int, process: subprocess.Popen, timeout_s: flo
     deadline = time.monotonic() + timeout_s
     metrics = run_dir / "metrics.jsonl"
     while time.monotonic() < deadline:
-        if metrics.exists() and any(json.loads(line).get("step", 0) >= step and "timing/step" in line
+        if metrics.exists() and any(json.loads(line).get("step", 0) >= step and "timing_s/step" in line
                                     for line in metrics.read_text().splitlines()):
             return
         assert process.poll() is None, process.stderr.read()[-3000:]

@@ -9,11 +9,13 @@ from rlvr.utils.errors import ConfigError
 
 from trainer_helpers import tiny_overrides
 
+from rlvr.utils.testing import save_tiny_reward_model
+
 PPO_N1 = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
           "critic.ppo_micro_batch_size_per_gpu": 4}
 APART = {"actor_rollout_ref.hybrid_engine": False}
-PRESETS = ["dapo", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo", "rlvr_mixed",
-           "tool_job", "vision_job"]
+PRESETS = ["dapo", "distill_job", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo",
+           "rlvr_mixed", "rm_job", "tool_job", "vision_job"]
 
 
 @pytest.fixture
@@ -24,7 +26,7 @@ def overrides(tiny_model_dir, tiny_data, tmp_path):
     return make
 
 
-def test_every_preset_is_shipped_and_valid(overrides, tmp_path):
+def test_every_preset_is_shipped_and_valid(overrides, tmp_path, tiny_model_dir):
     assert list_presets() == PRESETS
     tools = tmp_path / "tools.yaml"
     tools.write_text("tools:\n  - class_name: rlvr.agent.tools.calculator.CalculatorTool\n")
@@ -34,6 +36,11 @@ def test_every_preset_is_shipped_and_valid(overrides, tmp_path):
             extra["actor_rollout_ref.rollout.multi_turn.tool_config_path"] = str(tools)
         if preset == "rlvr_mixed":  # the tiny data's domain needs a route too
             extra = {**extra, "reward.routes.tiny": "naive"}
+        if preset == "rm_job":  # a trained reward model and the tiny data's route to it
+            rm = save_tiny_reward_model(tmp_path / "rm")
+            extra = {**extra, "reward.reward_model.model_path": rm, "reward.routes.tiny": "'reward_model+0*naive'"}
+        if preset == "distill_job":  # a teacher with the student's tokenizer
+            extra = {**extra, "distillation.teacher_models.teacher_model.model_path": tiny_model_dir}
         cfg = load_config(preset, overrides(**extra))
         validate_config(cfg)
         assert cfg.trainer.backend == "local"
@@ -70,7 +77,7 @@ def test_unknown_key_and_bad_type_name_the_key():
         load_config("grpo", ["trainer.sed=3"])
     with pytest.raises(ConfigError, match=r"'trainer.seed': wrong value type .*'abc'"):
         load_config("grpo", ["trainer.seed=abc"])
-    with pytest.raises(ConfigError, match=r"'preset': unknown preset 'nope'; use one of dapo, drgrpo"):
+    with pytest.raises(ConfigError, match=r"'preset': unknown preset 'nope'; use one of dapo, distill_job, drgrpo"):
         load_config("nope")
     with pytest.raises(ConfigError, match=r"must look like key=value"):
         load_config("grpo", ["trainer.seed"])
@@ -96,12 +103,20 @@ CASES = [
      "adv_estimator=rloo .* needs rollout.n > 1"),
     ({"algorithm.adv_estimator": "gae", "critic.enable": False}, "critic.enable",
      "adv_estimator=gae needs a critic; set critic.enable=True"),
-    ({"algorithm.adv_estimator": "grpo_typo"}, "algorithm.adv_estimator",
-     r"'grpo_typo' is not valid \(did you mean 'grpo'\?\); use one of egpo, gae, gpg, grpo"),
+    ({"algorithm.adv_estimator": "grpoo"}, "algorithm.adv_estimator",
+     r"'grpoo' is not valid \(did you mean 'grpo'\?\); use one of egpo, gae, gdpo, gpg, grpo"),
     ({"actor_rollout_ref.actor.policy_loss.loss_mode": "nope"}, "actor_rollout_ref.actor.policy_loss.loss_mode",
      "'nope' is not valid; use one of .*vanilla"),
     ({"reward_model.reward_manager": "nope"}, "reward_model.reward_manager",
      "'nope' is not valid; use one of batch, dapo, naive"),
+    ({"reward_model.on_error": "ignore"}, "reward_model.on_error",
+     "'ignore' is not valid; use one of raise, fallback, fallback_timeouts"),
+    # a schema field with fixed choices (a str with metadata choices: OmegaConf 2.3 has no Literal)
+    ({"reward.route_key": "tags"}, "reward.route_key", r"'tags' is not valid \(did you mean 'tag'\?\); use one of data_source, tag"),
+    ({"reward.workers.general_val.match_mode": "fuzzy"}, "reward.workers.general_val.match_mode",
+     "'fuzzy' is not valid; use one of exact, contains"),
+    ({"reward.workers.code_sandbox.sandbox.isolation": "docker"}, "reward.workers.code_sandbox.sandbox.isolation",
+     "use one of auto, namespaces, basic"),
     ({"actor_rollout_ref.rollout.name": "vllm_x"}, "actor_rollout_ref.rollout.name", "'vllm_x'.*hf"),
     ({"trainer.backend": "slurm"}, "trainer.backend", "'slurm' is not valid; use one of ray, local"),
     ({"trainer.backend": "rey"}, "trainer.backend", r"'rey' is not valid \(did you mean 'ray'\?\); use one of"),

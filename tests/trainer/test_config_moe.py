@@ -85,7 +85,7 @@ def test_expert_parallelism_of_the_rollout(config, tmp_path):
     _refused(config(**{key: 2}), key, "expert parallelism is vLLM's")
     _refused(config(**{key: 0}), key, ">= 1")
     vllm = {f"{ARR}.rollout.name": "vllm", key: 2}
-    _refused(config(**vllm), key, "the in-process vLLM engine is one rank", check_moe)  # vLLM: not in this venv
+    _refused(config(**vllm), key, "for server replicas only", check_moe)  # vLLM: not in this venv
     servers = {**vllm, f"{ARR}.rollout.mode": "async", f"{ARR}.rollout.server.python": "python3"}
     _refused(config(**servers), key, "spans the tensor x data parallel ranks of one engine")
     check_moe(config(**servers, **{f"{ARR}.rollout.tensor_model_parallel_size": 2}))  # vLLM's TP: the scale checks
@@ -101,7 +101,7 @@ def test_expert_parallelism_of_the_rollout(config, tmp_path):
 
 def test_override_config_sets_the_hf_config(tmp_path):
     path = save_tiny_moe(tmp_path / "moe", "qwen2_moe")
-    model = load_causal_lm(path, config_overrides={"router_aux_loss_coef": 0.25, "output_router_logits": True})
+    model = load_causal_lm(path, **{"router_aux_loss_coef": 0.25, "output_router_logits": True})
     assert model.config.router_aux_loss_coef == 0.25 and model.config.output_router_logits is True
     with pytest.raises(ValueError, match="override_config.no_such_field: the qwen2_moe config has no field"):
-        load_causal_lm(path, config_overrides={"no_such_field": 1})
+        load_causal_lm(path, no_such_field=1)

@@ -33,9 +33,10 @@ def test_vllm_keys_are_checked(config):
     validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm"}))
     bad = {"tensor_model_parallel_size": 2, "dtype": "float16", "gpu_memory_utilization": 1.5,
            "load_format": "safetensors", "max_num_seqs": 0}
-    with pytest.raises(ConfigError, match="trainer.n_gpus_per_node.*one worker"):
+    for workers, tp in ((2, 1), (2, 2), (4, 2)):  # an engine on every worker, or one per tp workers
         validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm", "trainer.backend": "ray",
-                                  "trainer.n_gpus_per_node": 2}))
+                                  "trainer.n_gpus_per_node": workers, "actor_rollout_ref.rollout.n": 4,
+                                  "actor_rollout_ref.rollout.tensor_model_parallel_size": tp}))
     for key, value in bad.items():
         with pytest.raises(ConfigError, match=f"actor_rollout_ref.rollout.{key}"):
             validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm", f"actor_rollout_ref.rollout.{key}": value}))

@@ -17,7 +17,7 @@ def test_fp8_rollout_trains_with_the_gap_measured_and_corrected(tiny_model_dir, 
         "algorithm.rollout_correction.rollout_rs": "token",
         "algorithm.rollout_correction.rollout_rs_threshold": 1.001})
     run_ppo(cfg)
-    steps = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing/step" in row]
+    steps = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing_s/step" in row]
     assert len(steps) == 2
     for row in steps:
         assert row["actor/reused_rollout_log_probs"] == 0.0  # the actor recomputes: fp8 log-probs are not its own

@@ -57,7 +57,7 @@ def _with_faults(cfg, *faults: Fault) -> dict[Role, type]:
 
 
 def _steps(rows: list[dict]) -> list[dict]:
-    return [row for row in rows if "timing/step" in row]
+    return [row for row in rows if "timing_s/step" in row]
 
 
 def _resumed_from(tiny_model_dir, tiny_data, tmp_path, checkpoint, **extra) -> list[dict]:

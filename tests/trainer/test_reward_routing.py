@@ -39,7 +39,7 @@ def _argv(model_dir: Path, data: dict[str, Path], run_dir: Path, **extra) -> lis
 
 def _check_per_domain_metrics(run_dir: Path) -> None:
     rows = read_metrics(run_dir / "metrics.jsonl")
-    steps = [row for row in rows if "timing/step" in row]
+    steps = [row for row in rows if "timing_s/step" in row]
     assert [row["step"] for row in steps] == list(range(1, STEPS + 1))
     for domain in DOMAINS:  # every domain was scored by its reward worker group and trained on
         trained = [row for row in steps if f"reward/{domain}/count" in row]

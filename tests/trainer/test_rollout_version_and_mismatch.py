@@ -43,7 +43,7 @@ def test_hf_engine_reports_zero_mismatch_and_the_correction_metrics(tiny_model_d
         "trainer.total_training_steps": 2, "algorithm.rollout_correction.rollout_is": "token",
         "algorithm.rollout_correction.rollout_rs": "sequence"})
     run_ppo(cfg)
-    steps = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing/step" in row]
+    steps = [row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing_s/step" in row]
     assert len(steps) == 2
     for row in steps:
         assert row["actor/reused_rollout_log_probs"] == 1.0  # fp32 HF log-probs are exact and reused
@@ -51,7 +51,7 @@ def test_hf_engine_reports_zero_mismatch_and_the_correction_metrics(tiny_model_d
         assert all(row[name] == 0.0 for name in MISMATCH_METRICS), {name: row[name] for name in MISMATCH_METRICS}
         assert row["rollout_corr/rollout_is_mean"] == 1.0 and row["rollout_corr/rollout_is_ratio_fraction_high"] == 0.0
         assert row["rollout_corr/rollout_rs_masked_fraction"] == 0.0
-        assert row["timing/update_weights"] >= 0.0
+        assert row["timing_s/update_weights"] >= 0.0
 
 
 def test_recomputed_log_probs_show_the_small_fp32_gap(tiny_model_dir, tiny_data, tmp_path):
@@ -59,7 +59,7 @@ def test_recomputed_log_probs_show_the_small_fp32_gap(tiny_model_dir, tiny_data,
     cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "run", **{
         "trainer.total_training_steps": 1, "actor_rollout_ref.actor.use_rollout_log_probs": False})
     run_ppo(cfg)
-    row = next(row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing/step" in row)
+    row = next(row for row in read_metrics(tmp_path / "run" / "metrics.jsonl") if "timing_s/step" in row)
     assert row["actor/reused_rollout_log_probs"] == 0.0
     assert 0.0 <= row["training/rollout_log_probs_diff_max"] < 1e-4
     assert row["training/rollout_log_probs_diff_frac_over"] == 0.0

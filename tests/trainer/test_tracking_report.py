@@ -45,7 +45,7 @@ def test_jsonl_rewind_and_a_line_cut_short(tmp_path, caplog):
 
 def test_console_logger_line():
     lines = []
-    ConsoleLogger(lines.append).log({"critic/score/mean": 0.51234, "train/acc": 0.25, "timing/step": 3.0,
+    ConsoleLogger(lines.append).log({"critic/score/mean": 0.51234, "train/acc": 0.25, "timing_s/step": 3.0,
                                      "val/x/acc": 0.5, "other": 1.0}, step=4)
     assert lines == ["step 4 | score=0.5123 | acc=0.25 | s/step=3 | val/x/acc=0.5"]
 
@@ -70,7 +70,7 @@ def test_tensorboard_missing_says_what_to_install(tmp_path):
 def test_report_writes_plots_and_generation_table(tmp_path):
     rows = [{"step": 0, "val/acc": 0.2, "val/src/acc": 0.2}]
     rows += [{"step": s, "critic/score/mean": 0.1 * s, "train/acc": 0.1 * s, "actor/entropy": 1.0,
-              "response_length/mean": 5.0, "timing/step": 2.0} for s in (1, 2, 3)]
+              "response_length/mean": 5.0, "timing_s/step": 2.0} for s in (1, 2, 3)]
     rows += [{"step": 3, "val/acc": 0.6, "val/src/acc": 0.6}]
     gens = [{"step": 0, "prompt": "1+1=", "response": "2 | x\nok", "ground_truth": "2", "score": 1.0}]
     path = write_report(tmp_path, rows, gens, {"val/acc before": 0.2, "steps": 3})
@@ -113,7 +113,7 @@ def test_progress_total_follows_the_time_budget():
 
 def test_metric_summary_shows_accuracy_and_tool_use_before_and_after():
     rows = [{"step": 0, "val/acc": 0.28, "val/agent/tool_use_rate": 0.28, "val/agent/correct_with_tool": 1.0},
-            {"step": 1, "timing/step": 40.0}, {"step": 2, "timing/step": 60.0},
+            {"step": 1, "timing_s/step": 40.0}, {"step": 2, "timing_s/step": 60.0},
             {"step": 2, "val/acc": 0.7, "val/agent/tool_use_rate": 0.75, "val/agent/correct_with_tool": 1.0}]
     assert metric_summary(rows) == {
         "val/acc before (step 0)": 0.28, "val/acc after (step 2)": 0.7, "val/acc by step": "0: 0.28, 2: 0.70",
@@ -122,3 +122,43 @@ def test_metric_summary_shows_accuracy_and_tool_use_before_and_after():
         "mean step time (s)": 50.0}
     assert metric_summary([{"step": 0, "val/acc": 0.5}]) == {"val/acc before (step 0)": 0.5, "val/acc after (step 0)": 0.5,
                                                             "val/acc by step": "0: 0.50"}
+
+
+class _FakeWandb:
+    """Stands in for the ``wandb`` package: records tables and logged rows (W&B is not installed here)."""
+
+    class Table:
+        def __init__(self, columns, data):
+            self.columns, self.data = list(columns), [list(row) for row in data]
+
+    def __init__(self):
+        self.logged = []
+
+    def init(self, **kwargs):
+        return self
+
+    def log(self, data, step):
+        self.logged.append((step, data))
+
+    def finish(self):
+        pass
+
+
+def test_validation_samples_go_to_every_logger_as_a_table(tmp_path, monkeypatch):
+    fake = _FakeWandb()
+    monkeypatch.setitem(__import__("sys").modules, "wandb", fake)
+    lines = []
+    tracking = Tracking("p", "e", ["console", "jsonl", "wandb"], tmp_path, console_write=lines.append)
+    tracking.log_generations([("say 1", "1 | x", 1.0), ("say 2", "two", 0.0)], step=0)
+    tracking.log_generations([("say 1", "one", 0.5), ("say 2", "2", 1.0)], step=5)
+    tracking.rewind(0)  # training went back: the step-5 samples are forgotten by the JSONL sink
+    tracking.finish()
+    step, data = fake.logged[-1]
+    table = data["val/generations"]
+    assert step == 5 and table.columns == ["step", "input_1", "output_1", "score_1", "input_2", "output_2", "score_2"]
+    assert table.data == [[0, "say 1", "1 | x", 1.0, "say 2", "two", 0.0], [5, "say 1", "one", 0.5, "say 2", "2", 1.0]]
+    assert read_metrics(tmp_path / "val_generations.jsonl") == [
+        {"step": 0, "input": "say 1", "output": "1 | x", "score": 1.0},
+        {"step": 0, "input": "say 2", "output": "two", "score": 0.0}]
+    assert lines[0] == "validation samples at step 0:" and lines[2].split("|")[0].strip() == "1"
+    assert "say 2" in lines[3] and lines[3].rstrip().endswith("two")

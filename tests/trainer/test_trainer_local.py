@@ -13,8 +13,8 @@ from rlvr.trainer.tracking import read_metrics
 STEP_METRICS = [
     "train/tiny/score", "train/tiny/acc", "train/acc", "critic/score/mean", "actor/entropy", "actor/pg_clipfrac",
     "actor/grad_norm", "actor/pg_loss", "response_length/mean", "response_length/max", "response_length/clip_ratio",
-    "timing/gen", "timing/reward", "timing/old_log_prob", "timing/adv", "timing/update_actor", "timing/step",
-    "timing_per_token/gen", "perf/throughput",
+    "timing_s/gen", "timing_s/reward", "timing_s/old_log_prob", "timing_s/adv", "timing_s/update_actor", "timing_s/step",
+    "timing_per_token_ms/gen", "perf/throughput",
 ]
 
 
@@ -37,9 +37,10 @@ def test_grpo_end_to_end(run, tmp_path):
     trainer = run("grpo", **{"trainer.export_hf": True, "trainer.save_freq": 2})
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3, 3]  # val before, 3 steps, final val
-    assert set(rows[0]) == {"step", "val/tiny/score", "val/tiny/acc", "val/acc"}
+    assert set(rows[0]) == {"step", "val/tiny/score", "val/tiny/acc", "val/acc", "val-core/tiny/acc/mean@1",
+                            "val-aux/tiny/reward/mean@1", "val-aux/tiny/score/mean@1"}  # verl's names, 1 sample
     for row in rows[1:4]:
-        missing = [k for k in STEP_METRICS + ["actor/kl_loss", "timing/ref"] if k not in row]
+        missing = [k for k in STEP_METRICS + ["actor/kl_loss", "timing_s/ref"] if k not in row]
         assert not missing, missing
         assert row["response_length/max"] <= 8
     assert trainer.global_steps == 3
@@ -70,12 +71,12 @@ def test_other_algorithms_end_to_end(run, tmp_path, preset):
     trainer = run(preset, **extra)
     rows = trainer.metrics_history
     assert [r["step"] for r in rows] == [*range(1, steps + 1), steps]  # steps, then the final validation
-    expected = {"ppo": ["critic/vf_loss", "critic/values/mean", "timing/values", "timing/update_critic",
-                        "actor/reward_kl_penalty", "timing/ref"],
-                "rloo": ["actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff", "timing/ref"],
+    expected = {"ppo": ["critic/vf_loss", "critic/values/mean", "timing_s/values", "timing_s/update_critic",
+                        "actor/reward_kl_penalty", "timing_s/ref"],
+                "rloo": ["actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff", "timing_s/ref"],
                 "dapo": ["train/num_gen_batches", "train/kept_group_ratio", "train/filter_groups_incomplete",
                          "train/unfiltered_score_mean", "train/unfiltered_acc"],
-                "remax": ["actor/reward_kl_penalty"], "grpo": ["actor/kl_loss", "timing/ref"]}[preset]
+                "remax": ["actor/reward_kl_penalty"], "grpo": ["actor/kl_loss", "timing_s/ref"]}[preset]
     for row in rows[:steps]:
         missing = [k for k in STEP_METRICS + expected if k not in row]
         assert not missing, missing

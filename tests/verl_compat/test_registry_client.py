@@ -91,7 +91,7 @@ def test_the_real_registries_behave_the_same(monkeypatch):
             core_algos.get_adv_estimator_fn("nope")
     finally:
         ADV_ESTIMATOR_REGISTRY.pop("verl_compat_mine", None)
-    with pytest.raises(ValueError, match=r"valid names: cispo.*Unsupported loss mode: nope"):
+    with pytest.raises(ValueError, match=r"valid names: bypass_mode, cispo.*Unsupported loss mode: nope"):
         core_algos.get_policy_loss_fn("nope")
     assert core_algos.get_policy_loss_fn("vanilla") is POLICY_LOSS_REGISTRY["vanilla"]
 

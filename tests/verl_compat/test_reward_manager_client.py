@@ -73,7 +73,7 @@ def test_compute_score_timeout_with_a_local_function():
     assert time.monotonic() - start < 3.0  # the 5 s sleep was cut at the limit
     assert result["reward_tensor"][0, 3].item() == 1.0 and result["reward_tensor"][1, 1].item() == -1.0
     assert result["reward_metrics"]["reward/unit_test/timeouts"] == 1.0
-    strict = NaiveRewardManager(DecodeOnlyTokenizer(), 0, slow_on_short, compute_score_timeout=0.3)
+    strict = NaiveRewardManager(DecodeOnlyTokenizer(), 0, slow_on_short, compute_score_timeout=0.3, on_error="raise")
     with pytest.raises(Exception, match="compute_score ran past compute_score_timeout=0.3 s"):
         strict(batch(response_lengths=(2,)))
 
@@ -130,7 +130,8 @@ def test_load_reward_manager_on_a_config_with_only_verls_keys(tmp_path):
     })
     OmegaConf.set_struct(config, True)
     manager = load_reward_manager(config, DecodeOnlyTokenizer(), num_examine=0)
-    assert isinstance(manager, DAPORewardManager) and manager.on_error == "raise"
+    assert isinstance(manager, DAPORewardManager)
+    assert manager.on_error == "fallback_timeouts"  # the naive manager's default (DAPO extends it), as verl
     data = batch(response_lengths=(4, 2))
     scores, _ = compute_reward(data, manager)
     assert scores[0, 3].item() == pytest.approx(4.25 - 1.0) and scores[1, 1].item() == pytest.approx(2.25)

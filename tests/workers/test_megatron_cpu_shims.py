@@ -72,8 +72,8 @@ def test_the_patched_sites_still_assume_cuda():
 
 
 def test_the_avoided_sites_are_still_avoided():
-    """Shim 3: RoPE's CUDA ``inv_freq`` is only built for position_embedding_type rope/yarn/mrope;
-    shim 4: the default causal mask only without a mask; shim 5: the ``.cuda()`` copy of a tied
+    """Avoided site 6: RoPE's CUDA ``inv_freq`` is only built for position_embedding_type rope/yarn/mrope;
+    site 7: the default causal mask only without a mask; site 8: the ``.cuda()`` copy of a tied
     embedding only for tied embeddings over several stages; a later stage reads its input from
     ``set_input_tensor``."""
     assert "torch.cuda.current_device()" in _source(RotaryEmbedding.__init__), UPGRADE
@@ -104,7 +104,7 @@ def test_the_cpu_rng_tracker_forks_the_cpu_generator():
 
 
 def test_the_moe_sites_still_need_the_shims():
-    """Shim 3: the first-dimension all-gather / reduce-scatter allocate on CUDA and the allgather
+    """Shim 4: the first-dimension all-gather / reduce-scatter allocate on CUDA and the allgather
     dispatcher calls them; shim 6: moe_utils leaves te_general_gemm undefined without transformer-engine
     and the router's gating reads it; the router's gating moves its weight to CUDA (rlvr's router
     subclass overrides it); the alltoall dispatcher needs CUDA streams (why rlvr uses allgather)."""
@@ -121,7 +121,7 @@ def test_the_moe_sites_still_need_the_shims():
 
 
 def test_the_moe_shims_gather_and_reduce_scatter_on_cpu(tmp_path):
-    """Shim 3's collectives on a gloo group of one rank (the sizes pass through) and of the world."""
+    """Shim 4's collectives on a gloo group of one rank (the sizes pass through) and of the world."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)

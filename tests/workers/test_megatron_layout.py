@@ -8,7 +8,13 @@ import pytest
 from rlvr.trainer.config import check_config, load_config
 from rlvr.utils.errors import ConfigError
 from rlvr.workers.megatron import layout
-from rlvr.workers.megatron.layout import check_megatron_config, data_parallel_size, megatron_sizes, strategy_of
+from rlvr.workers.megatron.layout import (
+    check_megatron_config,
+    context_parallel_size,
+    data_parallel_size,
+    megatron_sizes,
+    strategy_of,
+)
 
 
 def _config(*overrides: str):
@@ -30,6 +36,15 @@ def test_unset_sizes_follow_the_actor_and_data_parallelism_takes_the_rest():
     assert strategy_of(_config("actor_rollout_ref.ref.strategy=megatron"), "ref") == "megatron"
 
 
+def test_context_parallel_ranks_share_the_data_and_unset_sizes_follow_the_actor():
+    cfg = _config("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.megatron.context_parallel_size=2",
+                  "critic.strategy=megatron", "trainer.n_gpus_per_node=8",
+                  "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2")
+    assert context_parallel_size(cfg, "actor") == 2 and context_parallel_size(cfg, "critic") == 2
+    assert data_parallel_size(cfg, "actor") == 2  # 8 workers / (tp 2 x cp 2)
+    assert context_parallel_size(_config("critic.strategy=megatron"), "critic") == 1  # an FSDP actor: 1
+
+
 def test_the_config_check_names_the_key(monkeypatch):
     monkeypatch.setattr(layout, "megatron_installed", lambda: True)
     check_megatron_config(_config(*MEGATRON_ACTOR), ["actor", "ref"])
@@ -40,6 +55,13 @@ def test_the_config_check_names_the_key(monkeypatch):
             ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size",
              r"\(4, 1, 1, 4\) differ from the actor's \(2, 1, 1, 2\)"),
         ("actor_rollout_ref.model.lora_rank=8",): ("actor_rollout_ref.model.lora_rank", "LoRA is not available"),
+        ("actor_rollout_ref.actor.megatron.context_parallel_size=4",):
+            ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "tensor_model_parallel_size=2 x "
+                                                                             "context_parallel_size=4"),
+        ("actor_rollout_ref.actor.megatron.context_parallel_size=0",):
+            ("actor_rollout_ref.actor.megatron.context_parallel_size", "must be >= 1"),
+        ("actor_rollout_ref.ref.megatron.context_parallel_size=2",):
+            ("actor_rollout_ref.ref.megatron.context_parallel_size", "context_parallel_size=2 differs from the actor's 1"),
         ("actor_rollout_ref.model.enable_gradient_checkpointing=true",):
             ("actor_rollout_ref.model.enable_gradient_checkpointing", "does not recompute"),
     }

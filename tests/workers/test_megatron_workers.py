@@ -57,9 +57,9 @@ def weights_diff(one: dict, two: dict) -> float:
 
 
 def scored_rollout(fsdp) -> tuple[DataProto, torch.Tensor]:
-    """A sampled rollout of the FSDP worker with its log-probs, entropy and reference log-probs."""
+    """A sampled rollout of the FSDP worker, asking for log-probs, entropy and sum of squared probabilities."""
     out = fsdp.generate_sequences(prompt_batch())
-    out.meta_info.update(temperature=1.0, calculate_entropy=True)
+    out.meta_info.update(temperature=1.0, calculate_entropy=True, calculate_sum_pi_squared=True)
     return out, out.batch["response_mask"].bool()
 
 
@@ -83,6 +83,7 @@ def test_megatron_actor_matches_fsdp(model_dir, tp, pp, tmp_path):
     one, two = fsdp.compute_log_prob(out).batch, mega.compute_log_prob(out).batch
     assert max_diff(one["old_log_probs"], two["old_log_probs"], mask) < 1e-5
     assert max_diff(one["entropys"], two["entropys"], mask) < 1e-5
+    assert max_diff(one["sum_pi_squared"], two["sum_pi_squared"], mask) < 1e-5  # reduced over the vocabulary slices
     ref = mega.compute_ref_log_prob(out).batch["ref_log_prob"]
     assert max_diff(ref, fsdp.compute_ref_log_prob(out).batch["ref_log_prob"], mask) < 1e-5
 
@@ -128,7 +129,8 @@ def test_megatron_checkpoint_resumes_exactly(model_dir, tmp_path):
     assert all(torch.equal(mega.get_actor_weights()[0][k], saved[k]) for k in saved)
     assert mega.update_actor(batch).meta_info["metrics"] == first  # optimizer and LR schedule restored too
     assert all(torch.equal(mega.get_actor_weights()[0][k], moved[k]) for k in moved)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["megatron_tp0_pp0.pt", "megatron_tp1_pp0.pt"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["huggingface", "megatron_tp0_pp0.pt",
+                                                                       "megatron_tp1_pp0.pt"]
 
     # another layout is refused with the sizes the checkpoint was written with
     del mega

@@ -53,3 +53,43 @@ def test_resolve_sampling_validate_and_overrides():
     assert resolve_sampling(config, {"temperature": 0.5, "top_k": 3}) == SamplingParams(True, 0.5, 0.8, 3)
     with pytest.raises(ValueError, match="top_p must be in"):
         resolve_sampling(config, {"top_p": 0.0})
+
+
+def _one_level_draw(weights: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Reference: one float64 running sum over the whole vocabulary, one uniform number per row."""
+    cdf = weights.double().cumsum(dim=-1)
+    target = torch.rand(weights.shape[0], 1, generator=generator, dtype=torch.float64) * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+
+
+@pytest.mark.parametrize("vocab", [7, 256, 257, 1000, 49152, 151936])
+def test_two_level_draw_equals_one_running_sum(vocab):
+    from rlvr.workers.rollout.sampling import _inverse_cdf_sample
+
+    weights = (torch.randn(64, vocab, generator=torch.Generator().manual_seed(vocab)) * 3).exp()
+    drawn = _inverse_cdf_sample(weights, torch.Generator().manual_seed(11))
+    assert torch.equal(drawn, _one_level_draw(weights, torch.Generator().manual_seed(11)))
+
+
+def test_two_level_draw_never_picks_zero_weight_tokens():
+    from rlvr.workers.rollout.sampling import BLOCK, _inverse_cdf_sample
+
+    vocab = 3 * BLOCK + 5  # a short last block
+    weights = torch.zeros(2000, vocab)
+    weights[:, 3] = 1.0  # first block: one token
+    weights[:, 2 * BLOCK + 7] = 3.0  # second block empty, third block: one token
+    weights[:, vocab - 3] = 4.0  # last (partial) block: a token followed by zeros
+    drawn = _inverse_cdf_sample(weights, torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {3, 2 * BLOCK + 7, vocab - 3}
+    shares = [(drawn == t).float().mean().item() for t in (3, 2 * BLOCK + 7, vocab - 3)]
+    assert shares == pytest.approx([1 / 8, 3 / 8, 4 / 8], abs=0.04)
+
+
+def test_two_level_draw_at_the_top_of_the_range_takes_the_last_positive_token(monkeypatch):
+    from rlvr.workers.rollout import sampling
+
+    weights = torch.zeros(1, 600)
+    weights[0, 10], weights[0, 300] = 1.0, 2.0  # tokens past 300 (and the whole third block) weigh 0
+    # u just below 1: the target sits at the very end of the running sum
+    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.full(shape, 1.0 - 1e-17, dtype=kw["dtype"]))
+    assert sampling._inverse_cdf_sample(weights, None).tolist() == [300]

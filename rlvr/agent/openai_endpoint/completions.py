@@ -23,6 +23,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from rlvr.agent.chat import ChatTurns
+from rlvr.agent.multi_turn import TurnLimits
 from rlvr.agent.openai_endpoint.session import ChatSession, RequestError, normalise_messages
 from rlvr.agent.openai_endpoint.turns import TurnBatcher, TurnRequest
 from rlvr.agent.tool_agent import truncate_text
@@ -70,7 +71,8 @@ class ChatCompletions:
         self.parser = get_tool_parser(settings.format)
         self.tool_stop = list(self.parser.stop) if settings.stop_after_tool_call else []
         self.max_inserted_tokens = int(settings.max_tool_response_tokens)
-        self.max_turns = int(settings.max_assistant_turns)
+        self.truncate_side = str(settings.tool_response_truncate_side)
+        self.limits = TurnLimits.of(rollout_config)
         self.response_length = int(rollout_config.response_length)
         self.prompt_length = int(rollout_config.prompt_length)
         self.eos_ids = set(eos_ids)
@@ -137,12 +139,13 @@ class ChatCompletions:
         session.transcript += added
         if trajectory.done:
             return False
-        if trajectory.assistant_turns >= self.max_turns:
+        if not self.limits.may_continue(trajectory):
             trajectory.stop_reason = "turn_limit"
             return False
         cut = []
         for message in added:
-            content, truncated = truncate_text(self.tokenizer, message["content"], self.max_inserted_tokens)
+            content, truncated = truncate_text(self.tokenizer, message["content"], self.max_inserted_tokens,
+                                               self.truncate_side)
             trajectory.count("tool_responses_truncated", float(truncated))
             cut.append({"role": message["role"], "content": content})
         inserted = self.chat.after_turn(cut, last_token=trajectory.response_ids[-1] if trajectory.response_ids
@@ -152,6 +155,7 @@ class ChatCompletions:
             return False
         session.add_inserted(inserted)
         trajectory.count("observation_tokens", len(inserted))
+        trajectory.count("user_turns")
         return True
 
     def _ends_with(self, ids: list[int], stops: tuple[str, ...]) -> bool:

@@ -13,7 +13,12 @@ of the source's mean/acc, counted in ``reward/<source>/not_applicable``). A scor
 or runs out of time follows ``on_error``: ``raise`` -> the scorer's own exception propagates with a
 note naming the sample index and data source (a timeout or a failure in a helper process raises
 :class:`RewardError`); ``fallback`` -> ``fallback_score``, counted in ``reward/<source>/errors`` or
-``reward/<source>/timeouts``. An unknown data source always raises.
+``reward/<source>/timeouts``; ``fallback_timeouts`` -> a timeout gets ``fallback_score`` (counted) and
+any other failure raises. A scorer that raises ``TimeoutError`` itself counts as a timeout, as in verl.
+Unset (None), ``on_error`` is the manager's ``default_on_error``: ``fallback_timeouts`` for the naive
+manager and its subclasses (verl's naive manager scores a timed-out sample 0 and goes on),
+``raise`` for the others. Every batch with fallback scores logs one warning. An unknown data source
+always raises.
 
 Per data source ``<s>`` the metrics are ``reward/<s>/count`` (samples), ``mean_score`` (mean
 reward over samples that were scored, fallbacks included), ``acc`` (mean of the scorer's
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 import pickle
 from collections import defaultdict
@@ -33,14 +39,15 @@ import numpy as np
 import torch
 
 from rlvr.protocol import DataProto
+from rlvr.reward.config import ON_ERROR_CHOICES
 from rlvr.reward.contract import check_token_level_scores
 from rlvr.reward.decode import DecodedBatch, decode_batch
-from rlvr.reward.scorers import ScorerTimeoutError, UnknownDataSourceError, default_compute_score
+from rlvr.reward.scorers import UnknownDataSourceError, default_compute_score
 from rlvr.reward.scorers.process_pool import TimeoutProcessPool
 from rlvr.reward.scorers.registry import call_scorer, call_scorer_tagged
 from rlvr.utils.errors import ConfigError, RewardError
 
-ON_ERROR_CHOICES = ("raise", "fallback")
+logger = logging.getLogger(__name__)
 
 
 class RewardConfigError(ConfigError, AssertionError):
@@ -56,7 +63,9 @@ class AbstractRewardManager(Protocol):
     def __call__(self, data: DataProto, return_dict: bool = False) -> torch.Tensor | dict[str, Any]: ...
 
 
-def check_on_error(on_error: str) -> str:
+def check_on_error(on_error: str | None, default: str = "raise") -> str:
+    """``on_error`` checked against ``ON_ERROR_CHOICES``; None gives ``default``."""
+    on_error = default if on_error is None else on_error
     if on_error not in ON_ERROR_CHOICES:
         raise RewardConfigError("reward_model.on_error", f"must be one of {ON_ERROR_CHOICES}, got {on_error!r}")
     return on_error
@@ -89,8 +98,8 @@ class RewardBook:
 
     Args:
         data_sources: ``[batch]`` data source of each sample (the metric group).
-        on_error: ``raise`` or ``fallback`` (see the module docstring).
-        fallback_score: reward of a failed sample under ``fallback``.
+        on_error: ``raise``, ``fallback`` or ``fallback_timeouts`` (see the module docstring).
+        fallback_score: reward of a failed sample that falls back.
     """
 
     def __init__(self, data_sources: list[str], on_error: str = "raise", fallback_score: float = 0.0) -> None:
@@ -116,20 +125,37 @@ class RewardBook:
     def fail(self, index: int, kind: Literal["error", "timeout"], cause: BaseException | str) -> None:
         """Apply the error policy to a sample whose scorer raised (``error``) or ran out of time.
 
-        Under ``raise`` a scorer exception raised in this process propagates as itself (so callers
-        catch the type the scorer raised) with a note naming the sample; a timeout or a failure
-        reported by a helper process raises :class:`RewardError`.
+        When the sample does not fall back (:meth:`falls_back`), a scorer exception raised in this
+        process propagates as itself (so callers catch the type the scorer raised) with a note naming
+        the sample; a timeout or a failure reported by a helper process raises :class:`RewardError`.
         """
-        if self.on_error == "fallback":
+        if self.falls_back(kind):
             self.rewards[index], self.status[index] = self.fallback_score, kind
             return
         where = f"scoring sample {index} (data_source {self.data_sources[index]!r})"
-        hint = "Set reward_model.on_error=fallback to give such samples reward_model.fallback_score instead"
+        option = "fallback_timeouts (timeouts only) or fallback" if kind == "timeout" else "fallback"
+        hint = f"Set reward_model.on_error={option} to give such samples reward_model.fallback_score instead"
         if isinstance(cause, BaseException) and not isinstance(cause, RewardError):
             cause.add_note(f"({where} failed. {hint})")
             raise cause
         verb = "timed out" if kind == "timeout" else "failed"
         raise RewardError(f"{where} {verb}: {cause}. {hint}")
+
+    def falls_back(self, kind: Literal["error", "timeout"]) -> bool:
+        """Whether a sample that failed with ``kind`` gets ``fallback_score`` (else it raises)."""
+        return self.on_error == "fallback" or (self.on_error == "fallback_timeouts" and kind == "timeout")
+
+    def log_fallbacks(self) -> None:
+        """One warning naming how many samples of each data source fell back, and why."""
+        counts: dict[tuple[str, str], int] = defaultdict(int)
+        for source, status in zip(self.data_sources, self.status):
+            if status in ("timeout", "error"):
+                counts[(source, status)] += 1
+        if counts:
+            parts = ", ".join(f"{n} {'timed out' if kind == 'timeout' else 'raised'} (data_source {source!r})"
+                              for (source, kind), n in sorted(counts.items()))
+            logger.warning("reward scoring: %s; scored fallback_score=%g (on_error=%s; counted in "
+                           "reward/<data_source>/timeouts and /errors)", parts, self.fallback_score, self.on_error)
 
     def reward_extra_info(self) -> dict[str, list]:
         """Per-sample lists (length batch) of every extra key any sample returned (None where absent)."""
@@ -202,7 +228,7 @@ def score_serially(compute_score: Any, decoded: DecodedBatch, book: RewardBook) 
     for i, outcome in enumerate(_score_each(compute_score, decoded)):
         if isinstance(outcome, UnknownDataSourceError):
             raise outcome
-        if isinstance(outcome, ScorerTimeoutError):
+        if isinstance(outcome, TimeoutError):  # ScorerTimeoutError, or the scorer's own (verl counts both)
             book.fail(i, "timeout", outcome)
         elif isinstance(outcome, Exception):
             book.fail(i, "error", outcome)
@@ -261,18 +287,20 @@ class RewardManagerBase:
         compute_score: ``(data_source, solution_str, ground_truth, extra_info) -> float | dict | None``;
             None uses the class's ``default_compute_score``.
         reward_fn_key: non-tensor field that names the data source.
-        on_error: ``raise`` | ``fallback`` for a scorer that raises or runs out of time.
-        fallback_score: reward of a failed sample under ``fallback``.
+        on_error: ``raise`` | ``fallback`` | ``fallback_timeouts`` for a scorer that raises or runs out
+            of time; None: the class's ``default_on_error`` (see the module docstring).
+        fallback_score: reward of a failed sample that falls back.
     """
 
     default_compute_score = staticmethod(default_compute_score)
+    default_on_error = "raise"
 
     def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",
-                 *, on_error: str = "raise", fallback_score: float = 0.0) -> None:
+                 *, on_error: str | None = None, fallback_score: float = 0.0) -> None:
         self.tokenizer, self.num_examine = tokenizer, num_examine
         self.compute_score = compute_score or self.default_compute_score
         self.reward_fn_key = reward_fn_key
-        self.on_error, self.fallback_score = check_on_error(on_error), fallback_score
+        self.on_error, self.fallback_score = check_on_error(on_error, self.default_on_error), fallback_score
         self.pool: TimeoutProcessPool | None = None
 
     @classmethod
@@ -282,7 +310,8 @@ class RewardManagerBase:
 
     @classmethod
     def from_config(cls, config: Any, tokenizer: Any, num_examine: int, compute_score: Any, **reward_kwargs: Any):
-        error_policy = {"on_error": config.reward_model.on_error, "fallback_score": config.reward_model.fallback_score}
+        error_policy = {"on_error": config.reward_model.on_error, "fallback_score": config.reward_model.fallback_score,
+                        "reward_fn_key": config.data.reward_fn_key}
         kwargs = {**cls.config_kwargs(config), **error_policy, **reward_kwargs}
         return cls(tokenizer, num_examine, compute_score, **kwargs)
 
@@ -300,6 +329,7 @@ class RewardManagerBase:
         decoded = decode_batch(data, self.tokenizer, self.reward_fn_key)
         book = RewardBook(decoded.data_sources, self.on_error, self.fallback_score)
         metrics = self._score(decoded, book)
+        book.log_fallbacks()
         print_examples(decoded, book.rewards, self.num_examine)
         return book.output(decoded, return_dict, metrics)
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlvr.utils.errors import RewardError
-from rlvr.reward.scorers import ScorerTimeoutError, UnknownDataSourceError, default_compute_score
+from rlvr.reward.scorers import UnknownDataSourceError, default_compute_score
 from rlvr.reward.decode import DecodedBatch
 from rlvr.reward.managers.base import RewardBook, RewardManagerBase
 from rlvr.reward.managers.registry import register
@@ -30,17 +30,17 @@ class BatchRewardManager(RewardManagerBase):
 
     A batch scorer that raises fails every sample of the batch: ``on_error=raise`` lets its
     exception propagate with a note naming the batch size and data sources; ``fallback`` gives every
-    sample ``fallback_score`` and counts them as errors (or timeouts for ScorerTimeoutError).
+    sample ``fallback_score`` and counts them as errors (or timeouts for a ``TimeoutError``). The
+    other arguments are those of :class:`~rlvr.reward.managers.base.RewardManagerBase`.
 
     Args:
         reward_kwargs: extra keyword arguments passed to every call of ``compute_score``.
-        (other arguments as in :class:`~rlvr.reward.managers.base.RewardManagerBase`)
     """
 
     default_compute_score = staticmethod(default_batch_compute_score)
 
     def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",
-                 *, on_error: str = "raise", fallback_score: float = 0.0, **reward_kwargs: Any) -> None:
+                 *, on_error: str | None = None, fallback_score: float = 0.0, **reward_kwargs: Any) -> None:
         super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, on_error=on_error,
                          fallback_score=fallback_score)
         self.reward_kwargs = reward_kwargs
@@ -59,12 +59,12 @@ class BatchRewardManager(RewardManagerBase):
         except UnknownDataSourceError:
             raise
         except Exception as exc:  # noqa: BLE001 - the whole batch goes through the error policy
-            if self.on_error == "raise":
+            kind = "timeout" if isinstance(exc, TimeoutError) else "error"
+            if not book.falls_back(kind):
                 exc.add_note(f"(the batch scorer failed on a batch of {size} samples, data sources "
                              f"{sorted(set(decoded.data_sources))}; set reward_model.on_error=fallback to give them "
                              "reward_model.fallback_score instead)")
                 raise
-            kind = "timeout" if isinstance(exc, ScorerTimeoutError) else "error"
             for i in range(size):
                 book.fail(i, kind, exc)
         else:

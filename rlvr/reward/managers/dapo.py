@@ -43,11 +43,12 @@ def overlong_penalty(response_length: torch.Tensor, max_resp_len: int, buffer_le
 class DAPORewardManager(NaiveRewardManager):
     """:class:`NaiveRewardManager` plus the overlong penalty on scored samples.
 
+    The other arguments, ``compute_score_timeout`` and the keyword-only ones included, are those of
+    :class:`NaiveRewardManager`.
+
     Args:
         max_resp_len: ``L_max``, the rollout's maximum response length (required when the buffer is on).
         overlong_buffer_cfg: ``enable``, ``len``, ``penalty_factor``, ``log`` (see the schema).
-        (other arguments, ``compute_score_timeout`` and the keyword-only ones included, as in
-        :class:`NaiveRewardManager`)
     """
 
     def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",

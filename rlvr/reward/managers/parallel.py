@@ -20,11 +20,11 @@ from rlvr.reward.scorers.process_pool import TimeoutProcessPool
 @register("parallel")
 class ParallelRewardManager(RewardManagerBase):
     """Score samples in ``num_workers`` processes with a per-sample limit of ``timeout_s`` seconds.
+    The other arguments are those of :class:`~rlvr.reward.managers.base.RewardManagerBase`.
 
     Args:
         num_workers: scoring processes (started on the first call).
         timeout_s: wall-clock limit of one sample.
-        (other arguments as in :class:`~rlvr.reward.managers.base.RewardManagerBase`)
     """
 
     def __init__(self, tokenizer: Any, num_examine: int, compute_score: Any = None, reward_fn_key: str = "data_source",

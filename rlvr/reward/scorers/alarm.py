@@ -12,12 +12,45 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from rlvr.reward.scorers.registry import Scorer, ScorerTimeoutError, call_scorer
 from rlvr.utils.errors import RewardError
 
-__all__ = ["AlarmLimitedScorer"]
+__all__ = ["AlarmLimitedScorer", "alarm_limit"]
+
+
+@contextmanager
+def alarm_limit(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`~rlvr.reward.scorers.registry.ScorerTimeoutError` (a ``TimeoutError``) in the
+    block when it runs past ``seconds``; None or ``<= 0``: no limit (verl's ``_score_timeout``).
+
+    Raises:
+        RewardError: a limit is asked for outside the main thread, where ``SIGALRM`` cannot be
+            caught (verl runs the block without a limit there; rlvr says so instead).
+    """
+    if not seconds or seconds <= 0:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise RewardError(
+            "compute_score_timeout with a compute_score that cannot be pickled is enforced with SIGALRM, which "
+            "works only in the main thread; score from the main thread, or use a module-level function (then "
+            "each sample is scored in a helper process that is killed at the limit)"
+        )
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise ScorerTimeoutError(f"compute_score ran past compute_score_timeout={seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class AlarmLimitedScorer:
@@ -29,20 +62,5 @@ class AlarmLimitedScorer:
         self.timeout_s = float(timeout_s)
 
     def __call__(self, **kwargs: Any) -> Any:
-        if threading.current_thread() is not threading.main_thread():
-            raise RewardError(
-                "compute_score_timeout with a compute_score that cannot be pickled is enforced with SIGALRM, which "
-                "works only in the main thread; score from the main thread, or use a module-level function (then "
-                "each sample is scored in a helper process that is killed at the limit)"
-            )
-
-        def on_alarm(signum: int, frame: Any) -> None:
-            raise ScorerTimeoutError(f"compute_score ran past compute_score_timeout={self.timeout_s:g} s")
-
-        previous = signal.signal(signal.SIGALRM, on_alarm)
-        signal.setitimer(signal.ITIMER_REAL, self.timeout_s)
-        try:
+        with alarm_limit(self.timeout_s):
             return call_scorer(self.compute_score, kwargs)
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)

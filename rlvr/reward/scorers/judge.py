@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -98,25 +100,54 @@ def format_judge_prompt(template: str, question: str, response: str, reference: 
         ) from exc
 
 
+RETRY_BACKOFF_CAP_S = 30.0
+"""Longest wait between two attempts of a judge request."""
+RETRIED_STATUSES = frozenset({408, 429})
+"""4xx statuses that are retried (a time-out or too many requests); other 4xx are the request's fault."""
+
+
 class HttpJudge:
-    """Judge behind an OpenAI-compatible ``/v1/chat/completions`` endpoint.
+    """Judge behind an OpenAI-compatible ``/v1/chat/completions`` endpoint (any server, or a vLLM
+    replica that rlvr starts).
+
+    Every request has a time limit (``timeout_s``); a request that times out, cannot connect, or
+    gets a 5xx, 408 or 429 answer is sent again up to ``max_retries`` times, waiting
+    ``retry_backoff_s * 2**attempt`` seconds (at most 30) in between; any other 4xx fails at once.
+    At most ``max_concurrency`` requests of this judge are in flight at any time, over all calls of
+    :meth:`generate` (one pool of threads per judge). ``stats`` counts ``requests``, ``retries`` and
+    ``failures`` so far.
 
     Args:
         base_url: API root, e.g. ``http://127.0.0.1:8000/v1`` (``/chat/completions`` is appended).
         model: model name sent in the request.
         api_key_env: environment variable holding the bearer token (empty: no Authorization header).
-        timeout_s: timeout of each HTTP request.
+        timeout_s: time limit of each HTTP request.
         max_tokens: completion length limit.
         max_concurrency: requests in flight at once.
+        max_retries: attempts after the first one.
+        retry_backoff_s: first wait before a retry.
     """
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "", timeout_s: float = 60.0,
-                 max_tokens: int = 256, max_concurrency: int = 8) -> None:
+                 max_tokens: int = 256, max_concurrency: int = 8, max_retries: int = 3,
+                 retry_backoff_s: float = 1.0) -> None:
+        if max_concurrency < 1 or max_retries < 0 or timeout_s <= 0 or retry_backoff_s < 0:
+            raise RewardError(f"judge {base_url}: max_concurrency must be >= 1, max_retries >= 0, timeout_s > 0 and "
+                              f"retry_backoff_s >= 0; got {max_concurrency}, {max_retries}, {timeout_s}, {retry_backoff_s}")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model, self.timeout_s, self.max_tokens, self.max_concurrency = model, timeout_s, max_tokens, max_concurrency
+        self.max_retries, self.retry_backoff_s = max_retries, retry_backoff_s
         self.api_key = os.environ.get(api_key_env, "") if api_key_env else ""
+        self.stats = {"requests": 0, "retries": 0, "failures": 0}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="rlvr-judge")
 
-    def _complete(self, prompt: str) -> str:
+    def _count(self, name: str) -> None:
+        with self._lock:
+            self.stats[name] += 1
+
+    def _request(self, prompt: str) -> str:
+        """One attempt; raises ``_Retry`` for what is worth another attempt."""
         body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": self.max_tokens, "temperature": 0.0}
         headers = {"Content-Type": "application/json"}
@@ -126,16 +157,48 @@ class HttpJudge:
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 payload = json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = f"HTTP {exc.code}: {exc.read()[:300].decode(errors='replace')}"
+            if exc.code >= 500 or exc.code in RETRIED_STATUSES:
+                raise _Retry(detail) from None
+            raise RewardError(f"judge endpoint {self.url} refused the request ({detail}); check the model name "
+                              "and the API key") from None
+        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            timed_out = isinstance(reason, TimeoutError) or "timed out" in str(reason)
+            raise _Retry(f"no answer within {self.timeout_s:g} s" if timed_out else f"{reason!r}") from None
+        try:
             return str(payload["choices"][0]["message"]["content"])
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise RewardError(f"judge endpoint {self.url} failed: {exc!r}; check that the server is up") from exc
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise RewardError(f"judge endpoint {self.url} returned an answer without choices[0].message.content: {exc!r}") from exc
+        except (KeyError, IndexError, TypeError) as exc:
+            raise RewardError(f"judge endpoint {self.url} returned an answer without choices[0].message.content: "
+                              f"{exc!r}") from exc
+
+    def _complete(self, prompt: str) -> str:
+        """The completion of one prompt, with retries (see the class docstring)."""
+        self._count("requests")
+        for attempt in range(self.max_retries + 1):
+            try:
+                return self._request(prompt)
+            except _Retry as retry:
+                last = retry
+                if attempt < self.max_retries:
+                    self._count("retries")
+                    time.sleep(min(self.retry_backoff_s * 2 ** attempt, RETRY_BACKOFF_CAP_S))
+        self._count("failures")
+        raise RewardError(f"judge endpoint {self.url} failed {self.max_retries + 1} time(s), the last: {last}; check "
+                          "that the server is up, or raise request_timeout_s / max_retries")
 
     def generate(self, prompts: list[str]) -> list[str]:
-        """One completion per prompt, requests run concurrently."""
-        with ThreadPoolExecutor(max_workers=self.max_concurrency) as pool:
-            return list(pool.map(self._complete, prompts))
+        """One completion per prompt, at most ``max_concurrency`` requests in flight."""
+        return list(self._pool.map(self._complete, prompts))
+
+    def close(self) -> None:
+        """Stop the request threads (after the requests in flight)."""
+        self._pool.shutdown(wait=True)
+
+
+class _Retry(Exception):
+    """An attempt that failed in a way another attempt may not (time limit, connection, 5xx, 408, 429)."""
 
 
 class LocalJudge:

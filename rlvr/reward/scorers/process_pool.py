@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, Literal
 
-from rlvr.utils.user_code import UserCode, current_user_code, import_user_code
+from rlvr.utils.registrations import user_code_for_workers
+from rlvr.utils.user_code import UserCode, import_user_code
 
 _JOIN_TIMEOUT_S = 5.0
 
@@ -66,7 +67,7 @@ class _Worker:
 
     def __init__(self, ctx: Any, initializer: Callable[[], Any] | None) -> None:
         self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(target=_worker_loop, args=(child_conn, initializer, current_user_code()),
+        self.process = ctx.Process(target=_worker_loop, args=(child_conn, initializer, user_code_for_workers()),
                                    daemon=True)
         self.process.start()
         child_conn.close()

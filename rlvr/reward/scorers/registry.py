@@ -77,8 +77,9 @@ def default_compute_score(
     return get_scorer(data_source)(data_source, solution_str, ground_truth, extra_info)
 
 
-class ScorerTimeoutError(RewardError):
-    """A scorer gave up on a sample after its own time limit (counted as a timeout by managers)."""
+class ScorerTimeoutError(RewardError, TimeoutError):
+    """A scorer gave up on a sample after its own time limit (counted as a timeout by managers; a
+    ``TimeoutError`` too, which is what verl's managers catch)."""
 
 
 class ScorerArgumentError(ValueError, AssertionError):
@@ -93,11 +94,12 @@ def call_scorer(compute_score: Scorer, kwargs: dict) -> ScoreValue:
 
 def call_scorer_tagged(compute_score: Scorer, kwargs: dict) -> tuple[str, Any]:
     """Call the scorer (:func:`call_scorer`) and tag the outcome for a parent process:
-    ``("ok", value)``, ``("timeout", message)`` or ``("unknown", message)`` (unknown data
-    source, never turned into a fallback score); any other exception propagates."""
+    ``("ok", value)``, ``("timeout", message)`` (a ``TimeoutError``, the scorer's own included, as
+    verl counts it) or ``("unknown", message)`` (unknown data source, never turned into a fallback
+    score); any other exception propagates."""
     try:
         return "ok", call_scorer(compute_score, kwargs)
-    except ScorerTimeoutError as exc:
+    except TimeoutError as exc:
         return "timeout", str(exc)
     except UnknownDataSourceError as exc:
         return "unknown", str(exc)

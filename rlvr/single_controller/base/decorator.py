@@ -29,10 +29,14 @@ from rlvr.single_controller.base.dispatch import (  # verl's names, importable f
     collect_all_to_all,
     collect_dp_compute,
     collect_dp_compute_data_proto,
+    collect_lazy_compute_data_proto,
+    collect_nd_compute_dataproto,
     dispatch_all_to_all,
     dispatch_dp_compute,
     dispatch_dp_compute_data_proto,
     dispatch_dp_compute_data_proto_with_func,
+    dispatch_lazy_compute_data_proto,
+    dispatch_nd_compute_dataproto,
     dispatch_one_to_all,
 )
 from rlvr.utils.errors import ProtocolKeyError, ProtocolTypeError
@@ -45,10 +49,14 @@ __all__ = [
     "collect_all_to_all",
     "collect_dp_compute",
     "collect_dp_compute_data_proto",
+    "collect_lazy_compute_data_proto",
+    "collect_nd_compute_dataproto",
     "dispatch_all_to_all",
     "dispatch_dp_compute",
     "dispatch_dp_compute_data_proto",
     "dispatch_dp_compute_data_proto_with_func",
+    "dispatch_lazy_compute_data_proto",
+    "dispatch_nd_compute_dataproto",
     "dispatch_one_to_all",
     "Dispatch",
     "Execute",
@@ -56,6 +64,7 @@ __all__ = [
     "_check_execute_mode",
     "RegisterSpec",
     "get_predefined_dispatch_fn",
+    "make_nd_compute_dataproto_dispatch_fn",
     "register",
     "register_dispatch_mode",
     "registered_methods",
@@ -201,6 +210,14 @@ def resolve_dispatch(dispatch_mode: Dispatch | dict) -> tuple[Callable, Callable
         fn = get_predefined_dispatch_fn(dispatch_mode)
         return fn["dispatch_fn"], fn["collect_fn"]
     return dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"]
+
+
+def make_nd_compute_dataproto_dispatch_fn(mesh_name: str) -> dict[str, Callable]:
+    """A dispatch mode (``@register(dispatch_mode=...)``) that cuts DataProto / TensorDict arguments
+    by the data-parallel layout the workers registered for ``mesh_name``
+    (``Worker._register_dispatch_collect_info``) and concatenates the outputs of the collecting workers."""
+    return {"dispatch_fn": functools.partial(dispatch_lazy_compute_data_proto, mesh_name),
+            "collect_fn": functools.partial(collect_lazy_compute_data_proto, mesh_name)}
 
 
 @dataclass(frozen=True)

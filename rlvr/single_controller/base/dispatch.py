@@ -14,7 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from tensordict import TensorDict
+
 from rlvr.protocol import DataProto, DataProtoConfig, DataProtoFuture
+from rlvr.utils import tensordict_utils as tu
 from rlvr.utils.errors import ProtocolError, ProtocolTypeError
 
 if TYPE_CHECKING:
@@ -35,6 +38,10 @@ __all__ = [
     "dispatch_dp_mp_compute",
     "dispatch_dp_mp_dispatch_first",
     "collect_dp_mp_compute",
+    "dispatch_nd_compute_dataproto",
+    "collect_nd_compute_dataproto",
+    "dispatch_lazy_compute_data_proto",
+    "collect_lazy_compute_data_proto",
 ]
 
 
@@ -82,8 +89,9 @@ def _padded(data: DataProto, pad_size: int) -> DataProto:
 
 
 def _split_data(chunks: int, args: tuple, kwargs: dict) -> tuple[tuple[list, ...], dict[str, list]]:
-    """Cut DataProto (and DataProtoFuture) arguments into ``chunks`` parts; other arguments are
-    replicated. DataProtos are padded first when padding applies (all must have one length)."""
+    """Cut DataProto (and DataProtoFuture) arguments into ``chunks`` parts, TensorDicts into
+    ``chunks`` equal parts; other arguments are replicated. DataProtos are padded first when padding
+    applies (all must have one length)."""
     lengths = {len(v) for v in (*args, *kwargs.values()) if isinstance(v, DataProto)}
     if len(lengths) > 1:
         raise ProtocolError(f"all DataProto arguments of one call must have the same length, got {sorted(lengths)}")
@@ -98,6 +106,8 @@ def _split_data(chunks: int, args: tuple, kwargs: dict) -> tuple[tuple[list, ...
             return value.chunk(chunks)
         if isinstance(value, DataProtoFuture):
             return value.chunk(chunks)
+        if isinstance(value, TensorDict):
+            return tu.chunk_tensordict(value, chunks)
         return [value] * chunks
 
     split_args, split_kwargs = tuple(split(a) for a in args), {k: split(v) for k, v in kwargs.items()}
@@ -168,3 +178,51 @@ def collect_dp_mp_compute(worker_group: WorkerGroup, output: list) -> DataProto 
     if all(isinstance(out, DataProto) for out in results):
         return DataProto.concat(results)
     return results
+
+
+def dispatch_nd_compute_dataproto(dp_rank_mapping: list[int], dp_size: int, worker_group: WorkerGroup,
+                                  *args: Any, **kwargs: Any):
+    """DataProto / TensorDict arguments cut into ``dp_size`` parts; worker ``r`` gets part
+    ``dp_rank_mapping[r]`` (other arguments go to every worker)."""
+    if len(dp_rank_mapping) != worker_group.world_size:
+        raise ProtocolError(f"dp_rank_mapping has {len(dp_rank_mapping)} entries for {worker_group.world_size} workers")
+    parts_args, parts_kwargs = _split_data(dp_size, args, kwargs)
+    pad = parts_kwargs.pop(PADDING_SIZE_KEY, None)
+    split_kwargs = {key: [parts[r] for r in dp_rank_mapping] for key, parts in parts_kwargs.items()}
+    if pad is not None:
+        split_kwargs[PADDING_SIZE_KEY] = pad
+    return tuple([parts[r] for r in dp_rank_mapping] for parts in parts_args), split_kwargs
+
+
+def collect_nd_compute_dataproto(collect_mask: list[bool], worker_group: WorkerGroup, output: list) -> Any:
+    """The outputs of the workers whose ``collect_mask`` is set, in rank order, concatenated
+    (DataProtos, TensorDicts) or as a list."""
+    if len(output) != worker_group.world_size or len(collect_mask) != worker_group.world_size:
+        raise ProtocolError(f"{len(output)} outputs and {len(collect_mask)} collect flags for "
+                            f"{worker_group.world_size} workers")
+    kept = [out for out, keep in zip(output, collect_mask) if keep]
+    if kept and all(isinstance(out, DataProto) for out in kept):
+        return DataProto.concat(kept)
+    if kept and all(isinstance(out, TensorDict) for out in kept):
+        return tu.concat_tensordict(kept)
+    return kept
+
+
+def dispatch_lazy_compute_data_proto(mesh_name: str, worker_group: WorkerGroup, *args: Any, **kwargs: Any):
+    """:func:`dispatch_nd_compute_dataproto` with the dp ranks the workers registered for
+    ``mesh_name`` (``Worker._register_dispatch_collect_info``), asked once per group."""
+    if mesh_name not in worker_group._dispatch_info:
+        mapping = worker_group._query_dispatch_info(mesh_name)
+        if len(mapping) != worker_group.world_size:
+            raise ProtocolError(f"{len(mapping)} workers answered the dispatch info of {mesh_name!r}, expected "
+                                f"{worker_group.world_size}")
+        worker_group._dispatch_info[mesh_name] = list(mapping)
+    mapping = worker_group._dispatch_info[mesh_name]
+    return dispatch_nd_compute_dataproto(mapping, max(mapping) + 1, worker_group, *args, **kwargs)
+
+
+def collect_lazy_compute_data_proto(mesh_name: str, worker_group: WorkerGroup, output: list) -> Any:
+    """:func:`collect_nd_compute_dataproto` with the collect flags the workers registered for ``mesh_name``."""
+    if mesh_name not in worker_group._collect_info:
+        worker_group._collect_info[mesh_name] = list(worker_group._query_collect_info(mesh_name))
+    return collect_nd_compute_dataproto(worker_group._collect_info[mesh_name], worker_group, output)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import sys
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from rlvr.protocol import DataProto, DataProtoFuture, unpad_dataproto
@@ -90,6 +90,13 @@ class ClassWithInitArgs:
     def __call__(self) -> Any:
         return self.cls(*self.args, **self.kwargs)
 
+    @property
+    def runtime_env(self) -> dict[str, Any]:
+        """The ``runtime_env`` given to ``ray.remote(...)`` of the class ({} for a plain class)."""
+        if self.actor_cls is None:
+            return {}
+        return dict(self.actor_cls._default_options.get("runtime_env") or {})  # Ray keeps ray.remote's options there
+
 
 def check_device_name(group: str, device_name: str, use_gpu: bool) -> None:
     """verl's ``device_name`` of a worker group: ``"cuda"``, or ``"cpu"`` for a pool without GPUs."""
@@ -98,6 +105,31 @@ def check_device_name(group: str, device_name: str, use_gpu: bool) -> None:
             f"worker group '{group}': device_name={device_name!r} is not supported with use_gpu={use_gpu}; "
             "use 'cuda' (GPU bundles) or 'cpu' (a use_gpu=False pool)"
         )
+
+
+def with_worker_env(group: str, system_env: dict[str, str], protected: Iterable[str],
+                    *user_envs: Mapping[str, str] | None) -> dict[str, str]:
+    """``system_env`` (what the group sets in each worker) plus the user's variables.
+
+    Args:
+        group: group name for the error message.
+        system_env: the group's variables of one worker (rank, world size, rendezvous, ...).
+        protected: every variable the group sets in some worker (a user value for one of them raises,
+            as in verl: ``ValueError`` naming the variables).
+        user_envs: the user's variables (``worker_env=`` of the group, the ``env_vars`` of the worker
+            class's ``ray.remote(runtime_env=...)``), later ones winning.
+    """
+    user: dict[str, str] = {}
+    for env in user_envs:
+        user.update({str(k): str(v) for k, v in (env or {}).items()})
+    conflicts = sorted(set(user) & set(protected))
+    if conflicts:
+        raise ProtocolError(
+            f"worker group '{group}': cannot override protected system env {conflicts}: the group sets them in "
+            "every worker (rank, world size, rendezvous); remove them from worker_env / the worker class's "
+            "runtime_env env_vars"
+        )
+    return {**system_env, **user}
 
 
 def materialize(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -129,6 +161,8 @@ class WorkerGroup(ABC):
         self._method_prefix = ""
         self._rank_infos: list[RankInfo] | None = None
         self._state: dict[str, WorkerError | None] = {"failure": None}  # shared with spawned groups
+        self._dispatch_info: dict[str, list[int]] = {}  # mesh -> dp rank of each worker (nd dispatch)
+        self._collect_info: dict[str, list[bool]] = {}  # mesh -> whether each worker's output is collected
 
     # ------------------------------------------------------------------ backend hooks
     @abstractmethod
@@ -278,6 +312,7 @@ class WorkerGroup(ABC):
             group.name = f"{self.name}/{role}"
             group._method_prefix = f"{role}_"
             group._rank_infos = None
+            group._dispatch_info, group._collect_info = {}, {}
             group._bind_worker_methods(self._worker_cls, prefix=f"{role}_")
             groups[role] = group
         return groups

@@ -27,9 +27,15 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlvr.single_controller.base.colocate import create_colocated_worker_cls, create_colocated_worker_raw_cls
 from rlvr.single_controller.base.worker import free_port, node_ip
-from rlvr.single_controller.base.worker_group import ClassWithInitArgs, ResourcePool, WorkerGroup, check_device_name
+from rlvr.single_controller.base.worker_group import (
+    ClassWithInitArgs,
+    ResourcePool,
+    WorkerGroup,
+    check_device_name,
+    with_worker_env,
+)
 from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
-from rlvr.utils.user_code import current_user_code
+from rlvr.utils.registrations import user_code_for_workers
 
 __all__ = [
     "RayClassWithInitArgs",
@@ -193,6 +199,10 @@ class RayWorkerGroup(WorkerGroup):
             accepted for CPU-only pools.
         max_concurrency: calls each actor runs at once, in threads (Ray's threaded actors): a rollout
             worker takes new weights while it generates. 1 (default): one call at a time.
+        worker_env: extra environment variables of every worker (verl's ``worker_env``); they are
+            merged with the ``env_vars`` of the worker class's ``ray.remote(runtime_env=...)``, and
+            one that the group sets itself (``RANK``, ``WORLD_SIZE``, ``MASTER_PORT``, ... see
+            :mod:`rlvr.single_controller.base.worker`) raises ``ValueError`` before any worker starts.
     """
 
     def __init__(
@@ -206,6 +216,7 @@ class RayWorkerGroup(WorkerGroup):
         call_timeout_s: float | None = None,
         device_name: str = "cuda",
         max_concurrency: int = 1,
+        worker_env: dict[str, str] | None = None,
     ) -> None:
         cls = ray_cls_with_init.cls
         super().__init__(name_prefix or f"{cls.__name__}_{uuid.uuid4().hex[:6]}", cls, call_timeout_s)
@@ -213,40 +224,36 @@ class RayWorkerGroup(WorkerGroup):
         check_device_name(self.name, device_name, resource_pool.use_gpu)
         self.max_concurrency = max_concurrency
         try:
-            self._start_workers(ray_cls_with_init, bin_pack, detached)
+            self._start_workers(ray_cls_with_init, bin_pack, detached, worker_env)
             self._query_rank_infos("__init__", resource_pool.start_timeout_s)  # every worker constructed
         except Exception:
             self.shutdown()  # no half-started group keeps its actors
             raise
         self._bind_worker_methods(cls)
 
-    def _start_workers(self, ray_cls_with_init: ClassWithInitArgs, bin_pack: bool, detached: bool) -> None:
+    def _start_workers(self, ray_cls_with_init: ClassWithInitArgs, bin_pack: bool, detached: bool,
+                       worker_env: dict[str, str] | None) -> None:
         """One actor per bundle. ``MASTER_ADDR``/``MASTER_PORT`` come from rank 0: picked here when
         rank 0 lands on the driver's node (then all ranks start at once), else by rank 0 itself,
         which then starts alone first."""
         pool = self.resource_pool
         remote_cls = ray_cls_with_init.actor_cls or ray.remote(ray_cls_with_init.cls)
+        class_runtime_env = ray_cls_with_init.runtime_env  # options(runtime_env=...) would replace it: merged
+        user_code = user_code_for_workers().to_env()  # the driver's modules and its own registrations
+        protected = {*self._system_env(0, 0, 1, user_code), "MASTER_ADDR", "MASTER_PORT"}
+        user_env = with_worker_env(self.name, {}, protected, class_runtime_env.get("env_vars"), worker_env)
         share = 1.0 / pool.max_colocate_count
         pgs = pool.get_placement_groups("STRICT_PACK" if bin_pack else "PACK")
         master = _master_env_on_driver_node(pgs[0])
-        user_code = current_user_code().to_env()  # the workers import the user's modules the driver imported
         rank = 0
         for pg, n_local in zip(pgs, pool.store):
             for local_rank in range(n_local):
-                env = {
-                    "RANK": str(rank),
-                    "WORLD_SIZE": str(pool.world_size),
-                    "LOCAL_RANK": str(local_rank),
-                    "LOCAL_WORLD_SIZE": str(n_local),
-                    "RLVR_WORKER_GROUP": self.name,
-                    **master,
-                    **user_code,
-                }
+                env = {**self._system_env(rank, local_rank, n_local, user_code), **master, **user_env}
                 actor = remote_cls.options(
                     scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=local_rank),
                     num_cpus=pool.num_cpus_per_bundle * share,
                     num_gpus=share if pool.use_gpu else 0,
-                    runtime_env={"env_vars": env},
+                    runtime_env={**class_runtime_env, "env_vars": env},
                     name=f"{self.name}_rank{rank}",
                     lifetime="detached" if detached else None,
                     max_concurrency=self.max_concurrency,
@@ -257,6 +264,24 @@ class RayWorkerGroup(WorkerGroup):
                     addr, port = self._wait([ref], [0], "__init__", pool.start_timeout_s)[0]
                     master = {"MASTER_ADDR": addr, "MASTER_PORT": str(port)}
                 rank += 1
+
+    def _system_env(self, rank: int, local_rank: int, n_local: int, user_code: dict[str, str]) -> dict[str, str]:
+        """The variables the group sets in worker ``rank`` (the ``local_rank``-th of ``n_local`` on its
+        node), as verl sets them: a Ray actor sees only its own device, so ``LOCAL_RANK`` is 0 and
+        ``LOCAL_WORLD_SIZE`` 1, and its place on the node is ``RAY_LOCAL_RANK`` / ``RAY_LOCAL_WORLD_SIZE``
+        (``MASTER_ADDR`` / ``MASTER_PORT`` are added by :meth:`_start_workers`)."""
+        return {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.resource_pool.world_size),
+            "RAY_LOCAL_RANK": str(local_rank),
+            "RAY_LOCAL_WORLD_SIZE": str(n_local),
+            "LOCAL_RANK": "0",
+            "LOCAL_WORLD_SIZE": "1",
+            "WG_PREFIX": self.name,
+            "WG_BACKEND": "ray",
+            "RLVR_WORKER_GROUP": self.name,
+            **user_code,
+        }
 
     def _submit(self, rank: int, method: str, args: tuple, kwargs: dict) -> ray.ObjectRef:
         return getattr(self._workers[rank], method).remote(*args, **kwargs)

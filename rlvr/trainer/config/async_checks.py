@@ -72,6 +72,7 @@ def prox_from_update_blockers(cfg: DictConfig, reads_old_log_prob: bool = False)
         (reads_old_log_prob, f"algorithm.adv_estimator={algo.adv_estimator} reads old_log_prob"),
         (router_replay_mode(actor) == "R2", "router_replay.mode=R2 (the actor's log-prob pass records the routes "
                                             "the update replays)"),
+        (bool(actor.calculate_sum_pi_squared), "actor.calculate_sum_pi_squared (the old-log-prob pass computes it)"),
     ]
     return [reason for blocked, reason in checks if blocked]
 

@@ -119,7 +119,8 @@ def _check_expert_parallel(cfg: DictConfig) -> None:
     """``rollout.expert_parallel_size``, verl's meaning: 1 splits the experts' weights over the engine's
     tensor-parallel ranks like every other weight; ``EP > 1`` places whole experts on ranks (vLLM's
     expert parallelism), over all ``tensor x data`` parallel ranks of one engine, so ``EP`` must equal
-    them. rlvr's vLLM engines are one data-parallel rank each: ``EP`` = ``tensor_model_parallel_size``."""
+    them. rlvr enables it on vLLM server replicas (``rollout.mode=async``), each one data-parallel rank:
+    ``EP`` = ``tensor_model_parallel_size``."""
     rollout, key = cfg.actor_rollout_ref.rollout, f"{_ROLLOUT}.expert_parallel_size"
     ep = rollout.expert_parallel_size
     _require(ep >= 1, key, "must be >= 1")
@@ -129,8 +130,8 @@ def _check_expert_parallel(cfg: DictConfig) -> None:
              f"rollout.name={rollout.name} runs the whole model (every expert) in each worker; expert parallelism "
              "is vLLM's (rollout.name=vllm); set it to 1")
     _require(rollout.mode == "async", key,
-             "the in-process vLLM engine is one rank (tensor_model_parallel_size=1, one engine per worker), so it "
-             "has no ranks to place experts on; use rollout.mode=async (vLLM servers) with "
+             "rlvr turns on vLLM's expert parallelism (--enable-expert-parallel) for server replicas only, not for "
+             "the in-process engines of rollout.mode=sync; use rollout.mode=async (vLLM servers) with "
              f"tensor_model_parallel_size={ep}, or set it to 1")
     _require(ep == rollout.tensor_model_parallel_size, key,
              f"vLLM's expert parallelism spans the tensor x data parallel ranks of one engine, and each rlvr server "

@@ -17,19 +17,29 @@ and a misspelt one still gets a suggestion.
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import importlib.util
+import sys
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from rlvr.reward.config import ON_ERROR_CHOICES
+from rlvr.trainer.config.algorithm_checks import check_new_algorithm_settings
 from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
 from rlvr.trainer.config.moe_checks import check_moe
-from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES
+from rlvr.trainer.config.schema import AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES, RlvrConfig
 from rlvr.trainer.config.suggest import did_you_mean
+from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list
+from rlvr.trainer.config.validate_rollout_scale import check_rollout_scale
+from rlvr.trainer.config.validate_models import check_distillation, check_reward_model, uses_teacher
+from rlvr.trainer.config.validate_profiler import check_profiler
 from rlvr.trainer.config.validate_server import check_openai_endpoint, check_rollout_server
+from rlvr.trainer.config.validate_verl import check_verl_settings, rejection_band
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 from rlvr.utils.registry import Registry, RegistryKeyError
 from rlvr.utils.user_code import is_object_path
@@ -41,7 +51,7 @@ BACKENDS = ("ray", "local")
 DEVICES = ("auto", "cpu", "cuda")
 LOGGERS = {"console": None, "jsonl": None, "tensorboard": "tensorboard", "wandb": "wandb"}
 RESUME_MODES = ("auto", "disable", "resume_path")
-FILTER_METRICS = ("acc", "score")
+FILTER_METRICS = ("acc", "score", "reward", "seq_reward")
 
 
 def world_size(cfg: DictConfig) -> int:
@@ -64,6 +74,20 @@ def _require(condition: bool, key: str, message: str) -> None:
 def _check_one_of(cfg_value: Any, key: str, choices: Collection[str]) -> None:
     _require(cfg_value in choices, key, f"{cfg_value!r} is not valid{did_you_mean(cfg_value, choices)}; "
              f"use one of {', '.join(choices)}")
+
+
+def check_field_choices(section: Any, schema: type, prefix: str = "") -> None:
+    """Refuse a value outside the ``choices`` that a schema field's metadata lists, in ``section``
+    (a config node of the dataclass ``schema``) and every dataclass section under it."""
+    for spec in dataclasses.fields(schema):
+        value = section.get(spec.name) if isinstance(section, (DictConfig, Mapping)) else getattr(section, spec.name, None)
+        key = f"{prefix}{spec.name}"
+        if "choices" in spec.metadata:
+            _check_one_of(value, key, spec.metadata["choices"])
+        elif spec.default_factory is not dataclasses.MISSING and value is not None:
+            nested = spec.default_factory()
+            if dataclasses.is_dataclass(nested):
+                check_field_choices(value, type(nested), key + ".")
 
 
 def _check_token_kl(cfg_value: Any, key: str) -> None:
@@ -95,6 +119,7 @@ def _check_files(key: str, value: Any, required: bool) -> None:
 def _check_trainer(cfg: DictConfig) -> None:
     t = cfg.trainer
     _check_one_of(t.backend, "trainer.backend", BACKENDS)
+    _require(t.device != "npu", "trainer.device", "Ascend NPUs are hardware rlvr does not run on; use cuda (or cpu)")
     _check_one_of(t.device, "trainer.device", DEVICES)
     _require(t.nnodes >= 1 and t.n_gpus_per_node >= 1, "trainer.n_gpus_per_node",
              "nnodes and n_gpus_per_node must be >= 1")
@@ -108,6 +133,7 @@ def _check_trainer(cfg: DictConfig) -> None:
     _require(t.test_freq == -1 or t.test_freq > 0, "trainer.test_freq", "use -1 (only at the end) or a step count > 0")
     _require(t.save_freq == -1 or t.save_freq > 0, "trainer.save_freq", "use -1 (only at the end) or a step count > 0")
     _require(t.critic_warmup >= 0, "trainer.critic_warmup", "must be >= 0")
+    _require(t.log_val_generations >= 0, "trainer.log_val_generations", "must be >= 0 (0 logs no samples)")
     _require(t.call_timeout_s > 0, "trainer.call_timeout_s", "must be > 0 seconds")
     _require(t.max_restarts >= 0, "trainer.max_restarts", "must be >= 0 (0 = stop at the first worker failure)")
     _require(t.max_actor_ckpt_to_keep is None or t.max_actor_ckpt_to_keep >= 1, "trainer.max_actor_ckpt_to_keep",
@@ -127,6 +153,8 @@ def _check_data(cfg: DictConfig, require_data_files: bool) -> None:
     d = cfg.data
     _check_files("data.train_files", d.train_files, required=require_data_files)
     _check_files("data.val_files", d.val_files, required=False)
+    _require(not (cfg.trainer.val_only and require_data_files and d.val_files is None), "trainer.val_only",
+             "validating only needs validation data: set data.val_files (or trainer.val_only=false)")
     _require(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1 prompt")
     _require(d.max_prompt_length >= 1, "data.max_prompt_length", "must be >= 1 token")
     _require(d.max_response_length >= 1, "data.max_response_length", "must be >= 1 token")
@@ -212,7 +240,6 @@ def _check_actor(cfg: DictConfig) -> None:
     _require(actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c", "dual-clip bound must be > 1 (typically 3)")
     _require(actor.grad_clip > 0, "actor_rollout_ref.actor.grad_clip", "must be > 0")
     _require(actor.optim.lr > 0, "actor_rollout_ref.actor.optim.lr", "must be > 0")
-    _check_one_of(actor.optim.lr_scheduler_type, "actor_rollout_ref.actor.optim.lr_scheduler_type", ("constant", "cosine"))
     _check_one_of(actor.loss_agg_mode, "actor_rollout_ref.actor.loss_agg_mode", AGG_LOSS_MODES)
     _check_token_kl(actor.kl_loss_type, "actor_rollout_ref.actor.kl_loss_type")
     loss = actor.policy_loss
@@ -236,8 +263,9 @@ def _check_rollout(cfg: DictConfig) -> None:
     check_openai_endpoint(rollout.agent, rollout.agent.default_agent_loop)
     check_rollout_server(rollout)
     _check_quantization(cfg)
+    check_rollout_scale(cfg)
     if rollout.name == "vllm":
-        _check_vllm(rollout, world_size(cfg))
+        _check_vllm(rollout)
 
 
 def _check_agent(rollout: DictConfig) -> None:
@@ -245,7 +273,6 @@ def _check_agent(rollout: DictConfig) -> None:
     environment's are registry names: :func:`check_names`)."""
     key = "actor_rollout_ref.rollout.multi_turn"
     loop, mt = rollout.agent.default_agent_loop, rollout.multi_turn
-    _require(mt.max_assistant_turns >= 1, f"{key}.max_assistant_turns", "must be >= 1 model turn")
     _require(mt.max_tool_response_tokens >= 1, f"{key}.max_tool_response_tokens", "must be >= 1 token")
     _require(mt.max_parallel_calls >= 1, f"{key}.max_parallel_calls", "must be >= 1 call per turn")
     _require(mt.tool_timeout_s > 0, f"{key}.tool_timeout_s", "must be > 0 seconds")
@@ -270,17 +297,11 @@ def _check_quantization(cfg: DictConfig) -> None:
              "(model.lora_rank > 0); train without LoRA or set rollout.quantization=null")
 
 
-def _check_vllm(rollout: DictConfig, workers: int) -> None:
+def _check_vllm(rollout: DictConfig) -> None:
     """vLLM must be importable (its own venv: it pins its own torch and transformers), unless it runs
     as servers (``rollout.mode=async``: checked by :func:`check_rollout_server`)."""
     key = "actor_rollout_ref.rollout"
     _require(rollout.mode == "async" or importlib.util.find_spec("vllm") is not None, f"{key}.name", VLLM_MISSING)
-    _require(rollout.tensor_model_parallel_size == 1, f"{key}.tensor_model_parallel_size",
-             "the in-process vLLM engine runs one engine per worker; set it to 1")
-    _require(workers == 1, "trainer.n_gpus_per_node",
-             f"rollout.name=vllm runs with one worker for now (got {workers}): an in-process vLLM engine would take "
-             "the workers' process group for its own tensor parallelism; use trainer.nnodes=1 "
-             "trainer.n_gpus_per_node=1 (or trainer.backend=local), or rollout.name=hf for several workers")
     truncated = rollout.do_sample and (rollout.top_p < 1 or rollout.top_k > 0)
     _require(not truncated, f"{key}.top_p" if rollout.top_p < 1 else f"{key}.top_k",
              f"rollout.name=vllm cannot sample with top_p={rollout.top_p} / top_k={rollout.top_k}: vLLM then "
@@ -334,17 +355,16 @@ def _check_algorithm(cfg: DictConfig, needs: EstimatorNeeds | None) -> None:
 
 def _check_rollout_correction(rc: DictConfig) -> None:
     key = "algorithm.rollout_correction"
-    _require(rc.rollout_is_threshold > 0, f"{key}.rollout_is_threshold", "the IS weight cap must be > 0 (typically 2)")
     if rc.rollout_rs is not None:
-        upper = rc.rollout_is_threshold if rc.rollout_rs_threshold is None else rc.rollout_rs_threshold
-        lower = 1.0 / upper if rc.rollout_rs_threshold_lower is None else rc.rollout_rs_threshold_lower
+        lower, upper = rejection_band(rc)
         _require(0 < lower < upper, f"{key}.rollout_rs_threshold",
                  f"the rejection band [{lower}, {upper}] needs 0 < lower < upper (e.g. 0.5 and 2.0)")
     _require(rc.log_prob_diff_threshold >= 0, f"{key}.log_prob_diff_threshold", "must be >= 0")
-    _require(not (rc.bypass_mode and rc.rollout_is is not None), f"{key}.rollout_is",
+    _require(not (rc.bypass_mode and rc.rollout_is is not None and rc.loss_type == "ppo_clip"), f"{key}.rollout_is",
              "bypass_mode uses the rollout's log-probs as the old policy, so the PPO ratio already is "
              "pi_theta / pi_rollout; IS weights on top would count that gap twice. Set rollout_is=null (rollout_rs "
-             "still drops outlier tokens on that ratio) or bypass_mode=false")
+             "still drops outlier tokens on that ratio), loss_type=reinforce (no ratio: the IS weights correct "
+             "the gap) or bypass_mode=false")
 
 
 def _check_critic(cfg: DictConfig) -> None:
@@ -361,7 +381,8 @@ def _check_critic(cfg: DictConfig) -> None:
 
 def _check_reward(cfg: DictConfig) -> None:
     rm = cfg.reward_model
-    _check_one_of(rm.on_error, "reward_model.on_error", ("raise", "fallback"))
+    if rm.on_error is not None:  # None: the reward manager's own default
+        _check_one_of(rm.on_error, "reward_model.on_error", ON_ERROR_CHOICES)
     _require(rm.timeout_s > 0, "reward_model.timeout_s", "must be > 0 seconds")
     buffer, max_len = rm.overlong_buffer, cfg.data.max_response_length
     _require(not buffer.enable or 0 < buffer.len <= max_len, "reward_model.overlong_buffer.len",
@@ -431,30 +452,40 @@ def _check_partial_rollout_engine(cfg: DictConfig) -> None:
              "interruptible=False), so it cannot run partial rollouts; use rollout.name=hf or partial_rollout=false")
 
 
-def registered_names() -> dict[str, Collection[str]]:
-    """Config key -> the registry behind it, as it is now (imports the registries, hence torch);
-    the KL estimators are a plain set of names."""
-    from rlvr.agent import AGENT_LOOPS, ENVIRONMENTS, TOOL_PARSERS
-    from rlvr.reward.managers import REWARD_MANAGER_REGISTRY
-    from rlvr.trainer.ppo.advantage import ADV_ESTIMATOR_REGISTRY
-    from rlvr.trainer.ppo.kl import TOKEN_KL_PENALTY_NAMES
-    from rlvr.trainer.ppo.policy_loss import POLICY_LOSS_REGISTRY
-    from rlvr.trainer.ppo.rollout_correction import ROLLOUT_RATIO_LEVELS
-    from rlvr.workers.rollout import ROLLOUT_ENGINES
+REGISTRIES = {
+    "algorithm.adv_estimator": ("rlvr.trainer.ppo.advantage", "ADV_ESTIMATOR_REGISTRY"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": ("rlvr.trainer.ppo.policy_loss", "POLICY_LOSS_REGISTRY"),
+    "actor_rollout_ref.rollout.name": ("rlvr.workers.rollout.base", "ROLLOUT_ENGINES"),
+    "reward_model.reward_manager": ("rlvr.reward.managers.registry", "REWARD_MANAGER_REGISTRY"),
+    "actor_rollout_ref.actor.kl_loss_type": ("rlvr.trainer.ppo.kl", "TOKEN_KL_PENALTY_NAMES"),
+    "algorithm.kl_penalty": ("rlvr.trainer.ppo.kl", "TOKEN_KL_PENALTY_NAMES"),
+    "algorithm.rollout_correction.rollout_is": ("rlvr.trainer.ppo.rollout_correction", "ROLLOUT_RATIO_LEVELS"),
+    "algorithm.rollout_correction.rollout_rs": ("rlvr.trainer.ppo.rollout_correction", "ROLLOUT_RATIO_LEVELS"),
+    "actor_rollout_ref.rollout.agent.default_agent_loop": ("rlvr.agent.loop", "AGENT_LOOPS"),
+    "actor_rollout_ref.rollout.multi_turn.format": ("rlvr.agent.tool_parser", "TOOL_PARSERS"),
+    "actor_rollout_ref.rollout.multi_turn.env_name": ("rlvr.agent.env_agent", "ENVIRONMENTS"),
+    "distillation.distillation_loss.loss_mode": ("rlvr.trainer.ppo.distillation", "DISTILLATION_LOSS_REGISTRY"),
+}
+"""Config key -> ``(module, attribute)`` of the registry behind it (the KL estimators are a plain
+set of names)."""
 
-    return {
-        "algorithm.adv_estimator": ADV_ESTIMATOR_REGISTRY,
-        "actor_rollout_ref.actor.policy_loss.loss_mode": POLICY_LOSS_REGISTRY,
-        "actor_rollout_ref.rollout.name": ROLLOUT_ENGINES,
-        "reward_model.reward_manager": REWARD_MANAGER_REGISTRY,
-        "actor_rollout_ref.actor.kl_loss_type": TOKEN_KL_PENALTY_NAMES,
-        "algorithm.kl_penalty": TOKEN_KL_PENALTY_NAMES,
-        "algorithm.rollout_correction.rollout_is": ROLLOUT_RATIO_LEVELS,
-        "algorithm.rollout_correction.rollout_rs": ROLLOUT_RATIO_LEVELS,
-        "actor_rollout_ref.rollout.agent.default_agent_loop": AGENT_LOOPS,
-        "actor_rollout_ref.rollout.multi_turn.format": TOOL_PARSERS,
-        "actor_rollout_ref.rollout.multi_turn.env_name": ENVIRONMENTS,
-    }
+
+def registered_names() -> dict[str, Collection[str]]:
+    """Config key -> the registry behind it, as it is now (imports the registries, hence torch)."""
+    import rlvr.agent  # noqa: F401 - the agent package registers its loops, parsers and environments
+
+    return {key: vars(importlib.import_module(module))[attribute] for key, (module, attribute) in REGISTRIES.items()}
+
+
+def registered_in_process() -> bool:
+    """Whether this process registered names of its own before the run, without the config naming
+    any code: a registry already imported here holds a name that is not built in (a launcher script
+    that imports its extensions, or defines them, and then calls ``main``). Imports nothing."""
+    for key, (module, attribute) in REGISTRIES.items():
+        loaded = sys.modules.get(module)
+        if loaded is not None and attribute in vars(loaded) and set(vars(loaded)[attribute]) - set(BUILTIN_NAMES[key]):
+            return True
+    return False
 
 
 def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
@@ -466,6 +497,8 @@ def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
         value = OmegaConf.select(cfg, key)
         if value is None and key in NULLABLE_NAMES:
             continue
+        if key == "algorithm.rollout_correction.rollout_rs" and is_rs_option_list(value):
+            continue  # verl's rejection options (token_k1, seq_mean_k3, ...), not a ratio level
         if isinstance(valid, Registry) and is_object_path(value):
             try:
                 valid[value]
@@ -478,14 +511,16 @@ def check_names(cfg: DictConfig, names: Mapping[str, Collection[str]]) -> None:
 
 
 def uses_user_code(cfg: DictConfig) -> bool:
-    """Whether the config names code of the user's: modules to import (``trainer.user_modules``,
-    verl's ``model.external_lib``) or an object path where a registry name goes. Then the
-    registry-backed values are checked against the registries (which hold the user's names), not
+    """Whether the run uses code of the user's: the config names modules to import
+    (``trainer.user_modules``, verl's ``model.external_lib``) or an object path where a registry name
+    goes, or this process registered names of its own before (:func:`registered_in_process`). Then
+    the registry-backed values are checked against the registries (which hold the user's names), not
     against the built-in names."""
     from rlvr.trainer.user_code import user_module_entries
 
-    values = [OmegaConf.select(cfg, key) for key in BUILTIN_NAMES] + list(cfg.reward.routes.values())
-    return bool(user_module_entries(cfg)) or any(is_object_path(value) for value in values)
+    values = [OmegaConf.select(cfg, key) for key in BUILTIN_NAMES] + [
+        part.rpartition("*")[2].strip() for target in cfg.reward.routes.values() for part in str(target).split("+")]
+    return bool(user_module_entries(cfg)) or any(is_object_path(value) for value in values) or registered_in_process()
 
 
 def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_needs: EstimatorNeeds | None = None
@@ -496,10 +531,13 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     estimator's needs come from :data:`~rlvr.trainer.config.builtin_names.BUILTIN_ESTIMATOR_NEEDS`
     (another estimator's are checked by :func:`validate_config`)."""
     needs = estimator_needs or BUILTIN_ESTIMATOR_NEEDS.get(cfg.algorithm.adv_estimator)
+    check_field_choices(cfg, RlvrConfig)
     _check_trainer(cfg)
+    check_verl_settings(cfg)
     _check_data(cfg, require_data_files)
     _check_rollout(cfg)
     _check_algorithm(cfg, needs)
+    check_new_algorithm_settings(cfg, needs)
     check_async_training(cfg, needs is not None and needs.needs_greedy_baseline,
                          needs is not None and needs.reads_old_log_prob)
     _check_actor(cfg)
@@ -509,6 +547,9 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
              *(["critic"] if cfg.critic.enable else [])]
     check_megatron_config(cfg, roles)
     _check_reward(cfg)
+    check_reward_model(cfg)
+    check_distillation(cfg)
+    check_profiler(cfg)
 
 
 def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
@@ -535,6 +576,14 @@ def validate_config(cfg: DictConfig, require_data_files: bool = True) -> None:
     check_names(cfg, names)
     check_reward_routes(cfg)
     check_sequence_parallel_heads(cfg)
+    if uses_teacher(cfg):
+        from rlvr.workers.teacher import check_teacher_tokenizer
+
+        check_teacher_tokenizer(cfg)
+    if cfg.reward.reward_model.enable:
+        from rlvr.workers.models import check_sequence_classifier
+
+        check_sequence_classifier(cfg.reward.reward_model.model_path, cfg.reward.reward_model.trust_remote_code)
     _check_partial_rollout_engine(cfg)
     if cfg.trainer.device == "cuda":
         import torch

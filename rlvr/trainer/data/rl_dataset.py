@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from rlvr.trainer.data.vision import ImagePrompts
-from rlvr.utils.errors import DataError
+from rlvr.utils.errors import ConfigError, DataError
 from rlvr.utils.torch_functional import compute_position_ids
 
 logger = logging.getLogger(__name__)
@@ -78,8 +79,8 @@ def read_rows(path: str | Path) -> list[dict[str, Any]]:
 
 def row_tag(row: dict[str, Any]) -> Any:
     """A row's domain tag (what ``reward.route_key=tag`` routes on): its ``tag`` column, else its
-    data source."""
-    return row["tag"] if "tag" in row else row["data_source"]
+    data source (None for a prompts-only row without one)."""
+    return row["tag"] if "tag" in row else row.get("data_source")
 
 
 def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> None:
@@ -103,10 +104,11 @@ def _is_messages(prompt: Any) -> bool:
                     for m in prompt))
 
 
-def row_problem(row: Any, prompt_key: str, chat_template: bool) -> str | None:
+def row_problem(row: Any, prompt_key: str, chat_template: bool, prompts_only: bool = False) -> str | None:
     """What makes ``row`` unusable (naming the field), or None. A row needs the prompt under
     ``prompt_key`` (chat messages; a plain string too without the chat template), a ``data_source``
-    string and a ``reward_model`` dict with a ``ground_truth`` that is not None."""
+    string and a ``reward_model`` dict with a ``ground_truth`` that is not None (not with
+    ``prompts_only``: rows to generate for, not to score)."""
     if not isinstance(row, dict):
         return f"is not an object with fields but a {type(row).__name__}"
     if prompt_key not in row:
@@ -115,6 +117,8 @@ def row_problem(row: Any, prompt_key: str, chat_template: bool) -> str | None:
     if not (_is_messages(prompt) or (not chat_template and isinstance(prompt, str) and prompt)):
         return (f"field {prompt_key!r} must be a non-empty list of chat messages "
                 f"[{{'role': ..., 'content': ...}}]{'' if chat_template else ' or a string'}, got {prompt!r:.80}")
+    if prompts_only:
+        return None
     if not isinstance(row.get("data_source"), str):
         return "has no 'data_source' string field (it selects the reward scorer)"
     reward_model = row.get("reward_model")
@@ -131,50 +135,59 @@ class RLHFDataset(Dataset):
         data_files: one path or a list of ``.parquet`` / ``.jsonl`` files.
         tokenizer: a Hugging Face tokenizer with a pad token.
         config: the ``data`` config section (``prompt_key``, ``max_prompt_length``,
-            ``filter_overlong_prompts``, ``truncation``, ``apply_chat_template``, ``val_max_samples``).
+            ``filter_overlong_prompts`` and ``filter_overlong_prompts_workers``, ``truncation``,
+            ``apply_chat_template`` and ``apply_chat_template_kwargs``, ``mm_processor_kwargs``,
+            ``return_raw_chat``, ``video_key``, ``audio_key``).
         processor: the model's multimodal processor, or None (text only). With one, rows with
             images (``data.image_key``) go through it, image tokens counted in the prompt length.
-        max_samples: keep only the first N rows (None = all).
+        max_samples: keep only N rows (None, or -1 as in verl = all): the first N, or with
+            ``sample_seed`` a random subset of N (in file order).
+        sample_seed: seed of the random subset (None: the first N rows).
+        prompts_only: rows need only the prompt (offline generation): ``data_source`` and
+            ``reward_model`` may be absent (None and ``{}`` in the items).
 
     Each item is a dict with ``input_ids``, ``attention_mask``, ``position_ids`` (``[prompt_len]``,
     left-padded) and the non-tensor fields ``raw_prompt``, ``data_source``, ``tag`` (the row's
     ``tag`` column, else its data source), ``ability``, ``reward_model``, ``extra_info``, ``index``,
     ``agent_name`` (None when the row has none); with a processor also ``multi_modal_inputs`` and
     ``multi_modal_data`` (``{}`` for a row without images; see :mod:`rlvr.utils.multimodal`).
+    ``raw_prompt`` is left out with ``data.return_raw_chat=false``.
 
     Raises:
         DataError: an unreadable file, a malformed row, a missing field or an unreadable image
             (naming the file, the row and the field), an over-long prompt when neither filtering
-            nor truncation is configured (or truncation would cut into an image), or no prompt
-            left after filtering.
+            nor truncation is configured (or truncation would cut into an image), a row with videos or
+            audio, or no prompt left after filtering.
     """
 
     def __init__(self, data_files: str | Sequence[str], tokenizer: Any, config: Any, processor: Any = None,
-                 max_samples: int | None = None) -> None:
+                 max_samples: int | None = None, sample_seed: int | None = None, prompts_only: bool = False) -> None:
         files = [data_files] if isinstance(data_files, (str, Path)) else list(data_files)
-        located = [(Path(path).parent, f"{path}, {where}", row) for path in files
-                   for where, row in read_located_rows(path)]
-        if max_samples is not None:
-            located = located[:max_samples]
+        located = _subset([(Path(path).parent, f"{path}, {where}", row) for path in files
+                           for where, row in read_located_rows(path)], max_samples, sample_seed)
         self.tokenizer = tokenizer
         self.config = config
         self.processor = processor
         self.prompt_key = config.prompt_key
         self.images = None if processor is None else ImagePrompts(processor, config.image_key,
-                                                                  config.apply_chat_template)
+                                                                  config.apply_chat_template,
+                                                                  dict(config.mm_processor_kwargs))
         self.rows: list[dict[str, Any]] = []
         self.prompt_ids: list[list[int]] = []
         self.sources: list[tuple[Path, str]] = []  # (folder of the data file, "file, line N") per row
         overlong = []
-        for base_dir, where, row in located:
-            problem = row_problem(row, self.prompt_key, config.apply_chat_template)
+        for _, where, row in located:
+            problem = row_problem(row, self.prompt_key, config.apply_chat_template, prompts_only) \
+                or self._media_problem(row)
             if problem is not None:
                 raise DataError(f"{where} {problem}")
+        text_ids = self._tokenize_texts(located)
+        for base_dir, where, row in located:
             with_images = self.images is not None and self.images.has_images(row)
             if with_images:
                 ids = self.images.encode(row, self.prompt_key, base_dir, where)[0]
             else:
-                ids = self._tokenize(row[self.prompt_key])
+                ids = text_ids[where]
             if len(ids) > config.max_prompt_length:
                 if config.filter_overlong_prompts:
                     overlong.append(len(ids))
@@ -198,12 +211,32 @@ class RLHFDataset(Dataset):
             raise DataError(f"no prompts left in {files}: {reason}")
         self.prompt_length = max(len(ids) for ids in self.prompt_ids)
 
+    def _media_problem(self, row: dict[str, Any]) -> str | None:
+        """A row with videos or audio: rlvr trains on text and images only."""
+        for key, kind in ((self.config.video_key, "videos"), (self.config.audio_key, "audio")):
+            if row.get(key) is not None and len(row[key]) > 0:
+                return (f"has {kind} in field {key!r}; rlvr trains on text and images only: remove them from the "
+                        "data (or point data.video_key / data.audio_key at a field that holds none)")
+        return None
+
+    def _tokenize_texts(self, located: list[tuple[Path, str, Any]]) -> dict[str, list[int]]:
+        """Prompt ids of the text rows (by location), in ``data.filter_overlong_prompts_workers``
+        processes when that is > 1 (the same ids)."""
+        with_images = self.images is not None
+        prompts = {where: row[self.prompt_key] for _, where, row in located
+                   if not (with_images and self.images.has_images(row))}
+        workers = int(self.config.filter_overlong_prompts_workers)
+        if workers <= 1 or len(prompts) < 2:
+            return {where: self._tokenize(prompt) for where, prompt in prompts.items()}
+        settings = (self.tokenizer, bool(self.config.apply_chat_template), dict(self.config.apply_chat_template_kwargs))
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            ids = pool.map(_tokenize_prompt, [settings] * len(prompts), prompts.values(),
+                           chunksize=max(1, len(prompts) // workers))
+            return dict(zip(prompts, ids))
+
     def _tokenize(self, prompt: Any) -> list[int]:
-        if self.config.apply_chat_template:
-            text = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
-        else:
-            text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return tokenize_prompt(self.tokenizer, prompt, self.config.apply_chat_template,
+                               dict(self.config.apply_chat_template_kwargs))
 
     def _truncate(self, ids: list[int], where: str) -> list[int]:
         limit = self.config.max_prompt_length
@@ -227,11 +260,11 @@ class RLHFDataset(Dataset):
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": compute_position_ids(attention_mask.unsqueeze(0))[0],
-            "raw_prompt": list(row[self.prompt_key]),
-            "data_source": row["data_source"],
+            **({"raw_prompt": list(row[self.prompt_key])} if self.config.return_raw_chat else {}),
+            "data_source": row.get("data_source"),  # every row has one, but for prompts_only
             "tag": row_tag(row),
             "ability": row.get("ability", "unknown"),
-            "reward_model": dict(row["reward_model"]),
+            "reward_model": dict(row.get("reward_model") or {}),
             "extra_info": dict(row.get("extra_info") or {}),
             "index": index,
             "agent_name": row.get("agent_name"),  # the row's agent loop (None: rollout.agent.default_agent_loop)
@@ -250,6 +283,32 @@ class RLHFDataset(Dataset):
         return self.images.item_fields(inputs, images)
 
 
+def tokenize_prompt(tokenizer: Any, prompt: Any, chat_template: bool, template_kwargs: dict[str, Any]) -> list[int]:
+    """Ids of one prompt: rendered with the tokenizer's chat template (with ``template_kwargs``,
+    ``data.apply_chat_template_kwargs``) or its message contents joined with newlines."""
+    if chat_template:
+        text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False,
+                                             **template_kwargs)
+    else:
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _tokenize_prompt(settings: tuple[Any, bool, dict[str, Any]], prompt: Any) -> list[int]:
+    """:func:`tokenize_prompt` in a pool process (``settings``: tokenizer, chat template, kwargs)."""
+    return tokenize_prompt(settings[0], prompt, settings[1], settings[2])
+
+
+def _subset(located: list, max_samples: int | None, seed: int | None) -> list:
+    """``max_samples`` rows (None or < 0: all): the first ones, or a seeded random choice kept in order."""
+    if max_samples is None or max_samples < 0 or max_samples >= len(located):
+        return located
+    if seed is None:
+        return located[:max_samples]
+    chosen = np.random.default_rng(seed).choice(len(located), size=max_samples, replace=False)
+    return [located[i] for i in sorted(chosen.tolist())]
+
+
 def collate_fn(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Stack tensors to ``[batch, ...]``; other fields become numpy object arrays of length ``batch``."""
     out: dict[str, Any] = {}
@@ -264,8 +323,33 @@ def collate_fn(items: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def create_rl_dataset(data_files: Any, data_config: Any, tokenizer: Any, processor: Any = None,
-                      max_samples: int | None = None) -> RLHFDataset:
-    """The dataset for ``data.train_files`` or ``data.val_files`` (verl's factory name)."""
-    files = [str(f) for f in data_files] if not isinstance(data_files, (str, Path)) else str(data_files)
-    return RLHFDataset(files, tokenizer, data_config, processor=processor, max_samples=max_samples)
+def create_rl_dataset(data_paths: Any, data_config: Any, tokenizer: Any, processor: Any = None, is_train: bool = True,
+                      max_samples: int | None = None) -> Dataset:
+    """The dataset for ``data.train_files`` or ``data.val_files`` (verl's factory, name and order).
+
+    ``data.custom_cls`` (``path`` a ``.py`` file or a module, ``name`` the class) replaces
+    :class:`RLHFDataset` with a dataset class of the user's, called as verl calls it:
+    ``cls(data_files=..., tokenizer=..., processor=..., config=data_config, max_samples=...)``.
+    ``max_samples`` (None: ``data.train_max_samples`` for training, all rows for validation) keeps a
+    random subset seeded by ``data.seed`` for training, the first rows for validation.
+
+    Raises:
+        ConfigError: ``data.custom_cls`` does not load or is not a ``torch.utils.data.Dataset``.
+    """
+    files = [str(f) for f in data_paths] if not isinstance(data_paths, (str, Path)) else str(data_paths)
+    if is_train and max_samples is None:
+        max_samples = data_config.train_max_samples
+    custom = data_config.custom_cls
+    if custom.path is not None:
+        from rlvr.utils.user_code import UserCodeError, load_object
+
+        try:
+            cls = load_object(f"{custom.path}:{custom.name}")
+        except UserCodeError as err:
+            raise ConfigError("data.custom_cls", str(err)) from None
+        if not (isinstance(cls, type) and issubclass(cls, Dataset)):
+            raise ConfigError("data.custom_cls", f"{custom.path}:{custom.name} is not a torch.utils.data.Dataset class")
+        return cls(data_files=files, tokenizer=tokenizer, processor=processor, config=data_config,
+                   max_samples=max_samples)
+    return RLHFDataset(files, tokenizer, data_config, processor=processor, max_samples=max_samples,
+                       sample_seed=int(data_config.seed) if is_train and data_config.seed is not None else None)

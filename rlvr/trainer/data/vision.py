@@ -40,12 +40,16 @@ class ImagePrompts:
         image_key: the column holding a row's images (``data.image_key``).
         apply_chat_template: render with the processor's chat template (else the message contents
             are joined with newlines and each placeholder becomes the processor's image token).
+        processor_kwargs: more keyword arguments of the processor's call (``data.mm_processor_kwargs``,
+            e.g. ``max_pixels``).
     """
 
-    def __init__(self, processor: ProcessorMixin, image_key: str, apply_chat_template: bool) -> None:
+    def __init__(self, processor: ProcessorMixin, image_key: str, apply_chat_template: bool,
+                 processor_kwargs: dict[str, Any] | None = None) -> None:
         self.processor = processor
         self.image_key = image_key
         self.apply_chat_template = apply_chat_template
+        self.processor_kwargs = dict(processor_kwargs or {})
         self.image_token_id = int(processor.image_token_id)
 
     def has_images(self, row: dict[str, Any]) -> bool:
@@ -78,7 +82,7 @@ class ImagePrompts:
             raise DataError(f"{where}: field {prompt_key!r} has {placeholders} {IMAGE_PLACEHOLDER} placeholder(s) "
                             f"but field {self.image_key!r} holds {len(images)} image(s); put one {IMAGE_PLACEHOLDER} "
                             "in the prompt where each image goes")
-        features = self.processor(text=[self._text(prompt)], images=images, return_tensors="pt")
+        features = self.processor(text=[self._text(prompt)], images=images, return_tensors="pt", **self.processor_kwargs)
         ids = features["input_ids"][0][features["attention_mask"][0].bool()].tolist()
         return ids, processor_image_inputs(features), images
 

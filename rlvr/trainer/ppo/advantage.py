@@ -4,7 +4,11 @@ One calling convention, so the trainer never names an estimator::
 
     advantages, returns = get_adv_estimator_fn(name)(
         token_level_rewards=..., response_mask=..., index=..., values=..., reward_baselines=...,
-        old_log_prob=..., rollout_log_prob=..., config=algorithm_section)
+        old_log_prob=..., old_log_probs=..., rollout_log_prob=..., sum_pi_squared=...,
+        rollout_is_weights=..., non_tensor_batch=..., batch=..., config=algorithm_section)
+
+(``old_log_probs`` is ``old_log_prob`` again under the name verl's optimal-token-baseline estimators
+use; ``non_tensor_batch`` / ``batch`` are the batch's fields, for GDPO's per-key rewards.)
 
 ``config`` is the run's ``algorithm`` config section (the schema's
 :class:`~rlvr.trainer.config.schema.AlgorithmConfig` or its OmegaConf node; None = the schema's
@@ -14,7 +18,7 @@ parameters of each estimator follow verl 0.9's order, so a positional verl-style
 numbers; every estimator takes what it needs and ignores the rest (``**kwargs``).
 
 Shapes: ``token_level_rewards``, ``response_mask``, ``values``, ``old_log_prob``,
-``rollout_log_prob`` are ``[batch, response_len]``; ``reward_baselines`` is ``[batch]``; ``index``
+``rollout_log_prob``, ``sum_pi_squared``, ``rollout_is_weights`` are ``[batch, response_len]``; ``reward_baselines`` is ``[batch]``; ``index``
 is a numpy object array ``[batch]`` with the uid of each row's prompt (rows of one prompt form a
 group). Each estimator returns float32 ``(advantages, returns)``, both ``[batch, response_len]``
 and zero outside the response mask; a needed input that is None raises a clear ``ValueError``.
@@ -22,7 +26,8 @@ and zero outside the response mask; a needed input that is None raises a clear `
 A registry entry carries what the estimator needs from the trainer
 (:class:`AdvantageEstimatorNeeds`): a critic (``critic.enable`` follows it and validation requires
 it), groups of several samples per prompt (``rollout.n > 1``), a greedy baseline response per
-prompt (the trainer generates and scores it). A user-registered estimator declares the same::
+prompt (the trainer generates and scores it), ``sum_pi_squared`` from the actor
+(``actor.calculate_sum_pi_squared`` must be on). A user-registered estimator declares the same::
 
     @register_adv_est("my_estimator", needs_groups=True)
     def my_estimator(token_level_rewards, response_mask, index, config=None, **kwargs): ...
@@ -69,6 +74,10 @@ class AdvantageEstimator(str, Enum):
     OPO = "opo"
     GPG = "gpg"
     EGPO = "egpo"
+    GRPO_PASSK = "grpo_passk"
+    GDPO = "gdpo"
+    OPTIMAL_TOKEN_BASELINE = "optimal_token_baseline"
+    TIR_OPTIMAL_TOKEN_BASELINE = "tir_optimal_token_baseline"
 
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -83,15 +92,16 @@ def estimator_name(name_or_enum: str | Enum) -> str:
 
 
 def register_adv_est(name_or_enum: str | Enum, *, needs_critic: bool = False, needs_groups: bool = False,
-                     needs_greedy_baseline: bool = False, reads_old_log_prob: bool = False
-                     ) -> Callable[[AdvantageFn], AdvantageFn]:
+                     needs_greedy_baseline: bool = False, reads_old_log_prob: bool = False,
+                     needs_sum_pi_squared: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
     """Decorator registering an advantage estimator under ``name_or_enum`` (a string or an
     ``Enum`` member) with what it needs (:class:`AdvantageEstimatorNeeds`); another function
     under a taken name raises ``ValueError`` (the same function again, or one with its module and
     qualified name, is accepted: see :class:`~rlvr.utils.registry.Registry`)."""
     return ADV_ESTIMATOR_REGISTRY.register(estimator_name(name_or_enum), needs_critic=needs_critic,
                                            needs_groups=needs_groups, needs_greedy_baseline=needs_greedy_baseline,
-                                           reads_old_log_prob=reads_old_log_prob)
+                                           reads_old_log_prob=reads_old_log_prob,
+                                           needs_sum_pi_squared=needs_sum_pi_squared)
 
 
 def get_adv_estimator_fn(name_or_enum: str | Enum) -> AdvantageFn:
@@ -447,3 +457,9 @@ def compute_egpo_outcome_advantage(token_level_rewards, response_mask, index, ol
                                     config.egpo_beta, config.egpo_correct_threshold)
     adv = _broadcast(adv, response_mask)
     return adv, adv
+
+
+# The estimators of these modules register with the ones above whenever the registry is imported
+# (they import this module's helpers, so they come last): gdpo, grpo_passk; optimal_token_baseline,
+# tir_optimal_token_baseline.
+from rlvr.trainer.ppo import grpo_variants, optimal_baseline  # noqa: E402,F401

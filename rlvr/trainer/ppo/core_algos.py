@@ -7,6 +7,9 @@ The code lives in small modules and is re-exported here under verl's names and s
 - ``rlvr.trainer.ppo.advantage``: the advantage-estimator registry (``ADV_ESTIMATOR_REGISTRY``,
   ``AdvantageEstimator``, ``register_adv_est``, ``get_adv_estimator_fn``, what an entry needs:
   ``get_adv_estimator_needs``) and the estimators.
+- ``rlvr.trainer.ppo.grpo_variants`` (GDPO, GRPO pass@k), ``rlvr.trainer.ppo.optimal_baseline`` (the
+  optimal token baseline), ``rlvr.trainer.ppo.trust_region_losses`` (DPPO, SAPO, DRO) and
+  ``rlvr.trainer.ppo.bypass_loss`` (verl's bypass-mode loss, REINFORCE): registered with the rest.
 - ``rlvr.trainer.ppo.egpo``: the EGPO calibration math.
 - ``rlvr.trainer.ppo.kl``: ``kl_penalty``, ``kl_penalty_forward`` and the KL-coefficient controllers.
 - ``rlvr.utils.torch_functional``: ``masked_mean``, ``masked_whiten``, ``entropy_from_logits``.
@@ -39,12 +42,18 @@ from rlvr.trainer.ppo.advantage import (
     estimator_name,
     get_adv_estimator_needs,
 )
+from rlvr.trainer.ppo.bypass_loss import compute_policy_loss_bypass_mode, compute_policy_loss_reinforce
+from rlvr.trainer.ppo.grpo_variants import compute_gdpo_outcome_advantage, compute_grpo_passk_outcome_advantage
 from rlvr.trainer.ppo.kl import (
     AdaptiveKLController,
     FixedKLController,
     get_kl_controller,
     kl_penalty,
     kl_penalty_forward,
+)
+from rlvr.trainer.ppo.optimal_baseline import (
+    compute_multi_turn_optimal_token_baseline_advantage,
+    compute_optimal_token_baseline_advantage,
 )
 from rlvr.trainer.ppo.policy_loss import (
     AGG_LOSS_MODES,
@@ -59,6 +68,12 @@ from rlvr.trainer.ppo.policy_loss import (
     compute_policy_loss_kl_cov,
     compute_policy_loss_vanilla,
 )
+from rlvr.trainer.ppo.trust_region_losses import (
+    compute_policy_loss_dppo_kl,
+    compute_policy_loss_dppo_tv,
+    compute_policy_loss_dro,
+    compute_policy_loss_sapo,
+)
 from rlvr.utils.registry import lookup_in, register_in
 from rlvr.utils.torch_functional import clip_by_value, entropy_from_logits, masked_mean, masked_whiten
 
@@ -66,6 +81,10 @@ __all__ = [
     "ADV_ESTIMATOR_REGISTRY", "AGG_LOSS_MODES", "POLICY_LOSS_REGISTRY", "AdaptiveKLController",
     "AdvantageEstimator", "AdvantageEstimatorNeeds", "FixedKLController", "agg_loss",
     "compute_egpo_outcome_advantage", "compute_entropy_loss", "compute_gae_advantage_return",
+    "compute_gdpo_outcome_advantage", "compute_grpo_passk_outcome_advantage",
+    "compute_multi_turn_optimal_token_baseline_advantage", "compute_optimal_token_baseline_advantage",
+    "compute_policy_loss_bypass_mode", "compute_policy_loss_dppo_kl", "compute_policy_loss_dppo_tv",
+    "compute_policy_loss_dro", "compute_policy_loss_reinforce", "compute_policy_loss_sapo",
     "compute_gpg_outcome_advantage", "compute_grpo_outcome_advantage", "compute_grpo_vectorized_outcome_advantage",
     "compute_opo_outcome_advantage", "compute_policy_loss", "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov", "compute_policy_loss_geo_mean", "compute_policy_loss_gpg",
@@ -82,13 +101,15 @@ __all__ = [
 # when called, so that a table put in their place (verl's tests assign a plain dict) is the one
 # used; normally they are the registries of rlvr.trainer.ppo.advantage / .policy_loss.
 def register_adv_est(name_or_enum, *, needs_critic: bool = False, needs_groups: bool = False,
-                     needs_greedy_baseline: bool = False):
+                     needs_greedy_baseline: bool = False, reads_old_log_prob: bool = False,
+                     needs_sum_pi_squared: bool = False):
     """verl's decorator: register an advantage estimator under a string or ``Enum`` member (see
     :func:`rlvr.trainer.ppo.advantage.register_adv_est`)."""
 
     def add(fn):
         register_in(ADV_ESTIMATOR_REGISTRY, estimator_name(name_or_enum), fn, advantage.ADV_ESTIMATOR_REGISTRY,
-                    needs_critic=needs_critic, needs_groups=needs_groups, needs_greedy_baseline=needs_greedy_baseline)
+                    needs_critic=needs_critic, needs_groups=needs_groups, needs_greedy_baseline=needs_greedy_baseline,
+                    reads_old_log_prob=reads_old_log_prob, needs_sum_pi_squared=needs_sum_pi_squared)
         return fn
 
     return add

@@ -57,7 +57,9 @@ class DriverStateMixin:
 
     def _save_checkpoint(self) -> None:
         """Write ``global_step_<k>``: worker states, then the driver state, then the manifest."""
-        self.checkpoints.save(self.global_steps, self._checkpointed_groups(), self._driver_state())
+        exports = frozenset({"actor"} if "hf_model" in self.config.actor_rollout_ref.actor.checkpoint.save_contents
+                            else set())
+        self.checkpoints.save(self.global_steps, self._checkpointed_groups(), self._driver_state(), exports)
         self._last_save_step = self.global_steps
 
     def _load_checkpoint(self) -> int | None:

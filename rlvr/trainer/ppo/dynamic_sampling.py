@@ -14,14 +14,19 @@ import numpy as np
 from rlvr.protocol import DataProto
 
 
+SCORE_METRICS = ("score", "reward", "seq_reward")
+"""verl's names of the sample's score (the reward before any KL penalty): ``reward`` (0.9),
+``seq_reward`` (its DAPO recipe), rlvr's ``score``."""
+
+
 def group_metric(batch: DataProto, metric: str) -> np.ndarray:
     """The per-sample value compared within a group, ``[batch]``: ``acc`` (0/1 correctness) or
-    ``score`` (sum of ``token_level_scores``)."""
+    the score (sum of ``token_level_scores``: ``score``, or verl's ``reward`` / ``seq_reward``)."""
     if metric == "acc":
         return np.asarray(batch.non_tensor_batch["acc"], dtype=np.float64)
-    if metric == "score":
+    if metric in SCORE_METRICS:
         return batch.batch["token_level_scores"].sum(-1).double().cpu().numpy()
-    raise ValueError(f"unknown filter_groups metric {metric!r}; use 'acc' or 'score'")
+    raise ValueError(f"unknown filter_groups metric {metric!r}; use 'acc' or one of {SCORE_METRICS}")
 
 
 def informative_groups(uids: np.ndarray, values: np.ndarray) -> list[str]:

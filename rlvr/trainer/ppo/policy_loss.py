@@ -419,3 +419,8 @@ def compute_policy_loss_geo_mean(old_log_prob, log_prob, advantages, response_ma
     return pg_loss, _metrics(pg_loss, masked_mean((clipped & (advantages > 0)).float(), response_mask),
                              masked_mean(-log_ratio, response_mask),
                              masked_mean((clipped & (advantages < 0)).float(), response_mask))
+
+
+# The losses of these modules register with the ones above whenever the registry is imported (they
+# import this module's helpers, so they come last): dppo_tv, dppo_kl, sapo, dro; bypass_mode.
+from rlvr.trainer.ppo import bypass_loss, trust_region_losses  # noqa: E402,F401

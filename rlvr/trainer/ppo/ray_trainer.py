@@ -1,10 +1,11 @@
 """The PPO-family trainer: one driver process that drives role worker groups (verl's trainer API).
 
-One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
+One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing_s/<stage>`` (verl's names)::
 
     gen           prompts (uid each) x rollout.n  -> actor_rollout.generate_sequences
     reward        reward_fn on the responses      -> token_level_scores (+ acc per sample); with
-                  reward.routes each domain by its reward worker group or manager
+                  reward.routes each domain by its reward worker group or manager; with a reward
+                  model, its rm_scores first (:mod:`rlvr.trainer.ppo.frozen_roles`)
                   (DAPO dynamic sampling: drop groups that all agree, generate more)
     old_log_prob  actor.compute_log_prob          -> old_log_probs, entropy metric; the rollout/actor
                   log-prob mismatch metrics; the rollout correction (IS weights, rejection) if set,
@@ -13,6 +14,7 @@ One step of :meth:`RayPPOTrainer.fit`, each stage timed as ``timing/<stage>``::
                   with async_training.prox_log_prob_from_update (one optimizer step per batch) the
                   update's own forward pass is the proximal policy (no actor call here either)
     ref           ref.compute_ref_log_prob        -> ref_log_prob       (KL in loss or reward only)
+    teacher       teacher.compute_teacher_log_prob -> the teacher's scores (on-policy distillation only)
     values        critic.compute_values           -> values             (with a critic only)
     adv           KL penalty in the reward, then the registered advantage estimator (driver)
     update_critic critic.update_critic                                   (with a critic only)
@@ -25,9 +27,11 @@ With ``actor_rollout_ref.hybrid_engine=false`` the rollout runs in a worker grou
 ``async_training.mode`` sync, one_step or bounded), which generates them ahead, overlapped with
 training; ``update_weights`` pushes the new weights to the rollout workers.
 
-Validation (greedy, ``rollout.val_kwargs``; :mod:`rlvr.trainer.ppo.validation`) runs before training
-if asked, every ``test_freq`` steps and at the end; checkpoints (:mod:`rlvr.trainer.ppo.driver_state`)
-every ``save_freq`` steps and at the end.
+Validation (``rollout.val_kwargs``, ``n`` samples per prompt; :mod:`rlvr.trainer.ppo.validation`) runs
+before training if asked, every ``test_freq`` steps and at the end (``trainer.val_only``: once, and no
+training); checkpoints (:mod:`rlvr.trainer.ppo.driver_state`) every ``save_freq`` steps and at the end.
+With ``trainer.rollout_data_dir`` every step's samples are written to ``<dir>/<step>.jsonl``
+(:mod:`rlvr.trainer.generations`).
 
 Faults (see :mod:`rlvr.trainer.recovery`): on the Ray backend a dead or hung worker makes the
 trainer tear down and restart every worker group, restore the last whole checkpoint and go on, up
@@ -50,7 +54,13 @@ from omegaconf import OmegaConf
 
 from rlvr.agent.metrics import tool_use_metrics
 from rlvr.protocol import DataProto
-from rlvr.reward.routing import RewardWorkerGroups, check_data_routes, check_reward_functions, reward_routers
+from rlvr.reward.routing import (
+    RewardWorkerGroups,
+    check_data_routes,
+    check_reward_functions,
+    reward_routers,
+    routed_worker_names,
+)
 from rlvr.single_controller import ClassWithInitArgs
 from rlvr.trainer.async_schedule import AsyncRollout, prox_log_prob_from_update, rollout_correction_config
 from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_group
@@ -59,23 +69,29 @@ from rlvr.trainer.config import to_config, use_reference, validate_config, world
 from rlvr.trainer.config.async_checks import rollout_apart
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
-from rlvr.trainer.ppo.core_algos import (
-    agg_loss,
-    get_adv_estimator_fn,
-    get_adv_estimator_needs,
-    get_kl_controller,
-    kl_penalty,
+from rlvr.trainer.generations import REWARD_EXTRA_INFO, dump_batch
+from rlvr.trainer.ppo.balance import balance_batch, update_layouts
+from rlvr.trainer.ppo.batch_steps import (
+    apply_kl_penalty,
+    compute_advantage,
+    compute_response_mask,
+    compute_spec_decode_metrics,
 )
+from rlvr.trainer.ppo.core_algos import agg_loss, get_adv_estimator_needs, get_kl_controller
 from rlvr.trainer.ppo.driver_state import DriverStateMixin
+from rlvr.trainer.ppo.frozen_roles import FrozenRolesMixin
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
-from rlvr.trainer.ppo.metrics import (
+from rlvr.trainer.ppo.metric_utils import (
+    RolloutMoELoadBalanceMetricsAccumulator,
     compute_data_metrics,
-    compute_throughput_metrics,
+    compute_moe_lb_metrics,
+    compute_throughout_metrics,
     compute_timing_metrics,
+    compute_variance_proxy_metrics,
+    per_source_metrics,
     reduce_metrics,
     sample_accuracy,
 )
-from rlvr.trainer.ppo.moe_metrics import RolloutMoeMetrics
 from rlvr.trainer.ppo.resource_pool import ResourcePoolManager
 from rlvr.trainer.ppo.reward import compute_reward
 from rlvr.trainer.ppo.rollout_correction import (
@@ -87,6 +103,7 @@ from rlvr.trainer.ppo.rollout_correction import (
 )
 from rlvr.trainer.ppo.utils import Role
 from rlvr.trainer.ppo.validation import ValidationMixin
+from rlvr.trainer.run_settings import checkpoints_to_keep
 from rlvr.trainer.ppo.worker_groups import TrainerWorkerGroups
 from rlvr.trainer.graceful_stop import GracefulStop
 from rlvr.trainer.progress import TrainingProgress
@@ -94,8 +111,9 @@ from rlvr.trainer.recovery import RECOVERABLE_ERRORS, Recovery, RestartableGroup
 from rlvr.trainer.tracking import Tracking
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
+from rlvr.utils.profiler.summary import StepProfiler, resolve_save_paths
 from rlvr.utils.torch_functional import masked_mean
-from rlvr.workers.moe.layout import ROUTED_EXPERTS, ROUTED_EXPERTS_NUM_EXPERTS
+from rlvr.workers.moe.layout import ROUTED_EXPERTS
 from rlvr.workers.rollout.base import check_weights_version
 
 try:  # verl's default worker group; the local backend runs without Ray installed (a lent GPU machine)
@@ -105,7 +123,8 @@ except ModuleNotFoundError as err:
         raise
     RayWorkerGroup = None
 
-__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role"]
+__all__ = ["RayPPOTrainer", "ResourcePoolManager", "Role", "apply_kl_penalty", "compute_advantage",
+           "compute_response_mask", "compute_spec_decode_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +144,7 @@ def _timer(name: str, timing: dict[str, float]) -> Iterator[None]:
         timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
 
 
-class RayPPOTrainer(ValidationMixin, DriverStateMixin):
+class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
     """Distributed PPO-family trainer (PPO with GAE, GRPO, RLOO, REINFORCE++, ReMax, DAPO, EGPO, ...).
 
     Args:
@@ -173,16 +192,22 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         self.rollout_correction = rollout_correction_config(self.config)
         self.prox_from_update = prox_log_prob_from_update(
             self.config, get_adv_estimator_needs(self.config.algorithm.adv_estimator).reads_old_log_prob)
-        self.rollout_moe_metrics = RolloutMoeMetrics(self.config.actor_rollout_ref.rollout.moe_load_balance_metrics_interval)
+        self.rollout_moe_metrics = RolloutMoELoadBalanceMetricsAccumulator(self.config.actor_rollout_ref.model)
         self._check_roles()
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
         self._create_dataloader(train_dataset, val_dataset, collate_fn or default_collate_fn, train_sampler)
+        if self.config.trainer.val_only and self.val_dataset is None:
+            raise ConfigError("trainer.val_only", "validating only needs validation data: set data.val_files or pass "
+                              "val_dataset (or trainer.val_only=false)")
         if self.routes_rewards:  # datasets built from data files were checked with the config
             check_data_routes(self.config, train_dataset, val_dataset)
         self.reward_workers: RestartableGroup | None = None  # over a RewardWorkerGroups
+        resolve_save_paths(self.config)  # before the workers get the config
+        self.profiling = StepProfiler(self.config, self.device_name)
         self.run_dir = Path(self.config.trainer.default_local_dir)
-        self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints", self.config.trainer.max_actor_ckpt_to_keep)
+        self.checkpoints = RunCheckpoints(self.run_dir / "checkpoints",
+                                          checkpoints_to_keep(self.config.trainer, self.use_critic))
         self.global_steps = 0
         self.workers = TrainerWorkerGroups(resource_pool_manager, ray_worker_group_cls,
                                            self.config.trainer.call_timeout_s)
@@ -212,6 +237,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             raise ConfigError("actor_rollout_ref.actor.use_kl_loss", "a KL term (use_kl_loss or use_kl_in_reward) "
                               "needs a reference policy: add Role.RefPolicy to role_worker_mapping, train the "
                               "actor with LoRA (the actor then provides it), or turn the KL term off")
+        self._check_frozen_roles()
 
     def _actor_role(self) -> Role:
         return Role.ActorRolloutRef if Role.ActorRolloutRef in self.role_worker_mapping else Role.ActorRollout
@@ -219,9 +245,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler) -> None:
         data = self.config.data
         if train_dataset is None:
-            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor)
+            train_dataset = create_rl_dataset(data.train_files, data, self.tokenizer, self.processor, is_train=True)
         if val_dataset is None and data.val_files is not None:
-            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor,
+            val_dataset = create_rl_dataset(data.val_files, data, self.tokenizer, self.processor, is_train=False,
                                             max_samples=data.val_max_samples)
         self.train_dataset, self.val_dataset, self.collate_fn = train_dataset, val_dataset, collate_fn
         sampler = train_sampler if train_sampler is not None else create_rl_sampler(data, train_dataset)
@@ -238,7 +264,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         (:meth:`add_stateless_group`: a dead or hung reward worker restarts them alone, training is
         not rolled back), and route the training and validation rewards through them."""
         cfg, backend = self.config, self.resource_pool_manager.backend
-        self.reward_workers = self.add_stateless_group("reward workers", lambda: RewardWorkerGroups(cfg, backend), None)
+        if routed_worker_names(cfg):  # routes to reward managers or the reward model alone need no worker group
+            self.reward_workers = self.add_stateless_group("reward workers", lambda: RewardWorkerGroups(cfg, backend),
+                                                           None)
         self.reward_fn, self.val_reward_fn = reward_routers(cfg, self.tokenizer, self.reward_workers,
                                                             self.val_dataset is not None)
 
@@ -253,7 +281,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
     def _start_workers(self) -> None:
         """:meth:`init_workers` without the retries (the reward worker groups are started once: a
         restart starts them again with the other stateless groups)."""
-        if self.routes_rewards and self.reward_workers is None:
+        if self.routes_rewards and self.reward_fn is None:
             self.create_reward_worker_groups()
         cfg = self.config
         actor_role = ("actor" if self.rollout_apart else "actor_rollout") + ("_ref" if self.ref_in_actor else "")
@@ -265,12 +293,14 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if self.use_reference and not self.ref_in_actor:
             roles["ref"] = (Role.RefPolicy, ClassWithInitArgs(
                 self.role_worker_mapping[Role.RefPolicy], config=cfg, role="ref"))
+        roles.update(self._frozen_roles())
         groups = self.workers.start(roles)
         self.worker_groups = groups
         self.critic_wg = groups.get("critic")
         self.ref_policy_wg = groups["actor_rollout"] if self.ref_in_actor else groups.get("ref")
         self.actor_rollout_wg = groups["actor_rollout"]
-        for name in ("critic", "ref", "actor_rollout"):
+        self._keep_frozen_groups(groups)
+        for name in ("critic", "ref", "rm", "teacher", "actor_rollout"):
             if name in groups:
                 groups[name].init_model()
         if not self.rollout_apart:
@@ -308,6 +338,9 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
                                 console_write=progress.write)
         self._last_val_step = self._last_save_step = self.global_steps
         self._val_before_train_due = self.val_reward_fn is not None and cfg.val_before_train and self.global_steps == 0
+        if cfg.val_only:
+            self._validate_only(progress)
+            return
         with self.stop:
             try:
                 self._run_with_recovery(progress)
@@ -316,8 +349,23 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
                 self.tracker.finish()
                 if self.async_rollout is not None:
                     self.async_rollout.close()
+        self.profiling.finish()
         if cfg.report:
             self._write_report(progress.elapsed_s())
+
+    def _validate_only(self, progress: TrainingProgress) -> None:
+        """``trainer.val_only``: one validation at the current step (0, or the resumed checkpoint's),
+        logged, then the run ends: no training, checkpoint, export or report."""
+        if self.val_reward_fn is None:
+            raise ConfigError("trainer.val_only", "validating only needs a validation reward function: pass "
+                              "val_reward_fn (or trainer.val_only=false)")
+        try:
+            self._log(self._validate(), step=self.global_steps)
+        finally:
+            progress.close()
+            self.tracker.finish()
+            if self.async_rollout is not None:
+                self.async_rollout.close()
 
     def _run_with_recovery(self, progress: TrainingProgress) -> None:
         """:meth:`_run`, restarted from the last whole checkpoint after each recoverable failure."""
@@ -339,16 +387,22 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             self._val_before_train_due = False
         while self.global_steps < self.total_training_steps and not progress.out_of_time() and not self.stop.requested:
             self.global_steps += 1
+            self.profiling.start(self._profiled_groups(), self.global_steps)
             metrics = self._train_step()
             is_last = self.global_steps >= self.total_training_steps or progress.out_of_time()
+            self.profiling.stop(self._profiled_groups(), self.global_steps, is_last)
             if self.val_reward_fn is not None and cfg.test_freq > 0 and self.global_steps % cfg.test_freq == 0:
+                started = time.perf_counter()
                 metrics.update(self._validate())
+                metrics["timing_s/testing"] = time.perf_counter() - started
                 self._last_val_step = self.global_steps
             if cfg.save_freq > 0 and self.global_steps % cfg.save_freq == 0 and not is_last:
+                started = time.perf_counter()
                 self._save_checkpoint()
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - started
             metrics.update(self.recovery.metrics())
             self._log(metrics, step=self.global_steps)
-            progress.update(metrics["timing/step"], metrics)
+            progress.update(metrics["timing_s/step"], metrics)
         if not self.stop.requested and self.val_reward_fn is not None and self._last_val_step != self.global_steps:
             self._log(self._validate(), step=self.global_steps)
             self._last_val_step = self.global_steps
@@ -356,6 +410,13 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             self._save_checkpoint()
         if cfg.export_hf and not self.stop.requested:
             self.actor_rollout_wg.export_hf(str(self.run_dir / "hf_model"))
+
+    def _profiled_groups(self) -> list[Any]:
+        """The worker groups whose roles ``global_profiler`` may profile: the actor's (rollout and
+        reference when they share it), a separate reference's and the critic's."""
+        groups = [self.actor_rollout_wg, self.ref_policy_wg, self.critic_wg]
+        return [group for i, group in enumerate(groups)
+                if group is not None and all(group is not earlier for earlier in groups[:i])]
 
     def _log(self, metrics: dict[str, float], step: int) -> None:
         self.metrics_history.append({"step": step, **metrics})
@@ -371,20 +432,33 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             if batch is not None:
                 self._train_on_batch(batch, timing, metrics)
         if batch is None:
-            return {**metrics, "train/skipped_step": 1.0, **{f"timing/{k}": v for k, v in timing.items()}}
+            return {**metrics, "train/skipped_step": 1.0, **{f"timing_s/{k}": v for k, v in timing.items()}}
+        if self.config.trainer.rollout_data_dir:
+            with _timer("dump_rollout_generations", timing):
+                dump_batch(batch, self.tokenizer, self.config.trainer.rollout_data_dir, self.global_steps)
+        batch.meta_info["global_token_num"] = batch.batch["attention_mask"].sum(-1).tolist()
         metrics.update(compute_data_metrics(batch, self.use_critic))
+        metrics.update(compute_variance_proxy_metrics(batch, metrics.get("actor/grad_norm")))
+        metrics.update(per_source_metrics("train", batch.non_tensor_batch["data_source"],
+                                          batch.batch["token_level_scores"].sum(-1).tolist(),
+                                          batch.non_tensor_batch["acc"].tolist()))
         metrics.update(_tool_use_metrics("train", batch))
         metrics.update(compute_timing_metrics(batch, timing))
-        metrics.update(compute_throughput_metrics(batch, timing, world_size(self.config)))
+        metrics.update(compute_throughout_metrics(batch, timing, world_size(self.config)))
         return metrics
 
     def _train_on_batch(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
-        """Log-probs, reference, values, advantages, then the critic and actor updates."""
+        """Balanced over the ranks, log-probs, reference, values, advantages, then the critic and actor updates."""
+        if self.config.trainer.balance_batch:
+            self._balance_batch(batch, metrics)
         self._compute_old_log_prob(batch, timing, metrics)
         if self.use_reference:
             self._compute_ref_log_prob(batch, timing)
         if self.use_critic:
             self._compute_values(batch, timing)
+        if self.teacher_wg is not None:
+            with _timer("teacher", timing):
+                metrics.update(self._add_teacher_scores(batch))
         self._compute_advantage(batch, timing, metrics)
         if self.use_critic:
             self._update_critic(batch, timing, metrics)
@@ -392,6 +466,15 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
             self._update_actor(batch, timing, metrics)
 
     # ------------------------------------------------------------------ stages
+    def _balance_batch(self, batch: DataProto, metrics: dict[str, float], logging_prefix: str = "global_seqlen") -> None:
+        """``trainer.balance_batch`` (verl's method): reorder ``batch`` in place so that every data-parallel
+        rank gets about the same tokens, each row within its mini-batch (:mod:`rlvr.trainer.ppo.balance`);
+        nothing to do with one rank."""
+        layouts = update_layouts(self.config, self.use_critic)
+        if layouts[0].dp_size > 1:
+            keep_groups = get_adv_estimator_needs(self.config.algorithm.adv_estimator).needs_groups
+            metrics.update(balance_batch(batch, layouts, keep_groups, logging_prefix))
+
     def _collect_batch(self, timing: dict[str, float], metrics: dict[str, float]) -> DataProto | None:
         """Generate and score prompts. With ``filter_groups`` (DAPO) keep only informative groups
         and generate more until ``train_batch_size`` groups are kept; after ``max_num_gen_batches``
@@ -438,9 +521,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
                     baseline = self._generate(batch, validate=False, do_sample=False)
                 batch = self._generate(repeated, validate=False)
         metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))
-        if self.rollout_moe_metrics.interval > 0:
-            metrics.update(self.rollout_moe_metrics.update(batch.batch[ROUTED_EXPERTS], batch.batch["response_mask"],
-                                                           batch.meta_info[ROUTED_EXPERTS_NUM_EXPERTS], self.global_steps))
+        metrics.update(compute_moe_lb_metrics(batch, self.config.actor_rollout_ref.rollout.moe_load_balance_metrics_interval,
+                                              self.global_steps, self.rollout_moe_metrics))  # rollout/moe/*
         with _timer("reward", timing):
             metrics.update(self._score(batch, self.reward_fn))
             if greedy_baseline:
@@ -469,22 +551,31 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         return batch.union(generated)
 
     def _score(self, batch: DataProto, reward_fn: Any) -> dict[str, float]:
-        """``token_level_scores`` and per-sample ``acc`` into ``batch``; returns the reward metrics.
+        """``token_level_scores``, per-sample ``acc`` and the reward function's per-sample extras
+        (column ``reward_extra_info``, a dict per sample) into ``batch``; returns the reward metrics.
         ``acc`` is the task scorer's verdict alone: tool and environment rewards of a multi-turn
         rollout (``turn_scores``) are added to the scores after it, so they never make an answer right."""
+        rm_metrics = self._add_rm_scores(batch)
         reward_tensor, extra = compute_reward(batch, reward_fn)
+        for key in self.config.algorithm.gdpo_reward_keys or ():  # GDPO's reward components, per sample
+            if key in extra:
+                batch.non_tensor_batch[key] = np.array(extra[key], dtype=object)
         acc = sample_accuracy(reward_tensor.sum(-1), extra)
         if "turn_scores" in batch.batch.keys():  # rewards of tools / environments during a multi-turn rollout
             reward_tensor = reward_tensor + batch.batch["turn_scores"]
         batch.batch["token_level_scores"] = reward_tensor
         batch.non_tensor_batch["acc"] = np.array(acc.tolist(), dtype=object)
-        return reduce_metrics(batch.meta_info.pop("metrics", {}))
+        extras = np.empty(len(batch), dtype=object)
+        extras[:] = [{key: values[i] for key, values in extra.items()} for i in range(len(batch))]
+        batch.non_tensor_batch[REWARD_EXTRA_INFO] = extras
+        return {**rm_metrics, **reduce_metrics(batch.meta_info.pop("metrics", {}))}
 
     def _compute_old_log_prob(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """``old_log_probs`` from the actor (the worker reuses the rollout's sampling log-probs when
         they are exact for the current weights), the rollout/actor mismatch metrics and the rollout
-        correction. ``actor/entropy`` is the Monte-Carlo estimate
-        ``mean(-log p)`` of the sampled tokens, unless the worker returned per-token ``entropys``."""
+        correction (both need the rollout's log-probs: ``rollout.calculate_log_probs``).
+        ``actor/entropy`` is the Monte-Carlo estimate ``mean(-log p)`` of the sampled tokens, unless
+        the worker returned per-token ``entropys`` (asked for with ``actor.calculate_entropy``)."""
         rc = self.rollout_correction
         if rc.bypass_mode:
             metrics.update(bypass_old_log_probs(batch, rc))
@@ -492,21 +583,28 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         if self.prox_from_update:  # decoupled PPO, one optimizer step: the update's forward is the proximal policy
             batch.meta_info[PROX_FROM_UPDATE_KEY] = prox_from_update_settings(rc)
             return
+        if self.config.actor_rollout_ref.actor.calculate_sum_pi_squared:
+            batch.meta_info["calculate_sum_pi_squared"] = True
+        batch.meta_info["calculate_entropy"] = bool(self.config.actor_rollout_ref.actor.calculate_entropy)
         with _timer("old_log_prob", timing):
             output = self.actor_rollout_wg.compute_log_prob(batch)
         mask = batch.batch["response_mask"]
         batch.batch["old_log_probs"] = output.batch["old_log_probs"]
         if ROUTED_EXPERTS in output.batch.keys():  # an MoE actor's own routes (router_replay.mode=R2)
             batch.batch[ROUTED_EXPERTS] = output.batch[ROUTED_EXPERTS]
+        if "sum_pi_squared" in output.batch.keys():
+            batch.batch["sum_pi_squared"] = output.batch["sum_pi_squared"]
         metrics.update(reduce_metrics(output.meta_info["metrics"]))
         if "entropys" in output.batch.keys():
             loss_agg_mode = self.config.actor_rollout_ref.actor.loss_agg_mode
             metrics["actor/entropy"] = agg_loss(output.batch["entropys"], mask, loss_agg_mode).item()
         else:
             metrics["actor/entropy"] = masked_mean(-output.batch["old_log_probs"], mask).item()
-        metrics.update(compute_rollout_mismatch_metrics(batch.batch["old_log_probs"], batch.batch["rollout_log_probs"],
-                                                         mask, rc.log_prob_diff_threshold))
-        metrics.update(compute_rollout_correction_and_add_to_batch(batch, rc)[1])
+        if "rollout_log_probs" in batch.batch.keys():
+            metrics.update(compute_rollout_mismatch_metrics(batch.batch["old_log_probs"],
+                                                             batch.batch["rollout_log_probs"], mask,
+                                                             rc.log_prob_diff_threshold))
+            metrics.update(compute_rollout_correction_and_add_to_batch(batch, rc)[1])
 
     def _compute_ref_log_prob(self, batch: DataProto, timing: dict[str, float]) -> None:
         with _timer("ref", timing):
@@ -520,32 +618,14 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
 
     def _compute_advantage(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         """KL penalty in the reward (if enabled), then the registered estimator on the driver."""
-        tensors = batch.batch
+        algo = self.config.algorithm
         with _timer("adv", timing):
             if self.kl_ctrl_in_reward is not None:
-                metrics.update(self._apply_kl_penalty(batch))
+                metrics.update(apply_kl_penalty(batch, self.kl_ctrl_in_reward, algo.kl_penalty)[1])
             else:
-                tensors["token_level_rewards"] = tensors["token_level_scores"]
-            optional = {key: tensors[key] if key in tensors.keys() else None
-                        for key in ("values", "reward_baselines", "old_log_probs", "rollout_log_probs")}
-            advantages, returns = get_adv_estimator_fn(self.config.algorithm.adv_estimator)(
-                token_level_rewards=tensors["token_level_rewards"], response_mask=tensors["response_mask"],
-                index=batch.non_tensor_batch["uid"], values=optional["values"],
-                reward_baselines=optional["reward_baselines"], old_log_prob=optional["old_log_probs"],
-                rollout_log_prob=optional["rollout_log_probs"], config=self.config.algorithm)
-            tensors["advantages"], tensors["returns"] = advantages, returns
-
-    def _apply_kl_penalty(self, batch: DataProto) -> dict[str, float]:
-        """``token_level_rewards = token_level_scores - beta * KL(actor || ref)`` per token
-        (Ziegler et al. 2019, arXiv:1909.08593); the controller then updates ``beta``."""
-        tensors, algo = batch.batch, self.config.algorithm
-        mask = tensors["response_mask"]
-        kld = kl_penalty(tensors["old_log_probs"], tensors["ref_log_prob"], algo.kl_penalty) * mask
-        beta = self.kl_ctrl_in_reward.value
-        tensors["token_level_rewards"] = tensors["token_level_scores"] - beta * kld
-        current_kl = masked_mean(kld, mask, axis=-1).mean().item()
-        self.kl_ctrl_in_reward.update(current_kl=current_kl, n_steps=len(batch))
-        return {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            compute_advantage(batch, algo.adv_estimator, gamma=algo.gamma, lam=algo.lam,
+                              norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, config=algo)
 
     def _update_critic(self, batch: DataProto, timing: dict[str, float], metrics: dict[str, float]) -> None:
         with _timer("update_critic", timing):
@@ -560,7 +640,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin):
         with _timer("update_weights", timing):
             if self.async_rollout is None:
                 stages = self.actor_rollout_wg.update_weights()[0]
-                metrics.update({f"timing/update_weights/{stage}": seconds for stage, seconds in stages.items()})
+                metrics.update({f"timing_s/update_weights/{stage}": seconds for stage, seconds in stages.items()})
             else:
                 self.async_rollout.after_update()
 

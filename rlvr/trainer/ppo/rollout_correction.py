@@ -33,6 +33,8 @@ from collections.abc import Callable
 import torch
 
 from rlvr.protocol import DataProto
+from rlvr.trainer.ppo.correction_thresholds import is_rs_option_list, is_threshold_bounds
+from rlvr.trainer.ppo.rollout_rejection import rs_option_mask
 from rlvr.utils.registry import Registry
 from rlvr.utils.torch_functional import masked_mean, masked_sum
 
@@ -41,11 +43,13 @@ __all__ = [
     "compute_rollout_correction_weights", "compute_rollout_rejection_mask",
     "compute_rollout_correction_and_rejection_mask", "compute_rollout_correction_and_add_to_batch",
     "compute_rollout_mismatch_metrics", "bypass_old_log_probs", "BYPASS_RS_KEY", "compute_bypass_rejection",
+    "bypass_is_weights", "compute_policy_loss_reinforce",
     "PROX_FROM_UPDATE_KEY", "prox_from_update_settings", "ProxFromUpdate",
 ]
 
 BYPASS_RS_KEY = "bypass_rollout_rs"
-"""``meta_info`` key: the rejection settings the actor applies per micro-batch in bypass mode."""
+"""``meta_info`` key: the bypass-mode settings the actor applies per micro-batch (the loss type, the
+IS weights of ``loss_type=reinforce``, the rejection)."""
 
 PROX_FROM_UPDATE_KEY = "prox_from_update"
 """``meta_info`` key: the actor takes the proximal (old) log-probs from its update's own forward pass
@@ -95,15 +99,20 @@ def _valid_min_max(values: torch.Tensor, valid: torch.Tensor) -> tuple[float, fl
 
 
 def compute_rollout_correction_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor,
-                                       rollout_is: str = "token", rollout_is_threshold: float = 2.0
+                                       rollout_is: str = "token", rollout_is_threshold: float | str = 2.0,
+                                       rollout_is_batch_normalize: bool = False
                                        ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Truncated importance-sampling weights ``min(rho, rollout_is_threshold)`` (TIS).
+    """Truncated importance-sampling weights ``min(rho, rollout_is_threshold)`` (TIS), or with a
+    ``"lower_upper"`` threshold IcePop's: ``rho`` inside the band, 0 outside it.
 
     Args:
         log_ratio: ``[B, R]`` ``log pi_old - log pi_rollout`` per token.
         response_mask: ``[B, R]`` 1 on the tokens that count.
         rollout_is: ratio level from :data:`ROLLOUT_RATIO_LEVELS`.
-        rollout_is_threshold: the cap (> 0).
+        rollout_is_threshold: the cap (> 0), or ``"lower_upper"``.
+        rollout_is_batch_normalize: divide the weights by their mean (over the valid tokens at the
+            token level, over the sequences at a sequence level) so that they average 1
+            (``rollout_is_batch_norm_factor``: that mean).
 
     Returns:
         ``(weights [B, R] float32, detached, 0 on padding; metrics)`` with ``rollout_is_mean``
@@ -112,18 +121,37 @@ def compute_rollout_correction_weights(log_ratio: torch.Tensor, response_mask: t
         ``rollout_is_eff_sample_size`` (``1 / mean((w / mean w)^2)``, as a fraction of the tokens).
     """
     raw, weights = _truncated_is(log_ratio, response_mask, rollout_is, rollout_is_threshold)
-    return weights, _truncated_is_metrics(raw, weights, response_mask, rollout_is_threshold)
+    metrics = _truncated_is_metrics(raw, weights, response_mask, is_threshold_bounds(rollout_is_threshold)[1])
+    if rollout_is_batch_normalize:
+        weights, metrics["rollout_is_batch_norm_factor"] = _batch_normalized(weights, response_mask, rollout_is)
+    return weights, metrics
+
+
+def _batch_normalized(weights: torch.Tensor, response_mask: torch.Tensor, rollout_is: str
+                      ) -> tuple[torch.Tensor, float]:
+    """The weights divided by their batch mean (per token, or per sequence for a sequence level),
+    and that mean (1 when it is ~0: nothing to normalise)."""
+    if rollout_is == "token":
+        mean = masked_mean(weights, response_mask)
+    else:
+        rows = response_mask.sum(-1) > 0
+        mean = masked_mean(weights, response_mask, axis=-1)[rows].mean() if bool(rows.any()) else weights.new_zeros(())
+    if float(mean) <= 1e-8:
+        return weights, 1.0
+    return weights / mean, float(mean)
 
 
 def _truncated_is(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_is: str,
-                  rollout_is_threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(rho before the cap, min(rho, cap) detached)``, both ``[B, R]`` float32 and 0 on padding."""
-    if rollout_is_threshold <= 0:
-        raise ValueError(f"rollout_is_threshold must be > 0, got {rollout_is_threshold}")
+                  rollout_is_threshold: float | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rho before the cap, the weights detached)``, both ``[B, R]`` float32 and 0 on padding:
+    ``min(rho, cap)``, or IcePop's ``rho`` inside ``[lower, upper]`` and 0 outside."""
+    lower, upper = is_threshold_bounds(rollout_is_threshold)
     mask = response_mask.float()
     level = get_rollout_ratio_level(rollout_is)(log_ratio.float(), mask)
     raw = torch.exp(level.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask
-    return raw, raw.clamp(max=rollout_is_threshold).detach()
+    if lower is None:
+        return raw, raw.clamp(max=upper).detach()
+    return raw, torch.where((raw >= lower) & (raw <= upper), raw, torch.zeros_like(raw)).detach()
 
 
 def _truncated_is_metrics(raw: torch.Tensor, weights: torch.Tensor, response_mask: torch.Tensor,
@@ -181,8 +209,9 @@ def compute_rollout_rejection_mask(log_ratio: torch.Tensor, response_mask: torch
 
 def compute_rollout_correction_and_rejection_mask(
         old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-        rollout_is: str | None = None, rollout_is_threshold: float = 2.0, rollout_rs: str | None = None,
-        rollout_rs_threshold: float | None = None, rollout_rs_threshold_lower: float | None = None,
+        rollout_is: str | None = None, rollout_is_threshold: float | str = 2.0,
+        rollout_is_batch_normalize: bool = False, rollout_rs: str | None = None,
+        rollout_rs_threshold: float | str | None = None, rollout_rs_threshold_lower: float | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """IS weights and the rejection mask in one call (verl's entry point, tensors in and out).
 
@@ -191,9 +220,12 @@ def compute_rollout_correction_and_rejection_mask(
         rollout_log_prob: ``[B, R]`` the rollout engine's log-probs of the same tokens.
         response_mask: ``[B, R]``.
         rollout_is: IS level (``None`` = no weights).
-        rollout_is_threshold: cap of the IS weights.
-        rollout_rs: rejection level (``None`` = no rejection).
-        rollout_rs_threshold: upper bound of the rejection band (``None`` = ``rollout_is_threshold``).
+        rollout_is_threshold: cap of the IS weights, or ``"lower_upper"`` (IcePop).
+        rollout_is_batch_normalize: normalise the weights to mean 1.
+        rollout_rs: rejection level (``None`` = no rejection), or verl's options
+            (``token_k1``, ``seq_mean_k3``, ... comma-separated: :mod:`~rlvr.trainer.ppo.rollout_rejection`).
+        rollout_rs_threshold: upper bound of the rejection band (``None`` = ``rollout_is_threshold``'s
+            upper bound), ``"lower_upper"``, or verl's per-option thresholds.
         rollout_rs_threshold_lower: lower bound (``None`` = ``1 / upper``).
 
     Returns:
@@ -208,15 +240,29 @@ def compute_rollout_correction_and_rejection_mask(
     weights, metrics = None, {}
     if rollout_is is not None:
         weights, is_metrics = compute_rollout_correction_weights(log_ratio, response_mask, rollout_is,
-                                                                 rollout_is_threshold)
+                                                                 rollout_is_threshold, rollout_is_batch_normalize)
         metrics.update(is_metrics)
     modified_mask = response_mask
     if rollout_rs is not None:
-        upper = rollout_is_threshold if rollout_rs_threshold is None else rollout_rs_threshold
-        modified_mask, rs_metrics = compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, upper,
-                                                                   rollout_rs_threshold_lower)
+        modified_mask, rs_metrics = _rejection(log_ratio, response_mask, rollout_rs, rollout_rs_threshold,
+                                               rollout_rs_threshold_lower, rollout_is_threshold)
         metrics.update(rs_metrics)
     return weights, modified_mask, {f"rollout_corr/{name}": value for name, value in metrics.items()}
+
+
+def _rejection(log_ratio: torch.Tensor, response_mask: torch.Tensor, rollout_rs: str,
+               threshold: float | str | None, lower: float | None, is_threshold: float | str
+               ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The rejection mask of a ratio level (band ``[lower, upper]``) or of verl's options."""
+    if is_rs_option_list(rollout_rs):
+        return rs_option_mask(log_ratio, response_mask, rollout_rs,
+                              is_threshold_bounds(is_threshold)[1] if threshold is None else threshold)
+    if threshold is None:
+        band_lower, upper = None, is_threshold_bounds(is_threshold)[1]
+    else:
+        band_lower, upper = is_threshold_bounds(threshold)
+    return compute_rollout_rejection_mask(log_ratio, response_mask, rollout_rs, upper,
+                                          band_lower if lower is None else lower)
 
 
 def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_config
@@ -236,7 +282,8 @@ def compute_rollout_correction_and_add_to_batch(batch: DataProto, rollout_corr_c
         return batch, {}
     weights, tensors["response_mask"], metrics = compute_rollout_correction_and_rejection_mask(
         tensors["old_log_probs"], tensors["rollout_log_probs"], tensors["response_mask"],
-        rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold, rollout_rs=rc.rollout_rs,
+        rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
         rollout_rs_threshold=rc.rollout_rs_threshold, rollout_rs_threshold_lower=rc.rollout_rs_threshold_lower)
     if weights is not None:
         tensors["rollout_is_weights"] = weights
@@ -288,8 +335,10 @@ def bypass_old_log_probs(batch: DataProto, rollout_corr_config) -> dict[str, flo
     engine's residual mismatch included. With ``rollout_rs`` the actor also drops, in every
     micro-batch, the tokens whose residual ratio ``pi_theta / pi_rollout`` leaves the rejection band
     (:func:`compute_bypass_rejection`; the settings travel in ``meta_info[BYPASS_RS_KEY]``).
-    ``rollout_is`` is refused with bypass mode by config validation: its weights would count the
-    ratio the PPO loss already has a second time.
+    With ``loss_type=reinforce`` the actor's loss is :func:`compute_policy_loss_reinforce` with the
+    IS weights of ``pi_theta / pi_rollout`` (``rollout_is``); with ``ppo_clip`` ``rollout_is`` is
+    refused by config validation: its weights would count the ratio the PPO loss already has a
+    second time.
 
     Returns:
         ``actor/entropy`` (the Monte-Carlo estimate ``mean(-log p_rollout)``) and
@@ -297,10 +346,11 @@ def bypass_old_log_probs(batch: DataProto, rollout_corr_config) -> dict[str, flo
     """
     tensors, rc = batch.batch, rollout_corr_config
     tensors["old_log_probs"] = tensors["rollout_log_probs"].clone()
-    if rc.rollout_rs is not None:
+    if rc.rollout_rs is not None or rc.loss_type != "ppo_clip":
         batch.meta_info[BYPASS_RS_KEY] = {
-            "rollout_rs": rc.rollout_rs, "rollout_rs_threshold": rc.rollout_is_threshold if rc.rollout_rs_threshold
-            is None else rc.rollout_rs_threshold, "rollout_rs_threshold_lower": rc.rollout_rs_threshold_lower}
+            "loss_type": rc.loss_type, "rollout_is": rc.rollout_is, "rollout_is_threshold": rc.rollout_is_threshold,
+            "rollout_is_batch_normalize": bool(rc.rollout_is_batch_normalize), "rollout_rs": rc.rollout_rs,
+            "rollout_rs_threshold": rc.rollout_rs_threshold, "rollout_rs_threshold_lower": rc.rollout_rs_threshold_lower}
     return {"actor/entropy": masked_mean(-tensors["old_log_probs"], tensors["response_mask"]).item(),
             "actor/bypass_mode": 1.0}
 
@@ -310,10 +360,54 @@ def compute_bypass_rejection(log_prob: torch.Tensor, rollout_log_prob: torch.Ten
     """Bypass mode's rejection on one micro-batch: ``response_mask`` ``[b, R]`` without the tokens
     (or sequences) whose residual ratio ``pi_theta / pi_rollout`` (``log_prob`` detached) leaves the
     band ``settings`` gives (``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower``)."""
-    mask, _ = compute_rollout_rejection_mask(log_prob.detach().float() - rollout_log_prob.float(), response_mask,
-                                             settings["rollout_rs"], settings["rollout_rs_threshold"],
-                                             settings["rollout_rs_threshold_lower"])
+    if settings["rollout_rs"] is None:
+        return response_mask
+    mask, _ = _rejection(log_prob.detach().float() - rollout_log_prob.float(), response_mask,
+                         settings["rollout_rs"], settings["rollout_rs_threshold"],
+                         settings["rollout_rs_threshold_lower"], settings["rollout_is_threshold"])
     return mask
+
+
+def bypass_is_weights(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                      settings: dict) -> torch.Tensor | None:
+    """Bypass mode's IS weights of ``pi_theta / pi_rollout`` on one micro-batch (``log_prob``
+    detached; ``settings``' ``rollout_is`` level, threshold and batch normalisation), or None
+    without ``rollout_is``."""
+    if settings["rollout_is"] is None:
+        return None
+    weights, _ = compute_rollout_correction_weights(log_prob.detach().float() - rollout_log_prob.float(),
+                                                    response_mask, settings["rollout_is"],
+                                                    settings["rollout_is_threshold"],
+                                                    settings["rollout_is_batch_normalize"])
+    return weights
+
+
+def compute_policy_loss_reinforce(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
+                                  response_mask: torch.Tensor, loss_agg_mode: str = "seq-mean-token-sum",
+                                  config=None, rollout_is_weights: torch.Tensor | None = None
+                                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """REINFORCE with explicit IS weights: ``-A * log pi_theta * w`` per token (``w`` detached,
+    1 without weights), aggregated with ``loss_agg_mode`` (verl's bypass-mode loss of
+    ``rollout_correction.loss_type=reinforce``; Williams 1992).
+
+    Args:
+        rollout_log_prob, log_prob, advantages, response_mask: ``[B, R]``.
+        config: the actor section (its ``global_batch_info`` reaches :func:`agg_loss`).
+        rollout_is_weights: ``[B, R]`` IS weights of ``pi_theta / pi_rollout``, or None.
+
+    Returns:
+        ``(loss, {"pg_loss", "pg_clipfrac" (0: nothing is clipped), "ppo_kl" (mean log pi_rollout -
+        log pi_theta)})``.
+    """
+    from rlvr.trainer.ppo.policy_loss import agg_loss
+
+    pg_losses = -advantages * log_prob
+    if rollout_is_weights is not None:
+        pg_losses = pg_losses * rollout_is_weights
+    batch_info = dict(config.global_batch_info) if config is not None else {}
+    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, **batch_info)
+    kl = masked_mean(rollout_log_prob - log_prob.detach(), response_mask)
+    return loss, {"pg_loss": loss.detach(), "pg_clipfrac": torch.zeros(()), "ppo_kl": kl}
 
 
 def prox_from_update_settings(rollout_corr_config) -> dict:

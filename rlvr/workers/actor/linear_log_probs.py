@@ -9,14 +9,16 @@ pass recomputes each chunk's logits and accumulates::
     dL/dz_i = g_i * (onehot(y_i) - softmax(z_i)) / temperature
     dL/dh_i = dL/dz_i @ W          dL/dW += dL/dz_i^T @ h_i
 
-so the memory of the head is ``O(chunk x vocab)`` in both directions, whatever the batch.
+so the memory of the head is ``O(chunk x vocab)`` in both directions, whatever the batch. The same
+pass can also give, without a gradient, each token's entropy and ``sum_v p_v^2`` (the optimal token
+baseline's ``sum_pi_squared``): :func:`linear_token_stats`.
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["linear_log_probs", "chunk_tokens_for"]
+__all__ = ["linear_log_probs", "linear_token_stats", "chunk_tokens_for"]
 
 _CHUNK_BYTES = {"cuda": 1 << 30, "cpu": 32 << 20}
 
@@ -39,11 +41,13 @@ def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, inv_temperature: f
 class _LinearLogProbs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, inv_temperature: float,
-                chunk: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk: int, with_entropy: bool, with_sum_pi_squared: bool
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         rows = hidden.shape[0]
         log_probs = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         lse = torch.empty(rows, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(rows if with_entropy else 0, dtype=torch.float32, device=hidden.device)
+        sum_pi_squared = torch.empty(rows if with_sum_pi_squared else 0, dtype=torch.float32, device=hidden.device)
         for start in range(0, rows, chunk):
             end = min(start + chunk, rows)
             logits = _chunk_logits(hidden[start:end], weight, inv_temperature)
@@ -56,13 +60,15 @@ class _LinearLogProbs(torch.autograd.Function):
             log_probs[start:end] = logits.gather(-1, labels[start:end, None]).squeeze(-1) - lse[start:end]
             if with_entropy:
                 entropy[start:end] = lse[start:end] - torch.linalg.vecdot(exp, logits) / total
+            if with_sum_pi_squared:  # sum_v p_v^2 = sum_v exp(z_v - m)^2 / (sum_v exp(z_v - m))^2
+                sum_pi_squared[start:end] = torch.linalg.vecdot(exp, exp) / total.square()
         ctx.save_for_backward(hidden, weight, labels, lse)
         ctx.inv_temperature, ctx.chunk = inv_temperature, chunk
-        ctx.mark_non_differentiable(entropy)
-        return log_probs, entropy
+        ctx.mark_non_differentiable(entropy, sum_pi_squared)
+        return log_probs, entropy, sum_pi_squared
 
     @staticmethod
-    def backward(ctx, grad_log_probs: torch.Tensor, _grad_entropy: torch.Tensor):
+    def backward(ctx, grad_log_probs: torch.Tensor, _grad_entropy: torch.Tensor, _grad_sum_pi_squared: torch.Tensor):
         hidden, weight, labels, lse = ctx.saved_tensors
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
@@ -84,13 +90,13 @@ class _LinearLogProbs(torch.autograd.Function):
                 grad_weight.addmm_(dz.t(), hidden[start:end].float())
         if need_weight:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
 
 
-def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
-                     chunk: int | None = None, with_entropy: bool = False
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each label under ``softmax(hidden @ weight.T / temperature)``, chunked over tokens.
+def linear_token_stats(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                       chunk: int | None = None, with_entropy: bool = False, with_sum_pi_squared: bool = False
+                       ) -> dict[str, torch.Tensor]:
+    """Per-token statistics of ``softmax(hidden @ weight.T / temperature)``, chunked over tokens.
 
     Args:
         hidden: ``[..., H]`` final hidden states (the LM head's input).
@@ -98,11 +104,12 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
         labels: ``[...]`` token ids (same leading shape as ``hidden``).
         temperature: divides the logits.
         chunk: tokens per chunk (default :func:`chunk_tokens_for`).
-        with_entropy: also return the entropy of each token's distribution (no gradient).
+        with_entropy: also return each token's entropy (no gradient).
+        with_sum_pi_squared: also return each token's ``sum_v p_v^2`` (no gradient).
 
     Returns:
-        ``(log_probs [...], entropy [...] or None)``, float32; gradients flow to ``hidden`` and
-        ``weight`` through ``log_probs``.
+        ``{"log_probs": [...]}`` plus ``"entropy"`` / ``"sum_pi_squared"`` when asked, float32;
+        gradients flow to ``hidden`` and ``weight`` through ``log_probs``.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
@@ -110,6 +117,20 @@ def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     flat_labels = labels.reshape(-1).long()
     chunk = chunk or chunk_tokens_for(weight.shape[0], hidden.device)
-    log_probs, entropy = _LinearLogProbs.apply(flat_hidden, weight, flat_labels, 1.0 / temperature, chunk,
-                                               with_entropy)
-    return log_probs.reshape(lead), entropy.reshape(lead) if with_entropy else None
+    log_probs, entropy, sum_pi_squared = _LinearLogProbs.apply(flat_hidden, weight, flat_labels, 1.0 / temperature,
+                                                               chunk, with_entropy, with_sum_pi_squared)
+    stats = {"log_probs": log_probs.reshape(lead)}
+    if with_entropy:
+        stats["entropy"] = entropy.reshape(lead)
+    if with_sum_pi_squared:
+        stats["sum_pi_squared"] = sum_pi_squared.reshape(lead)
+    return stats
+
+
+def linear_log_probs(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0,
+                     chunk: int | None = None, with_entropy: bool = False
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each label under ``softmax(hidden @ weight.T / temperature)``, chunked over tokens
+    (and the entropy): :func:`linear_token_stats` as ``(log_probs [...], entropy [...] or None)``."""
+    stats = linear_token_stats(hidden, weight, labels, temperature, chunk, with_entropy)
+    return stats["log_probs"], stats.get("entropy")

@@ -1,4 +1,4 @@
-"""Response log-probs (and entropies) of a micro-batch run as one packed row (``model.use_remove_padding``).
+"""Response log-probs (and their statistics) of a micro-batch run as one packed row (``model.use_remove_padding``).
 
 The micro-batch is packed (:func:`rlvr.workers.packing.pack_batch`), the model runs on the packed
 row (on this rank's slice of it under Ulysses sequence parallelism) with attention kept inside each
@@ -17,8 +17,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlvr.utils.torch_functional import entropy_from_logits, logprobs_from_logits
-from rlvr.workers.actor.linear_log_probs import linear_log_probs
+from rlvr.utils.torch_functional import DEFAULT_CHUNK_ROWS
+from rlvr.workers.actor.linear_log_probs import linear_token_stats
+from rlvr.workers.actor.token_stats import logits_token_stats
 from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.packed_attention import packed_forward
 from rlvr.workers.packing import PackedBatch, pack_batch
@@ -50,8 +51,9 @@ def _head_inputs(module: nn.Module, packed: PackedBatch, sp: SequenceParallel, c
 
 def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                      calculate_entropy: bool, entropy_grad: bool, chunked_head: bool, sp: SequenceParallel,
-                     packed: PackedBatch | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of the response tokens and optionally the entropies, from a packed forward.
+                     calculate_sum_pi_squared: bool = False, entropy_chunk: int = DEFAULT_CHUNK_ROWS,
+                     packed: PackedBatch | None = None) -> dict[str, torch.Tensor]:
+    """Log-probs of the response tokens and optionally their statistics, from a packed forward.
 
     Args:
         module: the policy (transformers or peft causal LM, plain or FSDP2-sharded) on a packed
@@ -62,24 +64,22 @@ def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperat
         entropy_grad: the entropy carries a gradient (needs the logits head, not ``chunked_head``).
         chunked_head: use the chunked LM head (one unsharded rank, bias-free head).
         sp: the sequence-parallel group (size 1: none).
+        calculate_sum_pi_squared: also return ``sum_v p_v^2`` of each token's distribution.
+        entropy_chunk: rows per chunk of the entropy (``actor.entropy_from_logits_chunk_size``).
         packed: ``batch`` already packed by :func:`pack_micro_batch` (None: packed here).
 
     Returns:
-        ``(log_probs [b, R], entropy [b, R] or None)`` float32, zero where a row has no response token.
+        ``{"log_probs": [b, R]}`` plus ``"entropy"`` / ``"sum_pi_squared"`` ``[b, R]`` when asked,
+        float32, zero where a row has no response token.
     """
     packed = pack_micro_batch(batch, sp) if packed is None else packed
     labels = packed.local_labels(sp)
     head_input, weight = _head_inputs(module, packed, sp, chunked_head and not (calculate_entropy and entropy_grad))
     if weight is not None:
-        log_probs, entropy = linear_log_probs(head_input, weight, labels, temperature, with_entropy=calculate_entropy)
+        stats = linear_token_stats(head_input, weight, labels, temperature, with_entropy=calculate_entropy,
+                                   with_sum_pi_squared=calculate_sum_pi_squared)
     else:
         logits = head_input / temperature if temperature != 1.0 else head_input
-        log_probs = logprobs_from_logits(logits, labels)
-        entropy = None
-        if calculate_entropy and entropy_grad:
-            entropy = entropy_from_logits(logits)
-        elif calculate_entropy:
-            with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
-    log_probs = packed.unpack(log_probs, sp)
-    return log_probs, packed.unpack(entropy, sp) if entropy is not None else None
+        stats = logits_token_stats(logits, labels, calculate_entropy, entropy_grad, calculate_sum_pi_squared,
+                                   entropy_chunk)
+    return {name: packed.unpack(values, sp) for name, values in stats.items()}

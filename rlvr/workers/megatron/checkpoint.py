@@ -51,7 +51,9 @@ def save_megatron_state(path: str | os.PathLike, module: nn.Module, optimizer: t
                         scheduler: Any, parallel: MegatronParallel) -> None:
     """Write this rank's shard of the model, optimizer and scheduler states into the folder ``path``
     (collective: every rank of the model calls it)."""
-    if (parallel.edp_rank if _experts_split(module, parallel) else parallel.dp_rank) == 0:
+    # one copy of each shard: data-parallel rank 0 (expert-data-parallel rank 0 where the experts are
+    # split), context-parallel rank 0 (context-parallel peers hold the same shard)
+    if (parallel.edp_rank if _experts_split(module, parallel) else parallel.dp_rank) == 0 and parallel.cp_rank == 0:
         atomic_save({
             "layout": _layout(module, parallel),
             "model": {name: param.detach().cpu() for name, param in module.named_parameters()},

@@ -5,7 +5,7 @@ when an installed version changes one of the sites below). Applied by
 :func:`~rlvr.workers.megatron.parallel.init_megatron_parallel` on CPU only, after
 ``parallel_state.initialize_model_parallel``; nothing in megatron's files is edited.
 
-Patched (two process-global objects are replaced by CPU versions):
+Patched on CPU (two process-global objects and four functions are replaced by CPU versions):
 
 1. ``tensor_parallel.random``'s RNG tracker keeps *CUDA* generator states (``add`` seeds with
    ``torch.cuda.manual_seed``, ``fork`` swaps ``torch.cuda`` states). Attention forks it around its
@@ -14,7 +14,12 @@ Patched (two process-global objects are replaced by CPU versions):
 2. ``parallel_state``'s global memory buffer (the scratch tensor that attention's ``baddbmm``
    writes its scores into) allocates on ``torch.cuda.current_device()``. :class:`CpuMemoryBuffer`
    allocates on the CPU.
-3. ``tensor_parallel.mappings``' all-gather and reduce-scatter along the first dimension allocate
+3. Activation recompute (``recompute_granularity``: ``model.enable_gradient_checkpointing`` or
+   ``megatron.override_transformer_config``) saves and restores the CUDA generator state around each
+   recomputed layer (``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` of ``tensor_parallel.random``).
+   On CPU there is no CUDA generator: the CPU state, which megatron saves and restores beside it,
+   and the tracker's states (shim 1) are all there is, so the CUDA state is an empty tensor.
+4. ``tensor_parallel.mappings``' all-gather and reduce-scatter along the first dimension allocate
    their outputs on ``torch.cuda.current_device()``; a mixture-of-experts layer's ``allgather``
    token dispatcher reaches both on every forward with expert parallelism.
    :func:`gather_along_first_dim` and :func:`reduce_scatter_along_first_dim` do the same collectives
@@ -24,7 +29,7 @@ Patched (two process-global objects are replaced by CPU versions):
 Patched on every device (megatron-core without transformer-engine, which rlvr's local layer spec
 does not need):
 
-6. ``transformer.moe.moe_utils`` imports ``te_general_gemm`` from transformer-engine and leaves the
+5. ``transformer.moe.moe_utils`` imports ``te_general_gemm`` from transformer-engine and leaves the
    name undefined when that import fails, yet the MoE router's gating reads it on every forward
    (``NameError``). :func:`apply_te_absent_shim` defines it as None, the value its code tests for.
 
@@ -34,11 +39,11 @@ whose gating leaves the weight where it is (no patch).
 
 Avoided (rlvr never reaches these sites, so nothing is patched):
 
-3. ``RotaryEmbedding`` moves its ``inv_freq`` to ``torch.cuda.current_device()``: rlvr builds the
+6. ``RotaryEmbedding`` moves its ``inv_freq`` to ``torch.cuda.current_device()``: rlvr builds the
    ``GPTModel`` with ``position_embedding_type="none"`` and passes the rotary angles of each row's
    ``position_ids`` itself (also needed to match Hugging Face on left-padded batches).
-4. ``FusedScaleMaskSoftmax`` builds its default causal mask on CUDA: rlvr always passes a mask.
-5. With pipeline stages and tied embeddings, ``GPTModel`` copies the embedding to the last stage
+7. ``FusedScaleMaskSoftmax`` builds its default causal mask on CUDA: rlvr always passes a mask.
+8. With pipeline stages and tied embeddings, ``GPTModel`` copies the embedding to the last stage
    through ``.cuda()``: rlvr builds that stage with an untied head, loads the embedding into it and
    sums the two gradients itself (:mod:`rlvr.workers.megatron.grads`).
 
@@ -115,7 +120,7 @@ class CpuMemoryBuffer(GlobalMemoryBuffer):
 def gather_along_first_dim(input_: torch.Tensor, group, output_split_sizes=None, use_global_buffer=False
                            ) -> torch.Tensor:
     """Every rank's ``input_`` stacked along dim 0 (equal sizes, or ``output_split_sizes`` rows from each
-    rank), allocated on the input's device (shim 3; ``use_global_buffer`` is a CUDA memory saving)."""
+    rank), allocated on the input's device (shim 4; ``use_global_buffer`` is a CUDA memory saving)."""
     size = group.size()
     if size == 1:
         return input_
@@ -132,7 +137,7 @@ def gather_along_first_dim(input_: torch.Tensor, group, output_split_sizes=None,
 def reduce_scatter_along_first_dim(input_: torch.Tensor, group, input_split_sizes=None, use_global_buffer=False
                                    ) -> torch.Tensor:
     """This rank's part of ``input_`` summed over the group (equal parts along dim 0, or
-    ``input_split_sizes`` rows per rank), allocated on the input's device (shim 3)."""
+    ``input_split_sizes`` rows per rank), allocated on the input's device (shim 4)."""
     size = group.size()
     if size == 1:
         return input_
@@ -147,7 +152,7 @@ def reduce_scatter_along_first_dim(input_: torch.Tensor, group, input_split_size
 
 
 def apply_cpu_shims(model_parallel_seed: int) -> None:
-    """Install shims 1-3 (after ``initialize_model_parallel``, which creates the buffer).
+    """Install shims 1-4 (after ``initialize_model_parallel``, which creates the buffer).
 
     Args:
         model_parallel_seed: seed of this tensor-parallel rank's ``model-parallel-rng`` state.
@@ -157,11 +162,23 @@ def apply_cpu_shims(model_parallel_seed: int) -> None:
     megatron_random._CUDA_RNG_STATE_TRACKER = tracker
     megatron_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuMemoryBuffer()
+    megatron_random._get_cuda_rng_state = _no_cuda_rng_state
+    megatron_random._set_cuda_rng_state = _set_no_cuda_rng_state
     megatron_mappings._gather_along_first_dim = gather_along_first_dim
     megatron_mappings._reduce_scatter_along_first_dim = reduce_scatter_along_first_dim
 
 
 def apply_te_absent_shim() -> None:
-    """Install shim 6 when transformer-engine is not installed (any device)."""
+    """Install shim 5 when transformer-engine is not installed (any device)."""
     if not megatron_moe_utils.HAVE_TE:
         megatron_moe_utils.te_general_gemm = None
+
+
+def _no_cuda_rng_state(*args, **kwargs) -> torch.Tensor:
+    """Shim 3: the CUDA generator state of a process without CUDA (nothing to save)."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _set_no_cuda_rng_state(new_state: torch.Tensor, *args, **kwargs) -> None:
+    """Shim 3: restoring the (empty) CUDA generator state of a process without CUDA."""
+    return None

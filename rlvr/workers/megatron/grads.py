@@ -3,7 +3,8 @@
 After the micro-batches of a mini-batch have been accumulated, :func:`clip_grad_norm` (the
 ``clip_grad_norm_fn`` of the update loop in :mod:`rlvr.workers.ppo_update`):
 
-1. averages the gradients over the data-parallel ranks (what FSDP2's reduce-scatter does); an
+1. averages the gradients over the data-parallel ranks (what FSDP2's reduce-scatter does), after
+   summing them over the context-parallel ranks (each holds the gradient of its own tokens); an
    expert's gradient already holds the tokens its expert-parallel peers sent it, so it is summed over
    the ranks that hold the same expert (expert data parallel) and divided by the data-parallel size,
    as megatron-core's own data parallelism does;
@@ -49,8 +50,9 @@ def clip_grad_norm(model: MegatronStage, max_norm: float) -> float:
     p = model.parallel
     named = [(name, param.grad) for name, param in model.named_parameters() if param.grad is not None]
     is_expert = {name: model.rules[name].expert is not None for name, _ in named}
-    if p.dp_group is not None:
-        _average_over_data_parallel([g for n, g in named if not is_expert[n]], p.dp, p.dp_group)
+    if p.dp_cp_group is not None:  # summed over context-parallel peers, averaged over data-parallel ones
+        _average_over_data_parallel([g for n, g in named if not is_expert[n]], p.dp, p.dp_cp_group)
+    if p.dp_group is not None:  # experts: summed over the ranks holding the same ones, divided by dp
         _average_over_data_parallel([g for n, g in named if is_expert[n]], p.dp, p.edp_group)
     tied_copy = model.shape.tied and p.pp > 1
     if tied_copy and p.embedding_group is not None:

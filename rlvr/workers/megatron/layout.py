@@ -17,8 +17,8 @@ from rlvr.utils.errors import ConfigError
 if TYPE_CHECKING:
     from rlvr.trainer.config.schema import RefMegatronConfig
 
-__all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "expert_sizes",
-           "data_parallel_size", "check_megatron_config"]
+__all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "context_parallel_size",
+           "expert_sizes", "data_parallel_size", "check_megatron_config"]
 
 MEGATRON_INSTALL = "pip install 'rlvr[megatron]' (or `make setup-megatron` in a clone)"
 """How to install the Megatron backend, for error messages."""
@@ -35,6 +35,11 @@ def strategy_of(cfg, role: str) -> str:
     if role == "ref" and cfg.actor_rollout_ref.ref.strategy is not None:
         return cfg.actor_rollout_ref.ref.strategy
     return cfg.actor_rollout_ref.actor.strategy
+
+
+def megatron_section(cfg, role: str) -> RefMegatronConfig:
+    """The ``megatron`` section of ``role`` (``actor``, ``ref`` or ``critic``)."""
+    return _megatron_config(cfg, role)
 
 
 def _megatron_config(cfg, role: str) -> RefMegatronConfig:
@@ -64,17 +69,26 @@ def expert_sizes(cfg, role: str) -> tuple[int, int]:
     return ep, etp
 
 
+def context_parallel_size(cfg, role: str) -> int:
+    """``megatron.context_parallel_size`` of ``role``: unset is 1 for the actor and the actor's for the
+    others (1 when the actor does not use Megatron)."""
+    own = _megatron_config(cfg, role).context_parallel_size
+    if own is not None:
+        return own
+    return context_parallel_size(cfg, "actor") if role != "actor" and strategy_of(cfg, "actor") == "megatron" else 1
+
+
 def data_parallel_size(cfg, role: str) -> int:
     """Ranks that hold different data for ``role``: the workers on Ray divided by the model-parallel
-    size with Megatron; 1 on the local backend (where a Megatron worker starts its model-parallel
-    ranks itself)."""
+    size (tensor x context x pipeline) with Megatron; 1 on the local backend (where a Megatron worker
+    starts its model-parallel ranks itself)."""
     if cfg.trainer.backend == "local":
         return 1
     workers = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
     if strategy_of(cfg, role) != "megatron":
         return workers
     tp, pp = megatron_sizes(cfg, role)
-    return max(1, workers // (tp * pp))
+    return max(1, workers // (tp * pp * context_parallel_size(cfg, role)))
 
 
 _KEYS = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref", "critic": "critic"}
@@ -85,24 +99,24 @@ def _check_role(cfg, role: str) -> None:
     if not megatron_installed():
         raise ConfigError(f"{key}.strategy", f"megatron needs megatron-core, which is not installed: {MEGATRON_INSTALL}")
     tp, pp = megatron_sizes(cfg, role)
+    cp = context_parallel_size(cfg, role)
     if tp < 1 or pp < 1:
         raise ConfigError(f"{key}.megatron.tensor_model_parallel_size",
                           f"the tensor and pipeline parallel sizes must be >= 1, got {tp} and {pp}")
+    if cp < 1:
+        raise ConfigError(f"{key}.megatron.context_parallel_size", f"must be >= 1 (1 = no context parallelism), got {cp}")
     model, model_key = ((cfg.critic.model, "critic.model") if role == "critic"
                         else (cfg.actor_rollout_ref.model, "actor_rollout_ref.model"))
     if model.lora_rank > 0:
         raise ConfigError(f"{model_key}.lora_rank", "LoRA is not available with strategy=megatron; train all "
                           "weights (lora_rank=0) or use strategy=fsdp2")
-    if model.enable_gradient_checkpointing:
-        raise ConfigError(f"{model_key}.enable_gradient_checkpointing", "rlvr's Megatron backend does not recompute "
-                          "activations; set it to false, split the model over more ranks, or use strategy=fsdp2")
     t = cfg.trainer
     workers = t.nnodes * t.n_gpus_per_node
-    if t.backend == "ray" and workers % (tp * pp):
+    if t.backend == "ray" and workers % (tp * cp * pp):
         raise ConfigError(f"{key}.megatron.tensor_model_parallel_size",
                           f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node) do not split into blocks of "
-                          f"tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp} ranks; use sizes whose "
-                          "product divides the number of workers")
+                          f"tensor_model_parallel_size={tp} x context_parallel_size={cp} x "
+                          f"pipeline_model_parallel_size={pp} ranks; use sizes whose product divides the number of workers")
     _check_experts(cfg, role, key)
 
 
@@ -110,16 +124,22 @@ def _check_experts(cfg, role: str, key: str) -> None:
     """The expert sizes: >= 1, and the ranks of a pipeline stage split into expert blocks."""
     ep, etp = expert_sizes(cfg, role)
     tp, pp = megatron_sizes(cfg, role)
+    cp = context_parallel_size(cfg, role)
     if ep < 1 or etp < 1:
         raise ConfigError(f"{key}.megatron.expert_model_parallel_size",
                           f"the expert and expert-tensor parallel sizes must be >= 1, got {ep} and {etp}")
     t = cfg.trainer
-    stage_ranks = math.lcm(tp, ep * etp) if t.backend == "local" else t.nnodes * t.n_gpus_per_node // pp
+    stage_ranks = math.lcm(tp * cp, ep * etp) if t.backend == "local" else t.nnodes * t.n_gpus_per_node // pp
     if stage_ranks % (ep * etp):
         raise ConfigError(f"{key}.megatron.expert_model_parallel_size",
                           f"each pipeline stage has {stage_ranks} ranks, which do not split into blocks of "
                           f"expert_model_parallel_size={ep} x expert_tensor_parallel_size={etp}; use sizes whose "
                           "product divides them")
+    if ep > 1 and cp > 1:
+        raise ConfigError(f"{key}.megatron.context_parallel_size",
+                          f"context_parallel_size={cp} with expert_model_parallel_size={ep}: rlvr's Megatron MoE layers "
+                          "(routing replay, load-balancing loss, expert-load metrics) see whole sequences, not a "
+                          "context-parallel rank's chunks; use context_parallel_size=1 with a mixture-of-experts model")
     if ep > 1 and (role == "critic" and cfg.critic.use_dynamic_bsz or role != "critic" and
                    cfg.actor_rollout_ref.actor.use_dynamic_bsz):
         raise ConfigError(f"{key}.use_dynamic_bsz" if role == "critic" else "actor_rollout_ref.actor.use_dynamic_bsz",
@@ -137,6 +157,11 @@ def check_megatron_config(cfg, roles: list[str]) -> None:
         _check_role(cfg, role)
     for role in megatron_roles[1:]:
         first = megatron_roles[0]
+        if context_parallel_size(cfg, role) != context_parallel_size(cfg, first):
+            raise ConfigError(f"{_KEYS[role]}.megatron.context_parallel_size",
+                              f"context_parallel_size={context_parallel_size(cfg, role)} differs from the {first}'s "
+                              f"{context_parallel_size(cfg, first)}; the model roles share each worker process and "
+                              "megatron-core's layout is global to a process: give them the same size (or leave it unset)")
         if megatron_sizes(cfg, role) + expert_sizes(cfg, role) != megatron_sizes(cfg, first) + expert_sizes(cfg, first):
             raise ConfigError(
                 f"{_KEYS[role]}.megatron.tensor_model_parallel_size",

@@ -83,12 +83,11 @@ def gather_hf_weights(model: MegatronStage, prefix: str = "model.", lm_head: boo
     """
     p = model.parallel
     params = dict(model.named_parameters())
-    rank = dist.get_rank() if dist.is_initialized() else 0
     experts: dict[str, list[torch.Tensor]] = {}
     for stage, name, rule in all_stage_rules(model.shape, p.pp, prefix, lm_head):
         tensors = _stage_tensors(model, params, name, rule) if stage == p.pp_rank else None
         if p.pp > 1:
-            src = rank + p.tp * p.dp * (stage - p.pp_rank)
+            src = dist.get_global_rank(p.pp_group, stage)
             if tensors is None:
                 shapes = [model.hf_shapes[n][1:] if rule.expert is not None else model.hf_shapes[n]
                           for n in rule.hf_names]
@@ -111,24 +110,28 @@ def _decoder_settings(base_model: nn.Module, parallel: MegatronParallel) -> tupl
     """The HF base model's rotary inverse frequencies ``[head_dim / 2]`` and embedding ``padding_idx``
     (after checking that the mapping covers the model in this layout)."""
     rotary = base_model.rotary_emb
-    check_supported(base_model.config, float(rotary.attention_scaling), parallel.tp, parallel.ep, parallel.pp)
+    check_supported(base_model.config, float(rotary.attention_scaling), parallel.tp, parallel.ep, parallel.pp,
+                    parallel.cp)
     return rotary.inv_freq, base_model.get_input_embeddings().padding_idx
 
 
-def policy_from_hf(hf_model: PreTrainedModel, parallel: MegatronParallel) -> MegatronPolicy:
-    """This rank's stage of the policy, with the weights of the HF causal LM ``hf_model`` (CPU)."""
+def policy_from_hf(hf_model: PreTrainedModel, parallel: MegatronParallel, overrides: dict | None = None
+                   ) -> MegatronPolicy:
+    """This rank's stage of the policy, with the weights of the HF causal LM ``hf_model`` (CPU);
+    ``overrides``: TransformerConfig fields (:func:`~rlvr.workers.megatron.model.transformer_overrides`)."""
     policy = MegatronPolicy(hf_model.config, *_decoder_settings(hf_model.base_model, parallel), parallel,
-                            hf_model.dtype)
+                            hf_model.dtype, overrides)
     policy.hf_generation_config = hf_model.generation_config
     load_hf_state(policy, hf_model.state_dict())
     return policy
 
 
-def value_model_from_hf(critic: CriticModel, parallel: MegatronParallel) -> MegatronValueModel:
+def value_model_from_hf(critic: CriticModel, parallel: MegatronParallel, overrides: dict | None = None
+                        ) -> MegatronValueModel:
     """This rank's stage of the value model, with the weights of rlvr's HF critic (backbone and
     value head, so that both backends start from the same values)."""
     backbone = critic.backbone
     model = MegatronValueModel(backbone.config, *_decoder_settings(backbone, parallel), parallel, backbone.dtype,
-                               critic.value_head)
+                               critic.value_head, overrides)
     load_hf_state(model, critic.state_dict())
     return model

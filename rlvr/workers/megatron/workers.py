@@ -5,11 +5,11 @@
 :class:`~rlvr.workers.engine_workers.CriticWorker`: the trainer calls the same methods with the same
 batches and gets the same outputs; ``main_ppo`` picks the classes from ``strategy``. What differs:
 
-- Layout: ``tp x pp`` ranks hold one copy of the model (tensor and pipeline parallel,
-  :mod:`~rlvr.workers.megatron.parallel`), the rest of the worker group is data parallel. The
-  batch methods dispatch with ``DP_MP_COMPUTE`` (each data-parallel group gets one part of the
-  batch; model-parallel rank 0 returns it). On the local backend the driver's worker starts the
-  other ``tp x pp - 1`` ranks itself (:mod:`~rlvr.workers.megatron.local_ranks`).
+- Layout: ``tp x cp x pp`` ranks hold one copy of the model and share its rows (tensor, context
+  and pipeline parallel, :mod:`~rlvr.workers.megatron.parallel`), the rest of the worker group is
+  data parallel. The batch methods dispatch with ``DP_MP_COMPUTE`` (each data-parallel group gets
+  one part of the batch; its first rank returns it). On the local backend the driver's worker
+  starts the other ``tp x cp x pp - 1`` ranks itself (:mod:`~rlvr.workers.megatron.local_ranks`).
 - Models: an HF Llama/Qwen2 checkpoint is loaded, cut into this rank's shard
   (:mod:`~rlvr.workers.megatron.weights`) and trained with rlvr's update loop
   (:mod:`~rlvr.workers.megatron.actor`).
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -34,17 +35,26 @@ from rlvr.protocol import DataProto
 from rlvr.single_controller.base.decorator import Dispatch, register
 from rlvr.single_controller.base.worker import RankInfo
 from rlvr.utils.seed import set_seed
+from rlvr.workers.checkpoint import save_model_files
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
+from rlvr.workers.frozen import FrozenModel
 from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
-from rlvr.workers.megatron.layout import data_parallel_size, expert_sizes, megatron_sizes
+from rlvr.workers.fsdp import compute_dtype
+from rlvr.workers.megatron.dist_checkpoint import load_dist_checkpoint
+from rlvr.workers.megatron.layout import (context_parallel_size, data_parallel_size, expert_sizes, megatron_section,
+                                          megatron_sizes)
 from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, on_every_rank
+from rlvr.workers.megatron.model import transformer_overrides
 from rlvr.workers.megatron.parallel import MegatronParallel, init_megatron_parallel
 from rlvr.workers.megatron.weights import gather_hf_weights, policy_from_hf, value_model_from_hf
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
 from rlvr.workers.moe import router_replay_mode
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.worker_utils import Placement, per_rank_batch_size, set_cpu_threads
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RefMegatronConfig
 
 __all__ = ["MegatronActorRolloutRefWorker", "MegatronCriticWorker"]
 
@@ -53,17 +63,17 @@ def _prepare(worker, role: str, init_args: tuple) -> None:
     """In ``__init__``: the layout of ``role``, the rank info of ``DP_MP_COMPUTE``, CPU threads and,
     on the local backend, the started ranks (model-parallel, and expert-parallel ranks that each run
     the whole batch)."""
-    tp, pp = megatron_sizes(worker.config, role)
+    (tp, pp), cp = megatron_sizes(worker.config, role), context_parallel_size(worker.config, role)
     # the local backend's worker starts every rank of its layout, and each runs the whole batch (its
     # expert-parallel ranks too; on Ray they are data-parallel ranks with batches of their own)
     ep, etp = expert_sizes(worker.config, role)
-    ranks = pp * math.lcm(tp, ep * etp)
+    ranks = pp * math.lcm(tp * cp, ep * etp)
     worker.megatron_role, worker.parallel = role, None
-    if worker.world_size > 1:
-        tp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(worker.rank, tp, pp, worker.world_size)
+    if worker.world_size > 1:  # the ranks that share a batch: model-parallel rank 0 of the first context rank collects
+        tp_rank, cp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(worker.rank, tp, pp, worker.world_size, cp)
         worker.rank_info = RankInfo(rank=worker.rank, world_size=worker.world_size, dp_rank=dp_rank,
-                                    dp_size=worker.world_size // (tp * pp), tp_rank=tp_rank + tp * pp_rank,
-                                    tp_size=tp * pp)
+                                    dp_size=worker.world_size // (tp * cp * pp),
+                                    tp_rank=tp_rank + tp * (cp_rank + cp * pp_rank), tp_size=tp * cp * pp)
     elif worker.device == "cpu":  # the local backend: this process and the ranks it starts share the cores
         set_cpu_threads(worker.config.trainer.num_threads, ranks)
     timeout_s = float(worker.config.trainer.call_timeout_s)
@@ -75,12 +85,21 @@ def _join(worker) -> MegatronParallel:
     if worker.world_size > 1:
         worker.init_process_group(timeout_s=float(worker.config.trainer.call_timeout_s))
     tp, pp = megatron_sizes(worker.config, worker.megatron_role)
+    megatron: RefMegatronConfig = megatron_section(worker.config, worker.megatron_role)
+    seed = int(worker.config.trainer.seed if megatron.seed is None else megatron.seed)  # verl's megatron.seed
     ep, etp = expert_sizes(worker.config, worker.megatron_role)
-    seed = int(worker.config.trainer.seed)
-    parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s), ep,
-                                      etp)
+    parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s),
+                                      context_parallel_size(worker.config, worker.megatron_role), ep, etp)
     set_seed(seed)
     return parallel
+
+
+def _load_dist_checkpoint(module, megatron: RefMegatronConfig, prefix: str = "model.", lm_head: bool = True) -> None:
+    """verl's ``megatron.use_dist_checkpointing``: the role's weights from ``dist_checkpointing_path``
+    (a Megatron distributed checkpoint) replace the HF ones in ``module``, before it is sharded."""
+    config = module.backbone.config if prefix == "backbone." else module.config
+    load_dist_checkpoint(module, megatron.dist_checkpointing_path, config, megatron.dist_checkpointing_prefix,
+                         prefix, lm_head)
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -115,7 +134,11 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
     def _init_actor(self, cfg) -> None:
         hf = self._hf_model(cfg)
-        module = policy_from_hf(hf, self.parallel).to(self.device)
+        megatron = cfg.actor.megatron
+        if megatron.use_dist_checkpointing:  # the policy and the rollout's replica start from it; the
+            self._hf_source = None  # reference reloads the HF weights unless its own section says so too
+            _load_dist_checkpoint(hf, megatron)
+        module = policy_from_hf(hf, self.parallel, transformer_overrides(megatron, cfg.model)).to(self.device)
         if self._is_rollout and helper_rank() is None:
             self._rollout_replica = hf.to(self.device)
         optimizer = build_optimizer(module, cfg.actor.optim)
@@ -125,6 +148,7 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         self.actor_module = module
         self.actor = MegatronPPOActor(cfg.actor, module, optimizer, mini_batch_size=mini,
                                       log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
+                                      compute_dtype=compute_dtype(megatron, module),
                                       router_replay=router_replay_mode(cfg.actor))
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -134,18 +158,21 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             super()._init_rollout(cfg)
 
     def _init_ref(self, cfg) -> None:
-        module = policy_from_hf(self._hf_model(cfg), self.parallel).to(self.device).requires_grad_(False)
+        overrides = transformer_overrides(cfg.ref.megatron, cfg.model)
+        hf = self._hf_model(cfg)
+        if cfg.ref.megatron.use_dist_checkpointing:
+            self._hf_source = None
+            _load_dist_checkpoint(hf, cfg.ref.megatron)
+        module = policy_from_hf(hf, self.parallel, overrides).to(self.device).requires_grad_(False)
         self.ref = MegatronPPOActor(cfg.actor, module, None, mini_batch_size=1,
-                                    log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu)
-        self.ref_placement = Placement(module, None, self.device)
-        self._rest_ref()
+                                    log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
+                                    compute_dtype=compute_dtype(cfg.ref.megatron, module))
+        self.ref_model = FrozenModel(module, world_size=self.world_size, device=self.device,
+                                     param_offload=cfg.ref.megatron.param_offload, shard=False)
 
     def _rest_actor(self) -> None:
         megatron = self.config.actor_rollout_ref.actor.megatron
         self.actor_placement.place(params=not megatron.param_offload, optimizer=not megatron.optimizer_offload)
-
-    def _rest_ref(self) -> None:
-        self.ref_placement.place(params=not self.config.actor_rollout_ref.ref.megatron.param_offload, optimizer=False)
 
     # ------------------------------------------------------------------ rollout weights
     def _sync_rollout_weights(self, force: bool = False) -> dict[str, float]:
@@ -193,9 +220,12 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @on_every_rank
     def save_checkpoint(self, path: str) -> None:
-        """Write every model-parallel rank's shard of the actor, its optimizer and LR schedule."""
+        """Write every model-parallel rank's shard of the actor, its optimizer and LR schedule, and
+        (global rank 0) the model's config and tokenizer (what ``rlvr.model_merger`` reads)."""
         self._require(self._is_actor, "save_checkpoint", "actor")
         self.actor_placement.place(params=True, optimizer=True)
+        if dist.get_rank() == 0:
+            save_model_files(path, self.actor_module.hf_config, self.actor_module.hf_generation_config, self.tokenizer)
         save_megatron_state(path, self.actor_module, self.actor.optimizer, self.lr_scheduler, self.parallel)
         self._rest_actor()
 
@@ -252,13 +282,18 @@ class MegatronCriticWorker(CriticWorker):
         cfg = self.config.critic
         self.tokenizer = critic_tokenizer(self.config)
         path = cfg.model.path or self.config.actor_rollout_ref.model.path  # schema: None = the actor's model
-        module = value_model_from_hf(build_critic(cfg.model, path), self.parallel).to(self.device)
+        critic = build_critic(cfg.model, path)
+        if cfg.megatron.use_dist_checkpointing:  # the backbone; the value head keeps its init (as in verl)
+            _load_dist_checkpoint(critic, cfg.megatron, prefix="backbone.", lm_head=False)
+        module = value_model_from_hf(critic, self.parallel, transformer_overrides(cfg.megatron, cfg.model)
+                                     ).to(self.device)
         optimizer = build_optimizer(module, cfg.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
         mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n,
                                    data_parallel_size(self.config, "critic"), "critic.ppo_mini_batch_size")
         self.critic_module = module
-        self.critic = MegatronPPOCritic(cfg, module, optimizer, mini_batch_size=mini)
+        self.critic = MegatronPPOCritic(cfg, module, optimizer, mini_batch_size=mini,
+                                        compute_dtype=compute_dtype(cfg.megatron, module))
         self.placement = Placement(module, optimizer, self.device)
         self._rest()
 

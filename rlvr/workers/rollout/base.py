@@ -226,10 +226,11 @@ def tokenizer_ids(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], int]:
     return eos_ids, pad
 
 
-def check_weights_version(meta_info: Mapping) -> None:
+def check_weights_version(meta_info: Mapping, engine_name: str = "the rollout engine") -> None:
     """Refuse samples that the engine generated with other weights than the actor's current ones:
     ``meta_info["rollout_weights_version"]`` (the engine's) against ``meta_info["actor_weights_version"]``
-    (set by a hybrid worker; without an actor there is nothing to compare).
+    (set by a hybrid worker; without an actor there is nothing to compare). ``engine_name`` says which
+    engine in the error (a worker names its engine and rank).
 
     Raises:
         StaleRolloutError: the versions differ (a silently stale engine).
@@ -240,7 +241,7 @@ def check_weights_version(meta_info: Mapping) -> None:
     engine = meta_info["rollout_weights_version"]
     if engine != actor:
         raise StaleRolloutError(
-            f"the rollout engine generated these samples with weights version {engine}, but the actor is at "
+            f"{engine_name} generated these samples with weights version {engine}, but the actor is at "
             f"version {actor}: the weight sync after an actor update did not reach the engine, so the samples "
             "come from an old policy and training on them would be silently off-policy. Refusing to train; "
             "check the rollout engine's update_weights (actor_rollout_ref.rollout.name)")

@@ -6,10 +6,10 @@ temperature)`` in float32, *before* top-k/top-p filtering: the distribution the 
 (``compute_log_prob`` divides its logits by the same temperature), so the two agree exactly.
 
 Tokens are drawn by inverting the cumulative distribution: one uniform number per row, located
-in the row's running sum of probabilities. This is an exact draw from the categorical
-distribution, about ten times faster than ``torch.multinomial`` on CPU for a 49K vocabulary (one
-random number per row instead of one per vocabulary entry), and free of host synchronisation on
-GPU.
+in the row's running sum of probabilities, first among blocks of the vocabulary, then inside one
+block. This is an exact draw from the categorical distribution, many times faster than
+``torch.multinomial`` on CPU for a 49K vocabulary (one random number per row instead of one per
+vocabulary entry), and free of host synchronisation on GPU.
 """
 
 from __future__ import annotations
@@ -85,20 +85,53 @@ def _filter_top_k_top_p(scaled: torch.Tensor, top_k: int, top_p: float) -> torch
     return scaled
 
 
-def _inverse_cdf_sample(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+BLOCK = 256  # vocabulary entries per block of the two-level draw (about the square root of a 49K-152K vocabulary)
+
+
+def _block_sums(weights: torch.Tensor) -> torch.Tensor:
+    """``[batch, ceil(vocab / BLOCK)]`` float64 sums of consecutive ``BLOCK``-entry slices of
+    ``weights`` ``[batch, vocab]`` (the last block may be shorter)."""
+    rows, vocab = weights.shape
+    whole = vocab // BLOCK * BLOCK
+    sums = weights[:, :whole].reshape(rows, -1, BLOCK).sum(dim=-1, dtype=torch.float64)
+    if whole < vocab:
+        sums = torch.cat([sums, weights[:, whole:].sum(dim=-1, keepdim=True, dtype=torch.float64)], dim=1)
+    return sums
+
+
+def _inverse_cdf_sample(weights: torch.Tensor, generator: torch.Generator | None,
+                        block_sums: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of ``weights`` ``[batch, vocab]`` (non-negative, not necessarily normalised).
 
     Token ``i`` is chosen when ``u * total`` falls in ``[cdf[i-1], cdf[i])`` for ``u ~ U[0, 1)``;
-    tokens of weight 0 cover an empty interval and are never chosen. The running sum is taken in
-    float64: in float32 the rounding of a 49K-entry sum (about 1e-3 of the total at the end of the
-    vocabulary) would move the tail tokens' interval boundaries by more than their probabilities.
+    tokens of weight 0 cover an empty interval and are never chosen. The draw takes two levels: the
+    running sum of the ``BLOCK``-entry block sums (``block_sums``, from :func:`_block_sums` when not
+    given) finds the block, then the running sum inside that one block finds the token. That is the
+    same draw as one running sum over the whole vocabulary (one uniform number per row, the same
+    intervals), but it makes one pass over the vocabulary instead of a sequential float64 scan of it,
+    which was three quarters of the sampling time on CPU. Sums are taken in float64: in float32 the
+    rounding of a 49K-entry sum would move the tail tokens' interval boundaries by more than their
+    probabilities.
     """
-    cdf = weights.double().cumsum(dim=-1)
-    total = cdf[:, -1:]
-    target = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=cdf.dtype).mul_(total)
+    rows, vocab = weights.shape
+    if block_sums is None:
+        block_sums = _block_sums(weights)
+    block_cdf = block_sums.cumsum(dim=-1)
+    total = block_cdf[:, -1:]
+    target = torch.rand(rows, 1, generator=generator, device=weights.device, dtype=torch.float64).mul_(total)
     # keep u * total strictly below total after rounding, so the last positive token is the largest pick
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1)
+    block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)
+    inside = target - (block_cdf.gather(1, block) - block_sums.gather(1, block))  # [rows, 1]
+    columns = (block * BLOCK + torch.arange(BLOCK, device=weights.device)).clamp_(max=vocab - 1)  # [rows, BLOCK]
+    block_weights = weights.gather(1, columns).double()
+    block_weights[columns != block * BLOCK + torch.arange(BLOCK, device=weights.device)] = 0.0  # past the vocabulary
+    cdf = block_weights.cumsum(dim=-1)
+    pick = torch.searchsorted(cdf, inside, right=True)
+    # rounding can leave `inside` at or past the block's own running total: take its last positive token
+    last_positive = (BLOCK - 1 - (block_weights > 0).flip(-1).int().argmax(dim=-1, keepdim=True))
+    pick = torch.minimum(pick, last_positive)
+    return columns.gather(1, pick).squeeze(-1)
 
 
 def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
@@ -119,11 +152,12 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
         scaled = scaled / params.log_prob_temperature
     peak = scaled.amax(dim=-1, keepdim=True)
     weights = torch.sub(scaled, peak).exp_()  # unnormalised probabilities, one pass over the vocabulary
-    log_norm = peak.squeeze(-1) + weights.sum(dim=-1).log()
+    block_sums = _block_sums(weights)  # float64; their total is the normaliser as well
+    log_norm = peak.squeeze(-1) + block_sums.sum(dim=-1).log().float()
     if params.greedy:
         tokens = scaled.argmax(dim=-1)
     elif 0 < params.top_k < scaled.shape[-1] or params.top_p < 1.0:
         tokens = _inverse_cdf_sample(_filter_top_k_top_p(scaled, params.top_k, params.top_p).softmax(dim=-1), generator)
     else:
-        tokens = _inverse_cdf_sample(weights, generator)
+        tokens = _inverse_cdf_sample(weights, generator, block_sums)
     return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1) - log_norm

@@ -1,7 +1,12 @@
 """The vLLM rollout engine (``rollout.name=vllm``): vLLM's ``LLM`` inside the hybrid worker's process.
 
-As in verl's hybrid engine, the engine lives in the same process as the actor (colocated, one engine
-per worker, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine subprocess). It keeps its own copy of
+As in verl's hybrid engine, the engine lives in the same process as the actor (colocated,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no engine subprocess): with ``tensor_model_parallel_size=1`` one
+engine per worker (vLLM's single-process executor; with several workers it finds their process group
+initialised and treats the other ranks as independent engines), with ``tp > 1`` one engine per ``tp``
+consecutive workers, on vLLM's ``external_launcher`` executor: vLLM builds its tensor-parallel groups
+over the workers' process group, and the worker gives every rank of the engine the same rows
+(:mod:`rlvr.workers.rollout.placement`). It keeps its own copy of
 the weights: it starts from the policy's config and tokenizer written to a temporary folder with
 random weights (``load_format=dummy``; ``auto`` reads the weights of the policy's model folder
 instead) and the worker loads the actor's weights in place right after construction and after
@@ -41,6 +46,7 @@ from rlvr.protocol import DataProto
 from rlvr.utils.errors import VLLM_MISSING, RlvrError
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.rollout.base import CallSettings, Weights, call_settings, register_rollout_engine, response_tensors
+from rlvr.workers.rollout.vllm_options import engine_options
 from rlvr.workers.rollout.vllm_weights import PolicyWeightNames, refuse_moe_reload_on_cpu
 
 __all__ = ["VLLMRollout", "VLLMEngineFactory"]
@@ -120,7 +126,6 @@ class VLLMRollout:
             "enable_prefix_caching": bool(cfg.enable_prefix_caching), "max_num_seqs": int(cfg.max_num_seqs),
             "tensor_parallel_size": int(cfg.tensor_model_parallel_size), "load_format": cfg.load_format,
             "gpu_memory_utilization": float(cfg.gpu_memory_utilization), "enable_sleep_mode": self.sleep_mode,
-            "max_model_len": int(cfg.prompt_length) + int(cfg.response_length),
             "logprobs_mode": "processed_logprobs",
         }
         if cfg.quantization is not None:  # vLLM quantises the weights it loads (its own key and values)
@@ -131,6 +136,9 @@ class VLLMRollout:
             options["kv_cache_memory_bytes"] = int(cfg.kv_cache_memory_bytes or CPU_KV_CACHE_BYTES)
         if cfg.block_size is not None or not self.on_gpu:
             options["block_size"] = int(cfg.block_size or CPU_BLOCK_SIZE)
+        options.update(engine_options(cfg))  # verl's keys (max_model_len, chunked prefill, ...) and engine_kwargs.vllm
+        if int(cfg.tensor_model_parallel_size) > 1:  # the engine's ranks are the worker group's (placement)
+            options["distributed_executor_backend"] = "external_launcher"
         return LLM(model=model, tokenizer=str(folder), **options)
 
     # ------------------------------------------------------------------ weights and memory

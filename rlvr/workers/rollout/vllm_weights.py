@@ -42,10 +42,10 @@ class PolicyWeightNames:
         self.hf_model = unwrap_hf_model(module)
         self.hf_config = self.hf_model.config
         self.peft_module = module if isinstance(module, PeftModel) else None
-        by_storage: dict[int, list[str]] = {}
-        for name, param in module.named_parameters(remove_duplicate=False):
-            by_storage.setdefault(param.data_ptr(), []).append(self._plain(name))
-        self.aliases = {names[0]: names[1:] for names in by_storage.values() if len(names) > 1}
+        by_param: dict[int, list[str]] = {}  # tied weights are one Parameter (an FSDP2-sharded one has no storage
+        for name, param in module.named_parameters(remove_duplicate=False):  # of its own: data_ptr() is 0 for all)
+            by_param.setdefault(id(param), []).append(self._plain(name))
+        self.aliases = {names[0]: names[1:] for names in by_param.values() if len(names) > 1}
         """first name of a shared tensor -> its other names (``model.embed_tokens.weight`` ->
         ``[lm_head.weight]`` for tied embeddings)."""
 

@@ -108,7 +108,7 @@ def test_compute_score_timeout_bounds_every_sample(tmp_path):
         out = manager(data, return_dict=True)
     assert out["reward_tensor"].tolist() == [[0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]  # the slow sample scores 0
     assert out["reward_metrics"]["reward/slow/timeouts"] == 1.0
-    with NaiveRewardManager(StubTokenizer(), 0, scorer, compute_score_timeout=2.0) as manager:
+    with NaiveRewardManager(StubTokenizer(), 0, scorer, compute_score_timeout=2.0, on_error="raise") as manager:
         with pytest.raises(RewardError, match=r"sample 1 \(data_source 'slow'\) timed out"):
             manager(data)
     local = NaiveRewardManager(StubTokenizer(), 0, lambda **_: 1.0, compute_score_timeout=1.0)

@@ -36,7 +36,8 @@ SQRT3 = math.sqrt(3.0)
 def _call(name, **inputs):
     """The trainer's call: every estimator gets the same keyword arguments."""
     base = dict(token_level_rewards=None, response_mask=None, index=None, values=None, reward_baselines=None,
-                old_log_prob=None, rollout_log_prob=None, config=None)
+                old_log_prob=None, old_log_probs=None, rollout_log_prob=None, sum_pi_squared=None,
+                rollout_is_weights=None, non_tensor_batch=None, batch=None, config=None)
     base.update(inputs)
     return get_adv_estimator_fn(name)(**base)
 
@@ -55,9 +56,11 @@ def _random_inputs(seed: int):
     mask = make_mask()
     rewards = make_outcome_rewards(gen, mask)
     rewards += 0.1 * torch.randn(rewards.shape, generator=gen) * mask  # dense rewards for gae / reinforce++
+    old_log_prob = make_log_probs(gen)
     return dict(token_level_rewards=rewards, response_mask=mask, index=INDEX,
                 values=torch.randn(rewards.shape, generator=gen), reward_baselines=torch.rand(8, generator=gen),
-                old_log_prob=make_log_probs(gen))
+                old_log_prob=old_log_prob, old_log_probs=old_log_prob,
+                sum_pi_squared=old_log_prob.exp().square() + 0.1 * torch.rand(rewards.shape, generator=gen))
 
 
 def _assert_rows(adv, expected_rows, mask):
@@ -69,14 +72,15 @@ def _assert_rows(adv, expected_rows, mask):
 def test_registry_str_enum_duplicates_misses():
     assert {e.value for e in AdvantageEstimator} == {
         "gae", "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "reinforce_plus_plus",
-        "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "egpo"}
+        "reinforce_plus_plus_baseline", "remax", "opo", "gpg", "egpo", "grpo_passk", "gdpo", "optimal_token_baseline",
+        "tir_optimal_token_baseline"}
     for est in AdvantageEstimator:
         assert get_adv_estimator_fn(est) is get_adv_estimator_fn(est.value) is ADV_ESTIMATOR_REGISTRY[est.value]
     with pytest.raises(ValueError, match="already registered"):
         register_adv_est(AdvantageEstimator.GRPO)(lambda **k: None)
     register_adv_est("grpo")(compute_grpo_outcome_advantage)  # the same function again: a no-op
     for error in (KeyError, ValueError):  # verl raises ValueError, a dict KeyError
-        with pytest.raises(error, match="egpo, gae, gpg, grpo"):
+        with pytest.raises(error, match="egpo, gae, gdpo, gpg, grpo"):
             get_adv_estimator_fn("grpoo")
 
 
@@ -85,7 +89,10 @@ def test_registry_metadata_says_what_each_estimator_needs():
     assert {name for name, n in needs.items() if n.needs_critic} == {"gae"}
     assert {name for name, n in needs.items() if n.needs_greedy_baseline} == {"remax"}
     assert {name for name, n in needs.items() if n.needs_groups} == {
-        "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg", "egpo", "reinforce_plus_plus_baseline"}
+        "grpo", "grpo_vectorized", "rloo", "rloo_vectorized", "opo", "gpg", "egpo", "reinforce_plus_plus_baseline",
+        "grpo_passk", "gdpo", "optimal_token_baseline", "tir_optimal_token_baseline"}
+    assert {name for name, n in needs.items() if n.needs_sum_pi_squared} == {
+        "optimal_token_baseline", "tir_optimal_token_baseline"}
 
 
 def test_user_estimator_metadata_and_dict_behaviour():
@@ -115,6 +122,8 @@ def test_user_estimator_metadata_and_dict_behaviour():
 @pytest.mark.parametrize("estimator", list(AdvantageEstimator))
 def test_one_calling_convention(estimator):
     inputs = _random_inputs(0)
+    if estimator == AdvantageEstimator.GRPO_PASSK:  # pass@k needs two samples in every group
+        inputs["index"] = np.array(["p0", "p0", "p0", "p1", "p1", "p2", "p2", "p2"], dtype=object)
     adv, returns = _call(estimator, **inputs, unused_extra="ignored")
     assert adv.shape == returns.shape == (8, 7)
     assert adv.dtype == returns.dtype == torch.float32

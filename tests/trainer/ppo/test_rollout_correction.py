@@ -106,7 +106,7 @@ def test_bad_settings_are_rejected_with_the_valid_names():
     old, rollout, mask = _batch(3)
     with pytest.raises(KeyError, match="geometric, sequence, token"):
         compute_rollout_correction_weights(old - rollout, mask, "seq", 2.0)
-    with pytest.raises(ValueError, match="rollout_is_threshold must be > 0"):
+    with pytest.raises(ValueError, match="the bounds must be > 0"):
         compute_rollout_correction_weights(old - rollout, mask, "token", 0.0)
     with pytest.raises(ValueError, match="0 < lower < upper"):
         compute_rollout_rejection_mask(old - rollout, mask, "token", 2.0, 3.0)

@@ -159,17 +159,21 @@ def test_vanilla_loss_with_a_verl_actor_config_gives_the_dual_clip_number(make):
 def test_every_registered_loss_runs_on_a_verl_actor_config():
     """verl's cispo test passes a ``SimpleNamespace`` with only the clip ratios and a
     ``policy_loss`` namespace: every loss reads its other options with rlvr's defaults and gives
-    the number it gives with the schema's actor section of the same clip ratios."""
-    from rlvr.trainer.config import ActorConfig
+    the number it gives with the schema's actor section of the same clip ratios (DRO's required
+    ``dro_beta`` given in both; bypass mode, whose section only verl's trainer fills, without any
+    correction is the vanilla loss)."""
+    from rlvr.trainer.config import ActorConfig, PolicyLossConfig
 
     old, new, adv, mask = _loss_inputs()
     verl = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=None,
-                           policy_loss=SimpleNamespace(cispo_clip_ratio_high=0.2, cispo_clip_ratio_low=0.2))
+                           policy_loss=SimpleNamespace(cispo_clip_ratio_high=0.2, cispo_clip_ratio_low=0.2, dro_beta=0.1,
+                                                       rollout_correction=SimpleNamespace()))
     for name in ca.POLICY_LOSS_REGISTRY.names():
         torch.manual_seed(0)  # clip_cov picks its tokens at random
         loss, _ = ca.get_policy_loss_fn(name)(old, new, adv, mask, "token-mean", verl)
         torch.manual_seed(0)
-        expected, _ = ca.get_policy_loss_fn(name)(old, new, adv, mask, "token-mean", ActorConfig())
+        expected, _ = ca.get_policy_loss_fn("vanilla" if name == "bypass_mode" else name)(
+            old, new, adv, mask, "token-mean", ActorConfig(policy_loss=PolicyLossConfig(dro_beta=0.1)))
         assert torch.isfinite(loss) and loss.item() == pytest.approx(expected.item(), rel=1e-6), name
 
 

@@ -92,7 +92,7 @@ def test_config_keys_reach_the_engine(fake_vllm, tiny, device, load_format):
         "load_format": load_format, "dtype": "bfloat16", "seed": 3, "gpu_memory_utilization": 0.3,
         "tensor_parallel_size": 2, "enforce_eager": False, "enable_prefix_caching": False,
         "max_num_batched_tokens": 4096, "max_num_seqs": 17, "max_model_len": 32 + 12,
-        "logprobs_mode": "processed_logprobs",
+        "logprobs_mode": "processed_logprobs", "disable_log_stats": True, "scheduling_policy": "fcfs",
         "enable_sleep_mode": device == "cuda",  # vLLM's CPU build has no sleep mode
     }
     if device == "cpu":  # a fixed KV cache (vLLM would take most of the RAM) and blocks short prompts fill
@@ -100,6 +100,32 @@ def test_config_keys_reach_the_engine(fake_vllm, tiny, device, load_format):
     assert engine.llm.kwargs == expected
     assert engine.sleep_mode == (device == "cuda")
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"  # the engine in this process
+
+
+def test_verls_engine_keys_reach_the_engine(fake_vllm, tiny):
+    """verl's rollout keys: enable_chunked_prefill, max_model_len, disable_log_stats,
+    scheduling_policy, cudagraph_capture_sizes (vLLM's compilation_config), then engine_kwargs.vllm."""
+    model, tokenizer = tiny
+    config = rollout_config(enable_chunked_prefill=True, max_model_len=96, disable_log_stats=False,
+                            scheduling_policy="priority", cudagraph_capture_sizes=[1, 2, 4],
+                            **{"engine_kwargs.vllm": {"swap_space": 2, "max_num_seqs": 9}})
+    kwargs = VLLMRollout(config, model, tokenizer, "cpu", seed=0, owns_module=True).llm.kwargs
+    assert (kwargs["enable_chunked_prefill"], kwargs["max_model_len"], kwargs["disable_log_stats"],
+            kwargs["scheduling_policy"]) == (True, 96, False, "priority")
+    assert kwargs["compilation_config"] == {"cudagraph_capture_sizes": [1, 2, 4]}
+    assert kwargs["swap_space"] == 2 and kwargs["max_num_seqs"] == 9  # engine_kwargs.vllm win
+    default = VLLMRollout(rollout_config(), model, tokenizer, "cpu", seed=0, owns_module=True).llm.kwargs
+    assert "enable_chunked_prefill" not in default and "compilation_config" not in default
+
+
+def test_the_server_command_line_carries_the_same_keys():
+    from rlvr.workers.rollout.vllm_options import engine_options, server_args
+
+    config = rollout_config(enable_chunked_prefill=False, max_model_len=80, cudagraph_capture_sizes=[8],
+                            **{"engine_kwargs.vllm": {"swap_space": 2, "enable_expert_parallel": True}})
+    assert server_args(engine_options(config)) == [
+        "--max-model-len", "80", "--disable-log-stats", "--scheduling-policy", "fcfs", "--no-enable-chunked-prefill",
+        "--compilation-config", '{"cudagraph_capture_sizes": [8]}', "--swap-space", "2", "--enable-expert-parallel"]
 
 
 def test_dtype_follows_the_model_when_unset(fake_vllm, tiny):

@@ -23,6 +23,16 @@ def test_tied_embedding_is_sent_under_both_names():
     assert sent["lm_head.weight"] is sent["model.embed_tokens.weight"]
 
 
+def test_weights_without_storage_of_their_own_are_not_taken_for_tied_ones():
+    """FSDP2-sharded parameters (DTensors) report data_ptr() 0, all of them; so do parameters on the meta
+    device. Only the same Parameter under two names is one weight."""
+    model, _ = tiny_causal_lm()
+    model = model.to("meta")
+    model.lm_head.weight = model.model.embed_tokens.weight  # tie again: .to() made new parameters
+    assert len({p.data_ptr() for p in model.parameters()}) == 1
+    assert PolicyWeightNames(model).aliases == {"model.embed_tokens.weight": ["lm_head.weight"]}
+
+
 def test_lora_adapters_are_merged_into_plain_names():
     model, _ = tiny_causal_lm(seed=1)
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))

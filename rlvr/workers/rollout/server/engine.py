@@ -121,7 +121,8 @@ class ServerRollout:
             spec = LaunchSpec(
                 python=server.python or sys.executable, model_dir=str(model_dir), host=server.host, port=port,
                 api_key=server.api_key, seed=self._seed + i, dtype=dtype,
-                cpu_bind=_pick(server.cpu_binds, i, "rollout.server.cpu_binds") or _all_cores(),
+                cpu_bind=(_pick(server.cpu_binds, i, "rollout.server.cpu_binds")
+                          or _core_binds(int(self.config.tensor_model_parallel_size))),
                 cuda_devices=_pick(server.cuda_devices, i, "rollout.server.cuda_devices"),
                 kv_cache_gb=int(server.kv_cache_space_gb), extra_args=[str(a) for a in server.extra_args],
                 rollout=self.config)
@@ -368,12 +369,24 @@ def _pick(values, index: int, key: str) -> str | None:
     return str(values[index])
 
 
-def _all_cores() -> str:
-    """The cores this process may run on, as a vLLM thread-binding list (``0-1`` or ``0,2,3``)."""
-    cores = sorted(os.sched_getaffinity(0))
+def _core_list(cores: list[int]) -> str:
+    """Cores as a vLLM thread-binding list (``0-1`` or ``0,2,3``)."""
     if cores == list(range(cores[0], cores[-1] + 1)):
         return f"{cores[0]}-{cores[-1]}" if len(cores) > 1 else str(cores[0])
     return ",".join(str(c) for c in cores)
+
+
+def _core_binds(ranks: int) -> str:
+    """The cores this process may run on, split over a replica's ``ranks`` tensor-parallel workers
+    (vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` takes one list per rank, joined by ``|``: ``0|1``); with fewer
+    cores than ranks the ranks share them."""
+    cores = sorted(os.sched_getaffinity(0))
+    if ranks <= 1:
+        return _core_list(cores)
+    if len(cores) < ranks:
+        return "|".join(_core_list([cores[r % len(cores)]]) for r in range(ranks))
+    size = len(cores) // ranks
+    return "|".join(_core_list(cores[r * size : (r + 1) * size]) for r in range(ranks))
 
 
 def _shutdown(replicas: list[ExternalReplica], stop: threading.Event, pool: ThreadPoolExecutor,

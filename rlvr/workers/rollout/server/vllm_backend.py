@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from rlvr.workers.rollout.vllm_options import engine_options, server_args
 from rlvr.workers.rollout.server.backend import Completion, LaunchSpec, SyncCall, register_server_backend
 
 if TYPE_CHECKING:
@@ -50,7 +51,6 @@ class VLLMServerBackend:
             spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
             "--served-model-name", SERVED_MODEL_NAME, "--dtype", spec.dtype, "--host", spec.host,
             "--port", str(spec.port), "--seed", str(spec.seed), "--enable-scale-out",
-            "--max-model-len", str(int(cfg.prompt_length) + int(cfg.response_length)),
             "--max-num-seqs", str(int(cfg.max_num_seqs)), "--logprobs-mode", "processed_logprobs",
             "--tensor-parallel-size", str(int(cfg.tensor_model_parallel_size)),
         ]
@@ -68,6 +68,7 @@ class VLLMServerBackend:
             command += ["--gpu-memory-utilization", str(float(cfg.gpu_memory_utilization))]
         if spec.api_key:
             command += ["--api-key", spec.api_key]
+        command += server_args(engine_options(cfg))  # verl's keys (max model length, chunked prefill, ...)
         command += spec.extra_args
         env = {**base_env, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gb),
                "VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
