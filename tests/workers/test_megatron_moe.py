@@ -136,6 +136,17 @@ def test_layouts_that_cannot_run_are_refused(tmp_path, model_dir):
         local_group(MegatronActorRolloutRefWorker, make_config(model_dir, *COMMON, *_layout(ep=2)), "actor_rollout_ref")
 
 
+def test_context_parallelism_with_an_moe_model_is_refused(tmp_path):
+    from transformers import AutoConfig
+
+    from rlvr.workers.megatron.model import check_supported
+
+    config = AutoConfig.from_pretrained(save_tiny_moe(tmp_path / "moe", "qwen3_moe"))
+    check_supported(config, 1.0, cp=1)
+    with pytest.raises(ValueError, match="context_parallel_size=2 with a mixture-of-experts model"):
+        check_supported(config, 1.0, cp=2)
+
+
 @pytest.mark.parametrize(("arch", "ep", "mode"), [("qwen3_moe", 1, "R3"), ("mixtral", 2, "R2")])
 def test_megatron_routing_replay_and_load_balancing_loss_match_fsdp(arch, ep, mode, tmp_path):
     """The Megatron actor replays the rollout's routes (R3) or records its own in compute_log_prob and

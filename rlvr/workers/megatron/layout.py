@@ -88,7 +88,7 @@ def data_parallel_size(cfg, role: str) -> int:
     if strategy_of(cfg, role) != "megatron":
         return workers
     tp, pp = megatron_sizes(cfg, role)
-    return max(1, workers // (tp * pp * context_parallel_size(cfg, role)))
+    return max(1, workers // max(1, tp * pp * context_parallel_size(cfg, role)))  # sizes < 1: check_megatron_config
 
 
 _KEYS = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref", "critic": "critic"}
@@ -150,7 +150,7 @@ def _check_experts(cfg, role: str, key: str) -> None:
 
 def check_megatron_config(cfg, roles: list[str]) -> None:
     """Raise :class:`ConfigError` when a role of ``roles`` (the model roles the run starts) uses
-    Megatron without megatron-core, with LoRA or activation recomputation, with sizes that do not
+    Megatron without megatron-core, with LoRA, with sizes that do not
     fit the workers, or with sizes other than another Megatron role of the same processes."""
     megatron_roles = [role for role in roles if strategy_of(cfg, role) == "megatron"]
     for role in megatron_roles:
