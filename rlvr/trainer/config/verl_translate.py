@@ -133,9 +133,8 @@ def _apply_rule(key: str, value: Any, values: dict[str, Any], shape: SchemaShape
 
 
 def _check_free_dict(key: str, value: Any, values: dict[str, Any], shape: SchemaShape, notes: list[str]) -> Any:
-    """A free-form dict's entries that are verl keys of a rule or of another issue (e.g. MoE settings
-    of issue 45, or the attention backend, in ``override_transformer_config``): checked and dropped;
-    the others are kept."""
+    """A free-form dict's entries that are verl keys of a rule or of another issue (e.g. the attention
+    backend in ``override_transformer_config``): checked and dropped; the others are kept."""
     if not isinstance(value, dict) or pending_rule(key) is not None:  # a schema dict inside a pending section
         return value
     return {name: item for name, item in value.items()
