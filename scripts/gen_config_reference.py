@@ -71,6 +71,10 @@ class Section:
     keys: tuple[Key, ...]
 
 
+ROOT_HEADING = "top level"
+"""The heading of the keys at the root of the config (they have no section)."""
+
+
 def type_name(hint: Any) -> str:
     """A type hint as the page writes it: ``int``, ``str | None``, ``exact | contains``, ``any``."""
     if hint is Any:
@@ -165,7 +169,9 @@ def render() -> str:
     shared = sum(key.name in verl for section in sections for key in section.keys)
     lines = [HEADER, f"{count} keys, {shared} of them under verl's own name.", ""]
     for section in sections:
-        if not section.path:
+        if not section.path:  # keys at the root of the config (model_engine)
+            lines += section_markdown(dataclasses.replace(section, path=ROOT_HEADING, help="keys at the root of the config"),
+                                      verl)
             continue
         if "." not in section.path and not section.keys:  # a top-level section holding only sections
             lines += [f"## {section.path}", "", section.help[0].upper() + section.help[1:] + ".", ""]

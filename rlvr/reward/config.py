@@ -154,10 +154,10 @@ class OverlongBufferConfig:
 class RewardModelConfig:
     """The reward manager of a run without routes (``reward_model``)."""
 
-    reward_manager: str = field(default="naive", metadata={"help": "reward manager from the registry: naive | dapo | batch | parallel, or pkg.module:Class"})
+    reward_manager: Optional[str] = field(default="naive", metadata={"help": "reward manager from the registry: naive | dapo | batch | parallel, or pkg.module:Class (null, verl's unset legacy key: reward.reward_manager.name, else naive)"})
     reward_kwargs: dict = field(default_factory=dict, metadata={"help": "extra keyword arguments for the reward manager"})
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig, metadata={"help": "DAPO overlong penalty"})
-    num_workers: int = field(default=2, metadata={"help": "processes of the parallel reward manager"})
+    num_workers: Optional[int] = field(default=2, metadata={"help": "processes of the parallel reward manager (null, verl's unset legacy key: 2)"})
     timeout_s: float = field(default=10.0, metadata={"help": "per-sample scoring time limit (parallel manager / isolated scorers)"})
     on_error: str | None = field(default=None, metadata={"help": "a scorer that raises or times out: raise | fallback (score fallback_score, counted) | fallback_timeouts (timeouts only, as verl); null: the manager's default (naive/dapo: fallback_timeouts, others: raise)"})
     fallback_score: float = field(default=0.0, metadata={"help": "score used for a failed sample that falls back (on_error)"})

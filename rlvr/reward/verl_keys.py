@@ -28,6 +28,7 @@ from rlvr.utils.errors import ConfigError
 __all__ = ["migrate_reward_keys", "LEGACY_RM_KEYS"]
 
 DEFAULT_MANAGER = "naive"
+DEFAULT_MANAGER_PROCESSES = 2
 
 LEGACY_RM_KEYS = ("reward_model.enable", "reward_model.enable_resource_pool", "reward_model.n_gpus_per_node",
                   "reward_model.nnodes", "reward_model.model.path", "reward_model.model.input_tokenizer",
@@ -50,6 +51,10 @@ def _legacy_reward_model(legacy: RewardModelConfig) -> dict[str, Any]:
 
 def _migrate_manager(cfg: DictConfig) -> None:
     legacy, new = cfg.reward_model, cfg.reward.reward_manager
+    if legacy.reward_manager is None:  # verl's generated config leaves the legacy keys unset (null)
+        legacy.reward_manager = DEFAULT_MANAGER
+    if legacy.num_workers is None:
+        legacy.num_workers = DEFAULT_MANAGER_PROCESSES
     if legacy.reward_loop_source is not None:  # verl: the legacy keys override the new ones
         new.source = legacy.reward_loop_source
         new.module.path = legacy.reward_loop_module_path

@@ -15,7 +15,7 @@ MT = "actor_rollout_ref.rollout.multi_turn"
 
 
 @pytest.mark.parametrize(("overrides", "key", "message"), [
-    ([f"{LOOP}=nope"], LOOP, "'nope' is not valid.*use one of env_agent, openai_agent, single_turn, tool_agent"),
+    ([f"{LOOP}=nope"], LOOP, "'nope' is not valid.*use one of env_agent, openai_agent, single_turn, single_turn_agent, tool_agent"),
     ([f"{LOOP}=tool_agent"], f"{MT}.tool_config_path", "needs a YAML file of tools"),
     ([f"{LOOP}=tool_agent", f"{MT}.tool_config_path=/nonexistent/tools.yaml"], f"{MT}.tool_config_path", "is not a file"),
     ([f"{MT}.format=xml"], f"{MT}.format", "'xml' is not valid.*use one of hermes"),

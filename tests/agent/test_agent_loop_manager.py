@@ -86,7 +86,7 @@ def test_unknown_agent_name_lists_the_loops(model_and_tokenizer):
     cfg = rollout_config(8, 32)
     batch = prompts(tokenizer)
     batch.non_tensor_batch["agent_name"] = np.array(["single_turn", "nope", None, None], dtype=object)
-    with pytest.raises(KeyError, match="row 1 has agent_name='nope'.*valid names: env_agent, openai_agent, single_turn, tool_agent"):
+    with pytest.raises(KeyError, match="row 1 has agent_name='nope'.*valid names: env_agent, openai_agent, single_turn, single_turn_agent, tool_agent"):
         AgentLoopManager(cfg, tokenizer).generate_sequences(engine(model, tokenizer, cfg), batch)
     assert "single_turn" in AGENT_LOOPS
 

@@ -32,7 +32,8 @@ def _rows() -> dict[str, list[str]]:
             section = line.lstrip("#").strip()
         elif line.startswith("| `") and section:
             cells = [cell.strip() for cell in line.strip("|").split(" | ")]
-            rows[f"{section}.{cells[0].strip('`')}"] = cells
+            leaf = cells[0].strip("`")
+            rows[leaf if section == gen.ROOT_HEADING else f"{section}.{leaf}"] = cells
     return rows
 
 

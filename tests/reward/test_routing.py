@@ -20,7 +20,8 @@ from rlvr.reward.routing import (
     reward_worker_config,
     routed_worker_names,
 )
-from rlvr.trainer.config import load_config
+from rlvr.trainer.config import RlvrConfig, load_config
+from rlvr.trainer.config.validate import check_field_choices
 from rlvr.trainer.data import write_rows
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.testing import tiny_tokenizer
@@ -43,8 +44,8 @@ def test_route_names_are_checked_against_both_registries():
         check_reward_routes(_cfg("reward.routes.math=math_rule", "reward.num_workers=2"))
     with pytest.raises(ConfigError, match="reward.num_workers.*must be >= 1"):
         check_reward_routes(_cfg("trainer.backend=ray", "reward.routes.math=math_rule", "reward.num_workers=0"))
-    with pytest.raises(ConfigError, match="reward.route_key"):
-        _cfg("reward.route_key=ability")
+    with pytest.raises(ConfigError, match="reward.route_key.*use one of data_source, tag"):
+        check_field_choices(_cfg("reward.route_key=ability"), RlvrConfig)
 
 
 def test_every_domain_of_the_data_files_needs_a_route(tmp_path):

@@ -45,7 +45,7 @@ VALIDATED_VERL_KEYS: dict[str, str] = {
     "is that many independent engines (a dense model), which the tensor-parallel placement makes anyway; servers: 1",
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": "1 only: the rollout is split by tensor parallelism",
     **{f"reward.reward_model.rollout.{name}": "would configure or change verl's reward-model server; refused unless "
-       "left at verl's default" for name in ("engine_kwargs", "limit_images", "skip_tokenizer_init", "quantization",
+       "left at verl's default" for name in ("limit_images", "skip_tokenizer_init", "quantization",
                                              "quantization_config_file", "mtp", "disaggregation")},
     "reward.sandbox_fusion.url": "SandboxFusion's protocol; refused (route code to the code_sandbox reward worker)",
 }
@@ -69,7 +69,7 @@ def _interpolation_sources(schema: type, read: set[str]) -> set[str]:
 
     defaults = {key: value for key, value in _schema_defaults(schema).items() if isinstance(value, str)}
     return {source for key, value in defaults.items() if key in read
-            for source in re.findall(r"\$\{([\w.]+)\}", value)}
+            for source in re.findall(r"\$\{(?:oc\.select:)?([\w.]+)[,}]", value)}
 
 
 def _schema_defaults(schema: type, prefix: str = "") -> dict:

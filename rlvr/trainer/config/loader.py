@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -120,6 +121,33 @@ def _verl_key(key: str) -> bool:
 
 def _under_free_dict(key: str, shape: SchemaShape) -> bool:
     return any(key.startswith(f"{free}.") for free in shape.free_dicts)
+
+
+_HYDRA_KEY_PART = re.compile(r"[\w.-]+")
+
+
+def _split_dict_entries(items: Sequence[str], shape: SchemaShape) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """The overrides Hydra parses, and the entries of a free-form dict whose name Hydra's key grammar
+    cannot hold (``reward.routes.openai/gsm8k=naive``: a data source with a slash), as
+    ``(dict key, entry name, value)`` that rlvr sets itself after composing."""
+    kept, entries = [], []
+    for item in items:
+        key, _, value = item.lstrip("+").partition("=")
+        free = next((name for name in shape.free_dicts if key.startswith(f"{name}.")), None)
+        entry = key[len(free) + 1:] if free else ""
+        if free and "=" in item and not _HYDRA_KEY_PART.fullmatch(entry):
+            entries.append((free, entry, value.strip().strip("'\"")))
+        else:
+            kept.append(item)
+    return kept, entries
+
+
+def _set_dict_entries(cfg: DictConfig, entries: Sequence[tuple[str, str, str]]) -> None:
+    """Set the entries :func:`_split_dict_entries` took out (in command-line order)."""
+    for dict_key, name, value in entries:
+        node = OmegaConf.select(cfg, dict_key)
+        with open_dict(node):
+            node[name] = value
 
 
 def _prepare_overrides(items: Sequence[str], shape: SchemaShape, groups: set[str]) -> tuple[list[str], list]:
@@ -263,10 +291,12 @@ def load_config(preset: str | None = None, overrides: Sequence[str] = (), config
     schema = OmegaConf.structured(RlvrConfig)
     base = _merge([schema, *_load_preset(preset)], f"preset {preset!r}") if preset else schema
     shape = schema_shape()
-    ready, deletions = _prepare_overrides(overrides, shape, set(GROUPS))
+    hydra_overrides, entries = _split_dict_entries(overrides, shape)
+    ready, deletions = _prepare_overrides(hydra_overrides, shape, set(GROUPS))
     composed = compose(OmegaConf.to_container(base, resolve=False), config_name, resolve_config_dir(config_path),
                        ready)
     _delete(composed, deletions)
+    _set_dict_entries(composed, entries)
     plain, _ = translate(composed, shape)
     try:
         typed = OmegaConf.merge(schema, plain)

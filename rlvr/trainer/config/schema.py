@@ -231,7 +231,7 @@ class ActorConfig:
     fsdp_config: FSDPConfig = _sub(FSDPConfig, "FSDP2 and offload settings")
     megatron: MegatronConfig = _sub(MegatronConfig, "strategy=megatron: tensor/pipeline parallel sizes and offload")
     use_torch_compile: bool = _f(False, "torch.compile the model forward of the actor (and reference) passes; a model that does not compile runs eagerly, with a warning (verl's default is true; rlvr's false: compiling costs more than it saves in short runs, docs/PERFORMANCE.md)")
-    use_fused_kernels: bool = _f("${actor_rollout_ref.model.use_fused_kernels}", "the actor's log-probs and entropy through the fused linear head (default: model.use_fused_kernels)")
+    use_fused_kernels: bool = _f("${oc.select:actor_rollout_ref.model.use_fused_kernels,true}", "the actor's log-probs and entropy through the fused linear head (default: model.use_fused_kernels; true in an actor section built alone)")
     calculate_entropy: bool = _f(False, "compute the policy's entropy in the update even when entropy_coeff is 0 (the actor/entropy metric)")
     entropy_from_logits_with_chunking: bool = _f(False, "compute the entropy in chunks of entropy_from_logits_chunk_size rows (memory; the same values)")
     entropy_from_logits_chunk_size: int = _f(2048, "rows (tokens) per chunk of the chunked entropy")

@@ -37,44 +37,15 @@ class Pending:
     gate: tuple[str, tuple] | None = None
 
 
-def _profiler(prefix: str, issue: int = 44) -> Pending:
-    return Pending(f"{prefix}.profiler.*", issue, "the per-role profiler", gate=(f"{prefix}.profiler.enable", (False,)))
-
-
 PENDING: tuple[Pending, ...] = (
-    # issue 42: scale settings (placements)
-    Pending("actor_rollout_ref.rollout.data_parallel_size", 42, "vLLM data parallelism inside a rollout replica", (1,)),
-    Pending("actor_rollout_ref.rollout.tensor_model_parallel_size", 42, "rollout tensor parallelism > 1", (1,)),
-    Pending("actor_rollout_ref.rollout.pipeline_model_parallel_size", 42, "rollout pipeline parallelism", (1,)),
+    # issue 42: scale settings not built yet
     Pending("actor_rollout_ref.rollout.nnodes", 42, "a standalone rollout pool sized in the rollout section "
             "(rlvr's top-level rollout.nnodes / rollout.n_gpus_per_node size a rollout apart)", (0,)),
     Pending("actor_rollout_ref.rollout.n_gpus_per_node", 42, "a standalone rollout pool sized in the rollout "
             "section (rlvr's top-level rollout.nnodes / rollout.n_gpus_per_node size a rollout apart)", (ANY,)),
-    Pending("trainer.balance_batch", 42, "balanced batches (trainer.balance_batch)", (False,)),
-    Pending("*.megatron.context_parallel_size", 42, "Megatron context parallelism", (1, None)),
     Pending("*.megatron.dynamic_context_parallel", 42, "Megatron dynamic context parallelism", (False,)),
     Pending("*.megatron.max_seqlen_per_dp_cp_rank", 42, "Megatron context parallelism (sequence budget per rank)",
             (None,)),
-    # issue 43: reward models, teachers and verl's reward sections
-    Pending("reward.*", 43, "verl's reward section (reward loop, reward models)"),
-    Pending("reward_model.*", 43, "verl's reward_model section (reward models)", gate=("reward_model.enable", (None, False))),
-    Pending("sandbox_fusion.*", 43, "verl's legacy sandbox_fusion section (moved to reward.sandbox_fusion)",
-            (None,)),
-    Pending("data.return_raw_input_ids", 43, "reward models with a tokenizer of their own", (False,)),
-    Pending("distillation.*", 43, "distillation from teacher models", gate=("distillation.enabled", (False,))),
-    # issue 44: profiling, dumps and validation-only runs
-    _profiler("actor_rollout_ref.actor"), _profiler("actor_rollout_ref.ref"), _profiler("actor_rollout_ref.rollout"),
-    _profiler("critic"),
-    Pending("global_profiler.*", 44, "the profiler (global_profiler)", gate=("global_profiler.tool", (None,))),
-    Pending("trainer.rollout_data_dir", 44, "dumps of the rollouts (trainer.rollout_data_dir)", (None,)),
-    Pending("trainer.validation_data_dir", 44, "dumps of the validation generations", (None,)),
-    Pending("trainer.val_only", 44, "validation-only runs (trainer.val_only)", (False,)),
-    # issue 41 items 4-5: the keys of the algorithms verl 0.9.1 registers that rlvr lacks
-    Pending("actor_rollout_ref.actor.calculate_sum_pi_squared", 41, "the optimal-token-baseline estimator's "
-            "sum of squared probabilities", (False,)),
-    Pending("actor_rollout_ref.actor.policy_loss.dro_beta", 41, "the DRO policy loss", (None,)),
-    Pending("actor_rollout_ref.actor.tau_pos", 41, "the SAPO policy loss", (ANY,)),
-    Pending("actor_rollout_ref.actor.tau_neg", 41, "the SAPO policy loss", (ANY,)),
 )
 """Every pending key rule, by issue."""
 

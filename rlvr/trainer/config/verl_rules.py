@@ -90,6 +90,8 @@ _FSDP = "*.fsdp_config"
 
 ALIASES: tuple[Alias, ...] = (
     Alias("critic.fsdp", "critic.fsdp_config", subtree=True),
+    *(Alias(f"sandbox_fusion.{name}", f"reward.sandbox_fusion.{name}") for name in ("url", "max_concurrent",
+                                                                                      "memory_limit_mb")),
     *(Alias(f"actor_rollout_ref.actor.{sec}.{name}", f"actor_rollout_ref.actor.{name}", default)
       for sec in ("fsdp_config", "megatron")
       for name, default in (("entropy_from_logits_with_chunking", False), ("entropy_from_logits_chunk_size", 2048))),
@@ -329,6 +331,13 @@ RULES: tuple[Rule, ...] = (
     _refused("ray_kwargs.ray_init.runtime_env.*", "rlvr's Ray workers run the driver's Python", (None,)),
     _note("ray_kwargs.timeline_json_file", "rlvr does not write a Ray timeline (per-stage timings are in the "
           "metrics)", (None,)),
+    # profiling a token range of a rollout server's generation (verl's agent-loop servers)
+    _refused("actor_rollout_ref.rollout.profiler.tool_config.*.profile_token_*", "rlvr's rollout profiler traces "
+             "whole rollout stages (docs/profiling.md); profiling a token range of a server's generation is not in "
+             "rlvr", (None,)),
+    # reward models
+    _same("data.return_raw_input_ids", "rlvr's reward-model worker decodes each sample and tokenises it with the "
+          "reward model's own tokenizer and chat template, whatever the value"),
 )
 """Every rule, by section."""
 

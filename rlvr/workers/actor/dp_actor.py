@@ -587,10 +587,10 @@ class DataParallelPPOActor:
         log_probs = log_softmax.gather(-1, batch["responses"][:, :r, None]).squeeze(-1)
         topk = log_softmax.gather(-1, batch[TEACHER_TOPK_IDS][:, :r].long())
         if entropy_grad:
-            entropy = entropy_from_logits(logits)
+            entropy = entropy_from_logits(logits, self.entropy_chunk)
         else:
             with torch.no_grad():
-                entropy = entropy_from_logits(logits.detach())
+                entropy = entropy_from_logits(logits.detach(), self.entropy_chunk)
         topk = torch.nn.functional.pad(topk, (0, 0, 0, response_len - r))
         return _pad_right(log_probs, response_len), _pad_right(entropy, response_len), topk
 

@@ -170,7 +170,9 @@ def test_a_verl_command_line_is_checked_without_torch_and_fast(tiny_data, tmp_pa
         cpu.append(float(ok.stdout.rsplit("cpu=", 1)[1]))
         if cpu[-1] < 1.0:
             break
-    assert min(cpu) < 1.5, cpu  # about 0.55 s of CPU on an idle core; room for a busy one
+    # a loose bound (a busy machine inflates CPU time too): the speed itself is measured by
+    # benchmarks/bench_cli.py; torch, Ray and transformers cannot be imported here at all
+    assert min(cpu) < 3.0, cpu
     typo = subprocess.run([sys.executable, "-c", BLOCKED, *argv[:-1], "actor_rollout_ref.actor.use_torch_compil=1"],
                           cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
     assert typo.returncode == 2

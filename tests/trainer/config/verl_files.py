@@ -16,6 +16,7 @@ NAMES = ("ppo_trainer", "ppo_megatron_trainer")
 LOCAL = {
     "actor_rollout_ref.rollout.name": "hf",  # verl leaves it to the user (???); rlvr's in-process HF engine
     "actor_rollout_ref.rollout.mode": "sync",  # verl's async is vLLM servers (not in this venv)
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": 1,  # verl's 2 is vLLM's; an HF engine is whole per worker
     "trainer.logger": ["console"],  # verl's wandb needs the wandb package
 }
 """Values of the generated configs that need files, packages or a user's choice; the data and
