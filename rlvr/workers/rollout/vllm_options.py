@@ -10,15 +10,12 @@ the server replicas (``--key value``), so both read them the same way (no vLLM i
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from rlvr.trainer.config.schema import RolloutConfig
+from typing import Any
 
 __all__ = ["engine_options", "server_args"]
 
 
-def engine_options(rollout_config: RolloutConfig) -> dict[str, Any]:
+def engine_options(rollout_config) -> dict[str, Any]:
     """The vLLM engine arguments that verl's rollout keys set (see the module docstring)."""
     cfg = rollout_config
     options: dict[str, Any] = {
