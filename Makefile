@@ -14,7 +14,7 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-vllm setup-megatron train train-tools train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
+.PHONY: setup setup-vllm setup-megatron train train-tools train-moe train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -69,6 +69,17 @@ data/arith/test.jsonl: rlvr/data_prep/reasoning_gym.py | $(STAMP)
 
 train: setup data/arith/test.jsonl
 	$(PY) -m rlvr.trainer.main_ppo --preset main_job $(ARGS)
+
+# the MoE job (docs/moe.md): SmolLM2 upcycled into a Mixtral MoE, an fp8 rollout, rollout routing replay
+# on (MOE_REPLAY=R3) or off (MOE_REPLAY=disabled); each setting writes runs/moe/<setting>
+runs/moe/model/config.json: rlvr/data_prep/moe_model.py | $(STAMP)
+	$(PY) -m rlvr.data_prep.moe_model --out runs/moe/model
+
+MOE_REPLAY ?= R3
+
+train-moe: setup data/arith/test.jsonl runs/moe/model/config.json
+	$(PY) -m rlvr.trainer.main_ppo --preset moe_job actor_rollout_ref.actor.fsdp_config.router_replay.mode=$(MOE_REPLAY) \
+		trainer.experiment_name=moe_$(MOE_REPLAY) trainer.default_local_dir=runs/moe/$(MOE_REPLAY) $(ARGS)
 
 # a reward model: preference pairs (right vs wrong sums) from the main job's own samples, a score head
 # on the embedded SmolLM2-135M trained on them (Bradley-Terry), then GRPO with it as the only reward

@@ -219,15 +219,22 @@ def load_causal_lm(
         attn_implementation: ``"eager"``, ``"sdpa"``, ``"flash_attention_2"``; None lets
             transformers choose.
         trust_remote_code: allow model code from the hub.
-        **config_overrides: values that replace the model config's (``model.override_config``).
+        **config_overrides: values that replace the model config's before the model is built
+            (``model.override_config``; a dict value updates that sub-config, see
+            :func:`update_model_config`); a field the config does not have raises ``ValueError``.
     """
     source = local_model_dir(name_or_path)
-    return _auto_model_class(source, trust_remote_code).from_pretrained(
+    config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+    for key in config_overrides:
+        if not hasattr(config, key):
+            raise ValueError(f"model.override_config.{key}: the {config.model_type} config has no field {key!r}")
+    update_model_config(config, config_overrides)
+    return auto_model_class(config.model_type).from_pretrained(
         source,
+        config=config,
         dtype=dtype,
         attn_implementation=attn_implementation,
         trust_remote_code=trust_remote_code,
-        **config_overrides,
     )
 
 
@@ -240,10 +247,6 @@ def is_vision_language_model(model_type: str) -> bool:
 def auto_model_class(model_type: str) -> type:
     """``AutoModelForCausalLM``, or ``AutoModelForImageTextToText`` for a vision-language model."""
     return AutoModelForImageTextToText if is_vision_language_model(model_type) else AutoModelForCausalLM
-
-
-def _auto_model_class(source: str, trust_remote_code: bool) -> type:
-    return auto_model_class(AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code).model_type)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs) -> PreTrainedTokenizerBase:

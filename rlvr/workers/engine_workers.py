@@ -66,6 +66,8 @@ from rlvr.workers.critic.dp_critic import DataParallelPPOCritic
 from rlvr.workers.frozen import frozen_policy
 from rlvr.workers.fsdp import compute_dtype, fsdp_options, full_parameters, full_state_dict, shard_role_module
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer, unwrap_hf_model
+from rlvr.workers.moe import router_replay_mode
+from rlvr.workers.moe.layout import ROUTED_EXPERTS
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.rollout import get_rollout_engine
 from rlvr.workers.rollout.base import check_weights_version
@@ -237,7 +239,7 @@ class ActorRolloutRefWorker(TrainingWorker):
             log_prob_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
             use_remove_padding=cfg.model.use_remove_padding, sp_size=cfg.actor.ulysses_sequence_parallel_size,
             compute_dtype=precision, compile_forward=cfg.actor.use_torch_compile,
-            distillation=self.config.distillation,
+            distillation=self.config.distillation, router_replay=router_replay_mode(cfg.actor),
         )
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
@@ -357,6 +359,8 @@ class ActorRolloutRefWorker(TrainingWorker):
         meta = data.meta_info
         if calculate_entropy or "rollout_log_probs" not in data.batch.keys():
             return False
+        if router_replay_mode(self.config.actor_rollout_ref.actor) == "R2":  # the forward records the routes
+            return False
         if meta.get("old_log_probs_from_rollout") is True:  # the behaviour policy is the old one (no decoupling)
             return True
         return (
@@ -381,7 +385,8 @@ class ActorRolloutRefWorker(TrainingWorker):
     def compute_log_prob(self, data: DataProto) -> DataProto:
         """``old_log_probs [B, R]`` (and ``entropys`` when ``meta_info["calculate_entropy"]``,
         ``sum_pi_squared`` when ``meta_info["calculate_sum_pi_squared"]``: those need the actor's
-        forward even where the rollout's log-probs are reused as the old ones)."""
+        forward even where the rollout's log-probs are reused as the old ones; and the experts of
+        every token, ``routed_experts [B, S, layers, k]``, for an MoE actor under ``router_replay.mode=R2``)."""
         self._require(self._is_actor, "compute_log_prob", "actor")
         timer = self._timer()
         temperature = self._temperature(data)
@@ -398,6 +403,8 @@ class ActorRolloutRefWorker(TrainingWorker):
                     tensors["entropys"] = stats["entropy"]
                 if calculate_sum_pi_squared:
                     tensors["sum_pi_squared"] = stats["sum_pi_squared"]
+                if ROUTED_EXPERTS in stats:
+                    tensors[ROUTED_EXPERTS] = stats[ROUTED_EXPERTS]
             if reuse:
                 tensors["old_log_probs"] = data.batch["rollout_log_probs"].clone()
         return self._reply(tensors, {"actor/reused_rollout_log_probs": float(reuse)}, timer, "old_log_prob")

@@ -14,8 +14,8 @@ from rlvr.utils.testing import save_tiny_reward_model
 PPO_N1 = {"actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
           "critic.ppo_micro_batch_size_per_gpu": 4}
 APART = {"actor_rollout_ref.hybrid_engine": False}
-PRESETS = ["dapo", "distill_job", "drgrpo", "egpo", "grpo", "gspo", "main_job", "ppo", "reinforce_pp", "remax", "rloo",
-           "rlvr_mixed", "rm_job", "tool_job", "vision_job"]
+PRESETS = ["dapo", "distill_job", "drgrpo", "egpo", "grpo", "gspo", "main_job", "moe_job", "ppo", "reinforce_pp",
+           "remax", "rloo", "rlvr_mixed", "rm_job", "tool_job", "vision_job"]
 
 
 @pytest.fixture

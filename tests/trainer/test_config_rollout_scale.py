@@ -44,7 +44,7 @@ def test_engines_that_fit_the_workers_are_accepted():
     ((f"{KEY}.mode=async", f"{KEY}.tensor_model_parallel_size=2", f"{KEY}.server.cpu_binds=['0-1']"),
      "server.cpu_binds", "binds 1 worker.s., but each replica runs tensor_model_parallel_size=2"),
     ((f"{KEY}.mode=async", f"{KEY}.server.port=8100"), "server.port", "cannot all listen on port 8100"),
-    ((f"{KEY}.expert_parallel_size=2",), "expert_parallel_size", "expert parallelism"),
+    ((f"{KEY}.expert_parallel_size=0",), "expert_parallel_size", "must be >= 1"),
     ((f"{KEY}.name=hf", f"{KEY}.tensor_model_parallel_size=2"), "tensor_model_parallel_size",
      "apply to rollout.name=vllm"),
 ])

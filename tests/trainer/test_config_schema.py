@@ -44,7 +44,6 @@ VALIDATED_VERL_KEYS: dict[str, str] = {
     "actor_rollout_ref.rollout.data_parallel_size": "in-process engines: a replica of tensor x data parallel workers "
     "is that many independent engines (a dense model), which the tensor-parallel placement makes anyway; servers: 1",
     "actor_rollout_ref.rollout.pipeline_model_parallel_size": "1 only: the rollout is split by tensor parallelism",
-    "actor_rollout_ref.rollout.expert_parallel_size": "1 only: no expert parallelism in the rollout engines",
     **{f"reward.reward_model.rollout.{name}": "would configure or change verl's reward-model server; refused unless "
        "left at verl's default" for name in ("limit_images", "skip_tokenizer_init", "quantization",
                                              "quantization_config_file", "mtp", "disaggregation")},
@@ -88,13 +87,20 @@ def _schema_defaults(schema: type, prefix: str = "") -> dict:
 
 VALIDATION_MODULES = [CONFIG_PACKAGE / "validate.py", CONFIG_PACKAGE / "validate_verl.py",
                       CONFIG_PACKAGE / "validate_rollout_scale.py", CONFIG_PACKAGE / "validate_models.py",
-                      CONFIG_PACKAGE / "validate_profiler.py"]
+                      CONFIG_PACKAGE / "validate_profiler.py", CONFIG_PACKAGE / "moe_checks.py"]
 NOTED_VERL_KEYS = {
     *(f"reward.reward_model.rollout.{name}" for name in RM_SERVING_KNOBS),
     "reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb", "distillation.teacher_key",
 }
 """verl's serving knobs that are accepted without effect, each with a start-up note when set
 (:func:`rlvr.trainer.config.validate_models.frozen_model_notes`, tested in test_config_reward_model)."""
+_ROUTER_REPLAY_SECTIONS = [f"{role}.{backend}.router_replay" for role in ("actor_rollout_ref.actor",
+                                                                          "actor_rollout_ref.ref", "critic")
+                           for backend in ("fsdp_config", "megatron")]
+VALIDATED_VERL_KEYS.update({
+    f"{section}.{name}": "verl defines the file but never reads or writes it; rlvr keeps routes in the batch"
+    for section in _ROUTER_REPLAY_SECTIONS for name in ("record_file", "replay_file")
+})
 VALIDATED_VERL_KEYS.update({
     key: "a setting of a profiler tool rlvr refuses (nsys, npu, precision_debugger) or of verl's mini-batch "
          "schedule, accepted at its default only; a role's torch_memory settings must equal the global ones"

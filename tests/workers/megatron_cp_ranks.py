@@ -33,7 +33,8 @@ def run_rank(rank: int, world: int, tp: int, cp: int, port: int, model_dir: str,
     parallel = init_megatron_parallel(tp, 1, "cpu", seed=7, timeout_s=300, cp=cp)
     policy = policy_from_hf(AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager"), parallel)
     data = batch()
-    log_probs, entropy = policy_log_probs(policy, data, temperature=0.8, with_entropy=True)
+    stats = policy_log_probs(policy, data, temperature=0.8, with_entropy=True)
+    log_probs, entropy = stats["log_probs"], stats["entropy"]
     weights = torch.randn(log_probs.shape, generator=torch.Generator().manual_seed(3)) * data["response_mask"]
     loss = (log_probs * weights).sum() + 0.1 * (entropy * weights).sum()
     loss.backward()

@@ -23,6 +23,14 @@ from megatron.core.models.gpt.gpt_model import GPTModel  # noqa: E402
 from megatron.core.tensor_parallel import random as megatron_random  # noqa: E402
 from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 from megatron.core.transformer.transformer_block import TransformerBlock  # noqa: E402
+from megatron.core.tensor_parallel import mappings as megatron_mappings  # noqa: E402
+from megatron.core.transformer.moe import moe_utils as megatron_moe_utils  # noqa: E402
+from megatron.core.transformer.moe.moe_utils import RouterGatingLinearFunction  # noqa: E402
+from megatron.core.transformer.moe.router import TopKRouter  # noqa: E402
+from megatron.core.transformer.moe.token_dispatcher import (  # noqa: E402
+    MoEAllGatherTokenDispatcher,
+    MoEAlltoAllTokenDispatcher,
+)
 from megatron.core.utils import GlobalMemoryBuffer  # noqa: E402
 
 from rlvr.workers.megatron.cpu_shims import (  # noqa: E402
@@ -31,6 +39,9 @@ from rlvr.workers.megatron.cpu_shims import (  # noqa: E402
     CpuMemoryBuffer,
     CpuRNGStatesTracker,
     apply_cpu_shims,
+    apply_te_absent_shim,
+    gather_along_first_dim,
+    reduce_scatter_along_first_dim,
 )
 
 UPGRADE = "megatron-core changed a site that rlvr's CPU shims rely on: re-check rlvr/workers/megatron/cpu_shims.py"
@@ -61,8 +72,8 @@ def test_the_patched_sites_still_assume_cuda():
 
 
 def test_the_avoided_sites_are_still_avoided():
-    """Shim 3: RoPE's CUDA ``inv_freq`` is only built for position_embedding_type rope/yarn/mrope;
-    shim 4: the default causal mask only without a mask; shim 5: the ``.cuda()`` copy of a tied
+    """Avoided site 6: RoPE's CUDA ``inv_freq`` is only built for position_embedding_type rope/yarn/mrope;
+    site 7: the default causal mask only without a mask; site 8: the ``.cuda()`` copy of a tied
     embedding only for tied embeddings over several stages; a later stage reads its input from
     ``set_input_tensor``."""
     assert "torch.cuda.current_device()" in _source(RotaryEmbedding.__init__), UPGRADE
@@ -90,6 +101,43 @@ def test_the_cpu_rng_tracker_forks_the_cpu_generator():
     assert torch.equal(torch.cat([first, second]), expected)  # the forked stream continues
     with pytest.raises(ValueError, match="already tracked"):
         tracker.add("other", 1234)
+
+
+def test_the_moe_sites_still_need_the_shims():
+    """Shim 4: the first-dimension all-gather / reduce-scatter allocate on CUDA and the allgather
+    dispatcher calls them; shim 6: moe_utils leaves te_general_gemm undefined without transformer-engine
+    and the router's gating reads it; the router's gating moves its weight to CUDA (rlvr's router
+    subclass overrides it); the alltoall dispatcher needs CUDA streams (why rlvr uses allgather)."""
+    for function in (megatron_mappings._gather_along_first_dim, megatron_mappings._reduce_scatter_along_first_dim):
+        assert "device=torch.cuda.current_device()" in _source(function), UPGRADE
+    dispatch = _source(MoEAllGatherTokenDispatcher)
+    assert "gather_from_sequence_parallel_region" in dispatch and "reduce_scatter_to_sequence_parallel_region" in dispatch
+    assert "te_general_gemm" in _source(RouterGatingLinearFunction.forward), UPGRADE
+    assert "HAVE_TE = False" in inspect.getsource(megatron_moe_utils) and "te_general_gemm = None" not in \
+        inspect.getsource(megatron_moe_utils), UPGRADE
+    assert "torch.cuda.current_device()" in _source(TopKRouter.gating), UPGRADE
+    assert "torch.cuda.Stream()" in _source(MoEAlltoAllTokenDispatcher.__init__), UPGRADE
+    assert "torch.cuda.stream(" in _source(MoEAlltoAllTokenDispatcher._maybe_dtoh_and_synchronize), UPGRADE
+
+
+def test_the_moe_shims_gather_and_reduce_scatter_on_cpu(tmp_path):
+    """Shim 4's collectives on a gloo group of one rank (the sizes pass through) and of the world."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        group = dist.new_group([0])
+        x = torch.arange(6.0).view(3, 2)
+        assert gather_along_first_dim(x, group) is x and reduce_scatter_along_first_dim(x, group) is x
+    finally:
+        dist.destroy_process_group()
+    saved = getattr(megatron_moe_utils, "te_general_gemm", "absent")
+    try:
+        apply_te_absent_shim()
+        assert megatron_moe_utils.HAVE_TE or megatron_moe_utils.te_general_gemm is None
+    finally:
+        if saved == "absent":
+            del megatron_moe_utils.te_general_gemm
 
 
 def test_apply_cpu_shims_installs_cpu_objects():

@@ -52,17 +52,20 @@ def test_the_config_check_names_the_key(monkeypatch):
         ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3",):
             ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "4 workers"),
         ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4",):
-            ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size", r"\(4, 1\) differ from the actor's \(2, 1\)"),
+            ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size",
+             r"\(4, 1, 1, 4\) differ from the actor's \(2, 1, 1, 2\)"),
         ("actor_rollout_ref.model.lora_rank=8",): ("actor_rollout_ref.model.lora_rank", "LoRA is not available"),
         ("actor_rollout_ref.actor.megatron.context_parallel_size=4",):
             ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "tensor_model_parallel_size=2 x "
                                                                              "context_parallel_size=4"),
         ("actor_rollout_ref.actor.megatron.context_parallel_size=0",):
             ("actor_rollout_ref.actor.megatron.context_parallel_size", "must be >= 1"),
+        ("actor_rollout_ref.actor.megatron.context_parallel_size=2",
+         "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2"):
+            ("actor_rollout_ref.actor.megatron.context_parallel_size",
+             "with expert_model_parallel_size=2: rlvr's Megatron MoE"),
         ("actor_rollout_ref.ref.megatron.context_parallel_size=2",):
             ("actor_rollout_ref.ref.megatron.context_parallel_size", "context_parallel_size=2 differs from the actor's 1"),
-        ("actor_rollout_ref.model.enable_gradient_checkpointing=true",):
-            ("actor_rollout_ref.model.enable_gradient_checkpointing", "does not recompute"),
     }
     for overrides, (key, message) in cases.items():
         with pytest.raises(ConfigError, match=message) as err:

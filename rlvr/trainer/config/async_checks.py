@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from rlvr.trainer.config.schema import ASYNC_MODES, STALENESS_POLICIES
 from rlvr.utils.errors import ConfigError
+from rlvr.workers.moe import router_replay_mode
 
 __all__ = ["rollout_apart", "rollout_world_size", "staleness_bound", "decoupled_ppo", "prox_from_update_blockers",
            "lend_idle_cores_blockers", "check_async_training"]
@@ -69,6 +70,8 @@ def prox_from_update_blockers(cfg: DictConfig, reads_old_log_prob: bool = False)
         (bool(rc.bypass_mode), "algorithm.rollout_correction.bypass_mode (the rollout's log-probs are the old ones)"),
         (bool(algo.use_kl_in_reward), "algorithm.use_kl_in_reward (the KL penalty reads them before the update)"),
         (reads_old_log_prob, f"algorithm.adv_estimator={algo.adv_estimator} reads old_log_prob"),
+        (router_replay_mode(actor) == "R2", "router_replay.mode=R2 (the actor's log-prob pass records the routes "
+                                            "the update replays)"),
         (bool(actor.calculate_sum_pi_squared), "actor.calculate_sum_pi_squared (the old-log-prob pass computes it)"),
     ]
     return [reason for blocked, reason in checks if blocked]

@@ -22,6 +22,7 @@ from rlvr.trainer.config.schema_sections import (
 )
 from rlvr.trainer.ppo.distillation_config import DistillationConfig
 from rlvr.utils.profiler.config import GlobalProfilerConfig, ProfilerConfig, RolloutProfilerConfig
+from rlvr.workers.moe import REPLAY_MODES
 
 
 def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
@@ -83,7 +84,7 @@ class ModelConfig:
     use_fused_kernels: bool = _f(True, "log-probs and entropy from the last hidden states through rlvr's fused linear head (a chunk of tokens at a time: the micro-batch's full logits never exist; one rank, a bias-free LM head); false: from the full logits")
     custom_chat_template: Optional[str] = _f(None, "a Jinja chat template that replaces the tokenizer's (data, rollout and agent loops)")
     exclude_modules: Any = _f(None, "LoRA: module names (or a regex) left without adapters")
-    override_config: dict = _f({}, "values that replace the model config's own (e.g. attention_dropout: 0.0), given to from_pretrained")
+    override_config: dict = _f({}, "values that replace the model config's own (e.g. attention_dropout: 0.0), given to from_pretrained; an MoE model's {output_router_logits: true, router_aux_loss_coef: 0.01} puts its routers' load-balancing loss into the actor's loss")
     external_lib: Any = _f(None, "verl's key: a module (or .py file, or a list) of your own imported before the model is built; rlvr imports it like trainer.user_modules")
 
 
@@ -113,11 +114,22 @@ class OptimConfig:
 
 
 @dataclass
+class RouterReplayConfig:
+    """verl's ``router_replay`` section of an engine config: a mixture-of-experts actor replays routes
+    (see :mod:`rlvr.workers.moe.actor_routing`); read from the actor's own backend section."""
+
+    mode: str = field(default="disabled", metadata={"help": "MoE routing replay: disabled | R2 (the update uses the experts of the actor's compute_log_prob) | R3 (compute_log_prob and the update use the rollout's experts; needs rollout.enable_rollout_routing_replay)", "choices": REPLAY_MODES})
+    record_file: Optional[str] = _f(None, "verl defines it but never reads it; rlvr keeps the routes in the batch (routed_experts): null only")
+    replay_file: Optional[str] = _f(None, "verl defines it but never reads it; rlvr keeps the routes in the batch (routed_experts): null only")
+
+
+@dataclass
 class RefFSDPConfig:
     """The frozen reference's FSDP settings: it has no optimizer, so no ``optimizer_offload``."""
 
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
     reshard_after_forward: bool = _f(True, "FSDP2 reshard_after_forward")
+    router_replay: RouterReplayConfig = _sub(RouterReplayConfig, "MoE routing replay of the actor (strategy fsdp/fsdp2); disabled elsewhere")
     model_dtype: Optional[str] = _f(None, "dtype the model's parameters are loaded and kept in: fp32 | bf16 (None = model.dtype)")
     dtype: Optional[str] = _f(None, "mixed precision: compute in this dtype, keep parameters in model_dtype (bf16 | fp32; None = no mixed precision)")
     offload_policy: bool = _f(False, "FSDP2's CPUOffloadPolicy: sharded parameters, gradients and optimizer state live on CPU (several ranks)")
@@ -140,8 +152,11 @@ class RefMegatronConfig:
 
     tensor_model_parallel_size: Optional[int] = _f(None, "ranks that split every weight matrix (must divide the key/value heads); None = 1 for the actor, the actor's for reference and critic")
     pipeline_model_parallel_size: Optional[int] = _f(None, "ranks that split the layers into stages (must divide the layers); None = 1 for the actor, the actor's for reference and critic")
+    expert_model_parallel_size: Optional[int] = _f(None, "MoE: ranks that split the experts of every MoE layer (must divide the experts); None = 1 for the actor, the actor's for reference and critic")
+    expert_tensor_parallel_size: Optional[int] = _f(None, "MoE: ranks that split every expert's weight matrices (None = tensor_model_parallel_size, as in verl)")
     context_parallel_size: Optional[int] = _f(None, "ranks that split every sequence (context parallelism: each holds 2 of 2 x cp chunks, attention over the all-gathered keys); None = 1 for the actor, the actor's for reference and critic")
     param_offload: bool = _f(False, "keep parameters on CPU between phases (GPU only)")
+    router_replay: RouterReplayConfig = _sub(RouterReplayConfig, "MoE routing replay of the actor (strategy megatron); disabled elsewhere")
     override_transformer_config: dict = _f({}, "megatron-core TransformerConfig fields (recompute_granularity, recompute_method, recompute_num_layers, recompute_modules, ...)")
     seed: Optional[int] = _f(None, "seed of the model's random init (and Megatron's RNG tracker); None = trainer.seed")
     dtype: Optional[str] = _f(None, "mixed precision: compute in this dtype, keep parameters in model.dtype (bf16 | fp32; None = no mixed precision)")
@@ -337,7 +352,9 @@ class RolloutConfig:
     tensor_model_parallel_size: int = _f(1, "vllm: ranks per engine; mode=sync: that many consecutive rollout workers hold one in-process engine (1: an engine on every worker); mode=async: each server replica's --tensor-parallel-size")
     data_parallel_size: int = _f(1, "vllm, mode=sync: engines per replica of tensor x data parallel workers (a dense model's vLLM data parallelism: independent engines); mode=async: 1 (replicas are server.num_replicas)")
     pipeline_model_parallel_size: int = _f(1, "verl's key; 1 only: rlvr's rollout engines split the model by tensor parallelism")
-    expert_parallel_size: int = _f(1, "verl's key; 1 only: rlvr's rollout engines do not split mixture-of-experts layers by expert")
+    expert_parallel_size: int = _f(1, "vllm, MoE: 1 splits the experts like the other weights (tensor parallel); > 1 places whole experts on the ranks of a server replica (rollout.mode=async; must equal tensor_model_parallel_size)")
+    enable_rollout_routing_replay: bool = _f(False, "MoE: the engine returns the experts every token went to (routed_experts), for router_replay.mode=R3 and rollout/moe metrics (hf engine, single_turn agent loop)")
+    moe_load_balance_metrics_interval: int = _f(0, "MoE: every this many steps log rollout/moe/* expert-load metrics from the rollout's routed_experts (needs enable_rollout_routing_replay; 0 = off)")
     enforce_eager: bool = _f(True, "vllm: no CUDA graphs / compilation (fast start; False compiles for speed)")
     enable_prefix_caching: bool = _f(True, "vllm: reuse the KV cache of shared prompt prefixes (the n samples of a prompt)")
     enable_sleep_mode: bool = _f(True, "vllm: free weights and KV cache between phases on GPU (sleep/wake_up); no-op on CPU")

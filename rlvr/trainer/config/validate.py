@@ -31,6 +31,7 @@ from rlvr.reward.config import ON_ERROR_CHOICES
 from rlvr.trainer.config.algorithm_checks import check_new_algorithm_settings
 from rlvr.trainer.config.async_checks import check_async_training
 from rlvr.trainer.config.builtin_names import BUILTIN_ESTIMATOR_NEEDS, BUILTIN_NAMES, NULLABLE_NAMES, EstimatorNeeds
+from rlvr.trainer.config.moe_checks import check_moe
 from rlvr.trainer.config.schema import (AGG_LOSS_MODES, GPG_ALPHA_COUNTS, SINGLETON_CHOICES, STRATEGIES,
                                         WEIGHT_FILE_FORMATS, RlvrConfig)
 from rlvr.trainer.config.suggest import did_you_mean
@@ -542,6 +543,7 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
                          needs is not None and needs.reads_old_log_prob)
     _check_actor(cfg)
     _check_critic(cfg)
+    check_moe(cfg)
     roles = ["actor", *(["ref"] if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0 else []),
              *(["critic"] if cfg.critic.enable else [])]
     check_megatron_config(cfg, roles)

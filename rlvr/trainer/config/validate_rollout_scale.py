@@ -1,6 +1,7 @@
 """Config checks of the rollout's scale settings (verl's keys under ``actor_rollout_ref.rollout``):
 ``tensor_model_parallel_size``, ``data_parallel_size``, ``pipeline_model_parallel_size``,
-``expert_parallel_size``, before anything starts.
+``expert_parallel_size``, before anything starts (what ``expert_parallel_size > 1`` needs is checked
+with the other mixture-of-experts keys: :mod:`rlvr.trainer.config.moe_checks`).
 
 In-process engines (``rollout.mode=sync``) sit on the rollout workers: every
 ``tensor_model_parallel_size`` consecutive workers hold one engine (:mod:`rlvr.workers.rollout.placement`),
@@ -45,9 +46,6 @@ def check_rollout_scale(cfg: DictConfig) -> None:
     _require(rollout.pipeline_model_parallel_size == 1, f"{KEY}.pipeline_model_parallel_size",
              "rlvr's rollout engines split the model by tensor parallelism only (vLLM's pipeline stages are not "
              "placed on the rollout workers); set it to 1 and use tensor_model_parallel_size")
-    _require(rollout.expert_parallel_size == 1, f"{KEY}.expert_parallel_size",
-             "expert parallelism splits the experts of a mixture-of-experts model over the engine's ranks, which "
-             "rlvr's rollout engines do not do; set it to 1")
     if rollout.name == "hf":
         _require(tp == 1 and dp == 1, f"{KEY}.tensor_model_parallel_size" if tp != 1 else f"{KEY}.data_parallel_size",
                  "the hf engine holds the whole model on every rollout worker (each worker is a data-parallel engine "

@@ -46,13 +46,6 @@ PENDING: tuple[Pending, ...] = (
     Pending("*.megatron.dynamic_context_parallel", 42, "Megatron dynamic context parallelism", (False,)),
     Pending("*.megatron.max_seqlen_per_dp_cp_rank", 42, "Megatron context parallelism (sequence budget per rank)",
             (None,)),
-    # issue 45: mixture of experts
-    Pending("*.megatron.expert_model_parallel_size", 45, "MoE expert parallelism", (1, None)),
-    Pending("*.megatron.expert_tensor_parallel_size", 45, "MoE expert tensor parallelism", (1, None)),
-    Pending("*.megatron.router_replay.*", 45, "MoE router replay", gate=("*.megatron.router_replay.mode", ("disabled",))),
-    Pending("actor_rollout_ref.rollout.enable_rollout_routing_replay", 45, "MoE routing replay", (False,)),
-    Pending("actor_rollout_ref.rollout.moe_load_balance_metrics_interval", 45, "MoE load-balance metrics", (0,)),
-    Pending("*.moe_*", 45, "mixture-of-experts settings"),
 )
 """Every pending key rule, by issue."""
 

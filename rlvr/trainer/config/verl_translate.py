@@ -133,10 +133,9 @@ def _apply_rule(key: str, value: Any, values: dict[str, Any], shape: SchemaShape
 
 
 def _check_free_dict(key: str, value: Any, values: dict[str, Any], shape: SchemaShape, notes: list[str]) -> Any:
-    """A free-form dict's entries that are verl keys of a rule or of another issue (e.g. MoE settings
-    of issue 45, or the attention backend, in ``override_transformer_config``; verl's ``_target_``
-    inside the entries of a typed dict such as ``distillation.teacher_models``), at any depth:
-    checked and dropped; the others are kept."""
+    """A free-form dict's entries that are verl keys of a rule or of another issue (e.g. the attention
+    backend in ``override_transformer_config``; verl's ``_target_`` inside the entries of a typed dict
+    such as ``distillation.teacher_models``), at any depth: checked and dropped; the others are kept."""
     if not isinstance(value, dict) or pending_rule(key) is not None:  # a schema dict inside a pending section
         return value
     return {name: _check_free_dict(f"{key}.{name}", item, values, shape, notes) for name, item in value.items()

@@ -82,7 +82,9 @@ from rlvr.trainer.ppo.driver_state import DriverStateMixin
 from rlvr.trainer.ppo.frozen_roles import FrozenRolesMixin
 from rlvr.trainer.ppo.dynamic_sampling import GroupAccumulator
 from rlvr.trainer.ppo.metric_utils import (
+    RolloutMoELoadBalanceMetricsAccumulator,
     compute_data_metrics,
+    compute_moe_lb_metrics,
     compute_throughout_metrics,
     compute_timing_metrics,
     compute_variance_proxy_metrics,
@@ -111,6 +113,7 @@ from rlvr.utils.errors import ConfigError
 from rlvr.utils.multimodal import MULTI_MODAL_DATA, MULTI_MODAL_INPUTS
 from rlvr.utils.profiler.summary import StepProfiler, resolve_save_paths
 from rlvr.utils.torch_functional import masked_mean
+from rlvr.workers.moe.layout import ROUTED_EXPERTS
 from rlvr.workers.rollout.base import check_weights_version
 
 try:  # verl's default worker group; the local backend runs without Ray installed (a lent GPU machine)
@@ -189,6 +192,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
         self.rollout_correction = rollout_correction_config(self.config)
         self.prox_from_update = prox_log_prob_from_update(
             self.config, get_adv_estimator_needs(self.config.algorithm.adv_estimator).reads_old_log_prob)
+        self.rollout_moe_metrics = RolloutMoELoadBalanceMetricsAccumulator(self.config.actor_rollout_ref.model)
         self._check_roles()
         self.kl_ctrl_in_reward = (get_kl_controller(self.config.algorithm.kl_ctrl)
                                   if self.config.algorithm.use_kl_in_reward else None)
@@ -517,6 +521,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
                     baseline = self._generate(batch, validate=False, do_sample=False)
                 batch = self._generate(repeated, validate=False)
         metrics.update(reduce_metrics(batch.meta_info.pop("metrics", {})))
+        metrics.update(compute_moe_lb_metrics(batch, self.config.actor_rollout_ref.rollout.moe_load_balance_metrics_interval,
+                                              self.global_steps, self.rollout_moe_metrics))  # rollout/moe/*
         with _timer("reward", timing):
             metrics.update(self._score(batch, self.reward_fn))
             if greedy_baseline:
@@ -584,6 +590,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
             output = self.actor_rollout_wg.compute_log_prob(batch)
         mask = batch.batch["response_mask"]
         batch.batch["old_log_probs"] = output.batch["old_log_probs"]
+        if ROUTED_EXPERTS in output.batch.keys():  # an MoE actor's own routes (router_replay.mode=R2)
+            batch.batch[ROUTED_EXPERTS] = output.batch[ROUTED_EXPERTS]
         if "sum_pi_squared" in output.batch.keys():
             batch.batch["sum_pi_squared"] = output.batch["sum_pi_squared"]
         metrics.update(reduce_metrics(output.meta_info["metrics"]))

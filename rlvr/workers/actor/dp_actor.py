@@ -29,6 +29,10 @@ With ``model.use_remove_padding`` every forward runs on the micro-batch packed i
 tokens), and with ``ulysses_sequence_parallel_size > 1`` the ranks of a sequence-parallel group share
 their rows and split each packed row between them (:mod:`rlvr.workers.ulysses`). Rows with images
 run unpacked.
+
+A mixture-of-experts policy's routers are watched (and, with ``router_replay``, steered) around every
+forward pass (:mod:`rlvr.workers.moe.actor_routing`): routing replay from the batch's ``routed_experts``,
+the load-balancing loss in the policy loss, the expert-load metrics.
 """
 
 from __future__ import annotations
@@ -65,14 +69,18 @@ from rlvr.utils import core_lending
 from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_batch
 from rlvr.utils.torch_functional import DEFAULT_CHUNK_ROWS, entropy_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_token_stats
-from rlvr.workers.actor.packed_log_probs import packed_log_probs
+from rlvr.workers.actor.packed_log_probs import pack_micro_batch, packed_log_probs
 from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
 from rlvr.workers.actor.token_stats import logits_token_stats
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
+from rlvr.workers.moe.actor_routing import ActorRouting, ForwardRouting
+from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
+from rlvr.workers.moe.routers import RoutingTap, router_tap
 from rlvr.workers.optimizer import max_grad_norm
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
+from rlvr.workers.packing import PackedBatch
 from rlvr.workers.ulysses import gather_rows, own_rows, sequence_parallel_group, shared_generator
 
 __all__ = ["DataParallelPPOActor", "response_logits", "response_hidden", "response_window"]
@@ -191,6 +199,10 @@ class DataParallelPPOActor:
             eagerly from then on, with a warning.
         distillation: the ``distillation`` section; when enabled, the update adds the distillation
             loss against the teacher's scores in the batch (:mod:`rlvr.trainer.ppo.distillation`).
+        router_replay: a mixture-of-experts policy's ``router_replay.mode`` (disabled | R2 | R3, see
+            :mod:`rlvr.workers.moe.actor_routing`); a frozen reference keeps ``"disabled"``. An MoE
+            policy's forward runs eagerly (``compile_forward`` is then skipped, with a warning): the
+            router hooks record and replay routes as Python side effects.
 
     ``config.use_fused_kernels`` (verl's key) selects the fused linear log-prob head on one rank
     (:func:`~rlvr.workers.actor.linear_log_probs.linear_token_stats`: no ``[b, r, vocab]`` logits);
@@ -207,7 +219,8 @@ class DataParallelPPOActor:
                  mini_batch_size: int, log_prob_micro_batch_size: int, world_size: int,
                  device: str | torch.device, log_prob_use_dynamic_bsz: bool = False,
                  log_prob_max_token_len: int = 16384, use_remove_padding: bool = False, sp_size: int = 1,
-                 compute_dtype: torch.dtype | None = None, compile_forward: bool = False, distillation=None) -> None:
+                 compute_dtype: torch.dtype | None = None, compile_forward: bool = False, distillation=None,
+                 router_replay: str = "disabled") -> None:
         self.config = config
         self.module = module
         self.optimizer = optimizer
@@ -235,8 +248,44 @@ class DataParallelPPOActor:
             config, {"global_batch_info": {"loss_scale_factor": float(config.loss_scale_factor)}})
         self.distill = distillation.distillation_loss if distillation is not None and distillation.enabled else None
         self.distill_topk = self.distill is not None and get_distillation_loss(self.distill.loss_mode)[1].uses_topk
-        self.metric_names = [f"actor/{name}" for name in _METRICS] + (
-            distillation_metric_names(self.distill) if self.distill is not None else [])
+        self.distill_metric_names = distillation_metric_names(self.distill) if self.distill is not None else []
+        self.routing = self._moe_routing(router_replay)
+        self.metric_names = [f"actor/{name}" for name in _METRICS] + self.distill_metric_names + (
+            ["actor/moe_aux_loss"] if self.routing is not None else [])
+
+    def _router_tap(self) -> RoutingTap | None:
+        """The policy's router tap (None: a dense model)."""
+        return router_tap(self.module)
+
+    def _moe_routing(self, router_replay: str) -> ActorRouting | None:
+        """The routing side of a mixture-of-experts policy (None for a dense one); an MoE policy runs
+        every prompt with its responses (no shared prompt forward: the routers' tokens are the rows')
+        and eagerly (the router hooks are Python side effects that torch.compile would not replay)."""
+        tap = self._router_tap()
+        if tap is None:
+            if router_replay != "disabled":
+                raise ValueError(f"router_replay.mode={router_replay} replays the experts of a mixture-of-experts "
+                                 f"model, but {type(self.module).__name__} has no router rlvr knows; set it to disabled")
+            return None
+        self.share_prompts = False
+        if self._compiled is not None:
+            logger.warning("use_torch_compile: a mixture-of-experts actor's forward runs eagerly (its router hooks "
+                           "record and replay routes); set actor_rollout_ref.actor.use_torch_compile=false to silence this")
+            self._compiled = None
+        coef = tap.aux_loss_coef if self.optimizer is not None else 0.0
+        return ActorRouting(tap, router_replay, coef, self.sp, self.world_size, self.dp_group)
+
+    def _start_routing(self, batch: dict[str, torch.Tensor], packed: bool) -> PackedBatch | None:
+        """Arm an MoE policy's routers for the forward pass of micro-batch ``batch`` (a packed forward
+        when ``packed``: its packing is returned, for the forward to reuse); None otherwise."""
+        if self.routing is None:
+            return None
+        if packed:
+            packing = pack_micro_batch(batch, self.sp)
+            self.routing.start(batch, TokenLayout.packed(batch["attention_mask"], packing, self.sp))
+            return packing
+        self.routing.start(batch, TokenLayout.padded(batch["attention_mask"], *response_window(batch)[:2]))
+        return None
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int, use_dynamic_bsz: bool,
                        max_token_len: int) -> list[list[int]]:
@@ -257,8 +306,9 @@ class DataParallelPPOActor:
                        entropy_grad: bool, calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """``{"log_probs": [b, R]}`` (float32, 0 past the last response column) and, when asked,
         ``"entropy"`` and ``"sum_pi_squared"`` ``[b, R]`` of each token's (tempered) distribution;
-        under autocast in ``compute_dtype`` when set."""
-        args = (batch, temperature, calculate_entropy, entropy_grad, calculate_sum_pi_squared)
+        under autocast in ``compute_dtype`` when set; an MoE policy's routers armed first."""
+        packed = self._start_routing(batch, self.use_remove_padding)
+        args = (batch, temperature, calculate_entropy, entropy_grad, calculate_sum_pi_squared, packed)
         if self.autocast_dtype is None:
             return self._compiled_or_eager(*args)
         with torch.autocast(self.device.type, dtype=self.autocast_dtype):
@@ -278,11 +328,13 @@ class DataParallelPPOActor:
         return self._forward_in_dtype(*args)
 
     def _forward_in_dtype(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
-                          entropy_grad: bool, calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
+                          entropy_grad: bool, calculate_sum_pi_squared: bool = False,
+                          packed: PackedBatch | None = None) -> dict[str, torch.Tensor]:
+        """The forward of :meth:`_forward_stats` (``packed``: the micro-batch's packing, when made already)."""
         core_lending.check_per_layer(self.module)  # the rollout's cores, while it waits
         if self.use_remove_padding:
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
-                                    self.chunked_head, self.sp, calculate_sum_pi_squared, self.entropy_chunk)
+                                    self.chunked_head, self.sp, calculate_sum_pi_squared, self.entropy_chunk, packed)
         response_len = batch["responses"].shape[1]
         if self.chunked_head and not (calculate_entropy and entropy_grad):
             hidden, weight = response_hidden(self.module, batch, self.share_prompts)
@@ -309,30 +361,46 @@ class DataParallelPPOActor:
 
         Args:
             data: ``input_ids``, ``attention_mask``, ``position_ids``, ``responses``;
-                ``meta_info["temperature"]``.
+                ``meta_info["temperature"]``; ``routed_experts`` for a policy that replays them
+                (``router_replay.mode=R3``).
             calculate_entropy: also the per-token entropy of the (tempered) policy.
             calculate_sum_pi_squared: also the per-token ``sum_v pi(v)^2`` of the (tempered) policy.
 
         Returns:
             ``{"log_probs": [B, R]}`` plus ``"entropy"`` / ``"sum_pi_squared"`` ``[B, R]`` when
-            asked, float32 on CPU.
+            asked, float32 on CPU; and ``"routed_experts"`` (``[B, S, layers, k]`` int16, the experts
+            every token went to) when a mixture-of-experts policy records them (``router_replay.mode=R2``).
         """
         temperature = float(data.meta_info["temperature"])
-        batch = multi_modal_batch(gather_rows({key: data.batch[key] for key in _FORWARD_KEYS}, self.sp),
+        step = self.routing.log_prob_step() if self.routing is not None else ForwardRouting()
+        keys = _FORWARD_KEYS + ((ROUTED_EXPERTS,) if step.replay else ())
+        if self.routing is not None:
+            self.routing.require_routes(step, data.batch.keys(), "compute_log_prob")
+        batch = multi_modal_batch(gather_rows(select_batch_keys(data.batch, keys, "compute_log_prob"), self.sp),
                                   data.non_tensor_batch, self.module, self.world_size,
                                   "compute_log_prob", packed=self.use_remove_padding)
         rows, response_len = batch["responses"].shape
         names = ["log_probs", *(["entropy"] if calculate_entropy else []),
                  *(["sum_pi_squared"] if calculate_sum_pi_squared else [])]
         out = {name: torch.zeros(rows, response_len) for name in names}
+        if step.record:
+            shape = self.routing.tap.shape
+            out[ROUTED_EXPERTS] = torch.full((rows, batch["input_ids"].shape[1], shape.layers, shape.top_k), -1,
+                                             dtype=torch.int16)
         self.module.eval()
-        for idx in self._micro_batches(batch, self.log_prob_micro_batch_size, self.log_prob_use_dynamic_bsz,
-                                       self.log_prob_max_token_len):
-            index = torch.tensor(idx)
-            micro = {key: value[index].to(self.device) for key, value in batch.items()}
-            stats = self._forward_stats(micro, temperature, calculate_entropy, False, calculate_sum_pi_squared)
-            for name in names:
-                out[name][index] = stats[name].cpu()
+        self._set_routing(step)
+        try:
+            for idx in self._micro_batches(batch, self.log_prob_micro_batch_size, self.log_prob_use_dynamic_bsz,
+                                           self.log_prob_max_token_len):
+                index = torch.tensor(idx)
+                micro = {key: value[index].to(self.device) for key, value in batch.items()}
+                stats = self._forward_stats(micro, temperature, calculate_entropy, False, calculate_sum_pi_squared)
+                for name in names:
+                    out[name][index] = stats[name].cpu()
+                if step.record:
+                    out[ROUTED_EXPERTS][index] = self.routing.routes()
+        finally:
+            self._set_routing(None)
         return {name: own_rows(values, self.sp) for name, values in out.items()}
 
     def compute_log_prob(self, data: DataProto, calculate_entropy: bool = False
@@ -341,6 +409,23 @@ class DataParallelPPOActor:
         stats = self.compute_log_prob_stats(data, calculate_entropy)
         return stats["log_probs"], stats.get("entropy")
 
+    def compute_log_prob_and_routes(self, data: DataProto, calculate_entropy: bool = False
+                                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """:meth:`compute_log_prob`, and the experts every token went to (``routed_experts [B, S,
+        layers, k]`` int16) when a mixture-of-experts policy records them (``router_replay.mode=R2``),
+        else None."""
+        stats = self.compute_log_prob_stats(data, calculate_entropy)
+        return stats["log_probs"], stats.get("entropy"), stats.get(ROUTED_EXPERTS)
+
+    def _set_routing(self, step: ForwardRouting | None) -> None:
+        """Start an actor call's routing (``step``) or end it (None; disarms the routers)."""
+        if self.routing is None:
+            return
+        if step is None:
+            self.routing.stop()
+        else:
+            self.routing.step = step
+
     def update_policy(self, data: DataProto) -> dict[str, list[float]]:
         """``ppo_epochs`` passes over ``data`` in mini-batches, one optimizer step per mini-batch.
 
@@ -348,7 +433,8 @@ class DataParallelPPOActor:
             metric name -> one value per mini-batch: ``actor/pg_loss``, ``actor/pg_clipfrac``,
             ``actor/ppo_kl``, ``actor/entropy``, ``actor/kl_loss`` (global means over the
             mini-batch on all ranks), ``actor/grad_norm``, ``actor/skipped_steps`` (1 when the
-            gradient was not finite and the step was skipped).
+            gradient was not finite and the step was skipped); for an MoE policy also
+            ``actor/moe_aux_loss`` and ``actor/moe_load_entropy/layer_<i>``.
         """
         if self.optimizer is None:
             raise RuntimeError("this actor has no optimizer (a frozen reference); it cannot be updated")
@@ -367,17 +453,25 @@ class DataParallelPPOActor:
             self._check_one_step(len(data))
         if bypass_rs is not None or prox is not None:
             keys.append("rollout_log_probs")
+        step = self.routing.update_step() if self.routing is not None else None
+        if step is not None and step.replay:
+            self.routing.require_routes(step, data.batch.keys(), "update_actor")
+            keys.append(ROUTED_EXPERTS)
         batch = multi_modal_batch(
             gather_rows(select_batch_keys(data.batch, keys, "update_actor"), self.sp, block=self.mini_batch_size),
             data.non_tensor_batch, self.module, self.world_size, "update_actor",
             packed=self.use_remove_padding)
         self.module.train()
-        metrics = run_ppo_epochs(
-            batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox),
-            epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size * self.sp.size,
-            shuffle=self.config.shuffle,
-            generator=self.shuffle_generator or (shared_generator(self.sp) if self.config.shuffle else None),
-        )
+        self._set_routing(step)
+        try:
+            metrics = run_ppo_epochs(
+                batch, lambda mini: self._train_mini_batch(mini, temperature, bypass_rs, prox),
+                epochs=self.config.ppo_epochs, mini_batch_size=self.mini_batch_size * self.sp.size,
+                shuffle=self.config.shuffle,
+                generator=self.shuffle_generator or (shared_generator(self.sp) if self.config.shuffle else None),
+            )
+        finally:
+            self._set_routing(None)
         if prox is not None:
             metrics.update({name: [value] for name, value in prox.metrics().items()})
         return metrics
@@ -428,7 +522,7 @@ class DataParallelPPOActor:
 
     def _micro_loss(self, micro: dict[str, torch.Tensor], temperature: float, bypass_rs: dict | None = None,
                     prox: ProxFromUpdate | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Loss of one micro-batch (aggregated over it) and its metrics ``[len(_METRICS)]``; in bypass
+        """Loss of one micro-batch (aggregated over it) and its metrics ``[len(metric_names)]``; in bypass
         mode with rejection (``bypass_rs``) the tokens whose ``pi_theta / pi_rollout`` leaves the band
         leave the loss; with ``prox`` (proximal log-probs from the update) the forward pass, detached,
         is ``old_log_probs`` and ``prox`` gives the IS weights (and keeps the micro-batch for its metrics)."""
@@ -470,7 +564,13 @@ class DataParallelPPOActor:
                 scores, self.distill, mask, config.loss_agg_mode, old_log_prob=old_log_prob,
                 rollout_is_weights=is_weights, global_batch_info=config.global_batch_info)
             loss = combine_with_policy_loss(loss, distill_loss, self.distill)
-            values += [distill_metrics[name] for name in self.metric_names[len(_METRICS):]]
+            values += [distill_metrics[name] for name in self.distill_metric_names]
+        if self.routing is not None:
+            aux_loss = self.routing.aux_loss()
+            self.routing.count_load()
+            if self.routing.aux_coef != 0:
+                loss = loss + self.routing.aux_coef * aux_loss
+            values.append(aux_loss * self.sp.size)  # a sequence-parallel rank's part; the metric sums count rows once
         return loss, torch.stack([v.detach().float().cpu() for v in values])
 
     def _forward_topk(self, batch: dict[str, torch.Tensor], temperature: float, entropy_grad: bool
@@ -479,6 +579,7 @@ class DataParallelPPOActor:
         ``[b, R, K]`` (``batch["teacher_topk_ids"]``), all from the micro-batch's full logits
         (float32, 0 past the last response column)."""
         core_lending.check_per_layer(self.module)
+        self._start_routing(batch, packed=False)
         response_len = batch["responses"].shape[1]
         logits = response_logits(self.module, batch, temperature)
         r = logits.shape[1]
@@ -509,4 +610,6 @@ class DataParallelPPOActor:
         out = {name: float(v) for name, v in zip(self.metric_names, update.metric_sums)}
         out["actor/grad_norm"] = update.grad_norm
         out["actor/skipped_steps"] = 0.0 if update.stepped else 1.0
+        if self.routing is not None:
+            out.update(self.routing.load_metrics(self.device))
         return out

@@ -51,8 +51,8 @@ def _head_inputs(module: nn.Module, packed: PackedBatch, sp: SequenceParallel, c
 
 def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperature: float,
                      calculate_entropy: bool, entropy_grad: bool, chunked_head: bool, sp: SequenceParallel,
-                     calculate_sum_pi_squared: bool = False, entropy_chunk: int = DEFAULT_CHUNK_ROWS
-                     ) -> dict[str, torch.Tensor]:
+                     calculate_sum_pi_squared: bool = False, entropy_chunk: int = DEFAULT_CHUNK_ROWS,
+                     packed: PackedBatch | None = None) -> dict[str, torch.Tensor]:
     """Log-probs of the response tokens and optionally their statistics, from a packed forward.
 
     Args:
@@ -66,12 +66,13 @@ def packed_log_probs(module: nn.Module, batch: dict[str, torch.Tensor], temperat
         sp: the sequence-parallel group (size 1: none).
         calculate_sum_pi_squared: also return ``sum_v p_v^2`` of each token's distribution.
         entropy_chunk: rows per chunk of the entropy (``actor.entropy_from_logits_chunk_size``).
+        packed: ``batch`` already packed by :func:`pack_micro_batch` (None: packed here).
 
     Returns:
         ``{"log_probs": [b, R]}`` plus ``"entropy"`` / ``"sum_pi_squared"`` ``[b, R]`` when asked,
         float32, zero where a row has no response token.
     """
-    packed = pack_micro_batch(batch, sp)
+    packed = pack_micro_batch(batch, sp) if packed is None else packed
     labels = packed.local_labels(sp)
     head_input, weight = _head_inputs(module, packed, sp, chunked_head and not (calculate_entropy and entropy_grad))
     if weight is not None:

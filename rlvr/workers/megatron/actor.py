@@ -14,7 +14,11 @@ gradient finishing:
 - batch sizes and the loss shares count data-parallel ranks, and the gradients are averaged over
   them and clipped by :func:`~rlvr.workers.megatron.grads.clip_grad_norm`;
 - the ranks that share a batch (tensor and pipeline peers) take the same CPU RNG state before an
-  update, so a shuffled mini-batch order is the same on all of them.
+  update, so a shuffled mini-batch order is the same on all of them;
+- a mixture-of-experts policy on one stage routes through its :class:`~rlvr.workers.megatron.moe.MegatronRouterTap`
+  (routing replay, the load-balancing loss, the expert-load metrics, as on FSDP2); with expert
+  parallelism every micro-batch runs on all its columns, so the expert-parallel ranks, which exchange
+  their tokens in every MoE layer, run the same shapes.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ from rlvr.workers.megatron.model import MegatronPolicy, MegatronStage, MegatronV
 from rlvr.workers.megatron.parallel import broadcast_rng_state
 from rlvr.workers.megatron.pipeline import broadcast_from_last_stage
 from rlvr.workers.megatron.vocab_parallel import vocab_parallel_token_stats
+from rlvr.workers.moe.layout import TokenLayout
+from rlvr.workers.moe.routers import RoutingTap
 
-__all__ = ["MegatronPPOActor", "MegatronPPOCritic", "policy_log_probs"]
+__all__ = ["MegatronPPOActor", "MegatronPPOCritic", "policy_log_probs", "policy_window"]
 
 
 def _share_with_stages(model: MegatronStage, tensors: list, shapes: list, link: torch.Tensor) -> list[torch.Tensor]:
@@ -43,6 +49,14 @@ def _share_with_stages(model: MegatronStage, tensors: list, shapes: list, link: 
     shared = broadcast_from_last_stage(tensors, shapes, p.last_stage, p.last_stage_rank, p.pp_group,
                                        model.inv_freq.device)
     return shared if p.last_stage else [t + link for t in shared]
+
+
+def policy_window(model: MegatronPolicy, batch: dict[str, torch.Tensor]) -> tuple[int, int, int]:
+    """``(start, stop, num_response)`` of the columns a forward runs: those that are not padding in every
+    row (:func:`~rlvr.workers.actor.dp_actor.response_window`), or all of them with expert parallelism."""
+    if model.parallel.ep > 1:
+        return 0, batch["input_ids"].shape[1], batch["responses"].shape[1]
+    return response_window(batch)
 
 
 def policy_log_probs(model: MegatronPolicy, batch: dict[str, torch.Tensor], temperature: float,
@@ -58,7 +72,7 @@ def policy_log_probs(model: MegatronPolicy, batch: dict[str, torch.Tensor], temp
         past the last response column that is not padding in every row; the same on every rank of
         the model.
     """
-    start, stop, num_response = response_window(batch)
+    start, stop, num_response = policy_window(model, batch)
     window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
     hidden, link = model(**window)
     rows, response_len = batch["responses"].shape
@@ -90,22 +104,32 @@ class MegatronPPOActor(DataParallelPPOActor):
         optimizer: AdamW over the stage's parameters; None for a frozen reference.
         mini_batch_size: sequences per optimizer step on this data-parallel rank.
         log_prob_micro_batch_size: sequences per forward in ``compute_log_prob``.
+        compute_dtype: ``megatron.dtype`` (mixed precision by autocast).
+        router_replay: a mixture-of-experts policy's ``router_replay.mode`` (the reference: disabled).
     """
 
     def __init__(self, config, module: MegatronPolicy, optimizer: torch.optim.Optimizer | None, *,
-                 mini_batch_size: int, log_prob_micro_batch_size: int, compute_dtype: torch.dtype | None = None) -> None:
+                 mini_batch_size: int, log_prob_micro_batch_size: int, compute_dtype: torch.dtype | None = None,
+                 router_replay: str = "disabled") -> None:
         p = module.parallel
+        self.clip_grad_norm_fn = clip_grad_norm
+        self.dp_group = p.dp_group  # before the base class builds the MoE routing, which sums over it
         super().__init__(config, module, optimizer, mini_batch_size=mini_batch_size,
                          log_prob_micro_batch_size=log_prob_micro_batch_size, world_size=p.dp,
-                         device=module.inv_freq.device)
+                         device=module.inv_freq.device, router_replay=router_replay)
         self.autocast_dtype = compute_dtype  # megatron.dtype: mixed precision by autocast on every layout
-        self.clip_grad_norm_fn = clip_grad_norm
-        self.dp_group = p.dp_group
+
+    def _router_tap(self) -> RoutingTap | None:
+        return self.module.router_tap
 
     def _forward_stats(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                        entropy_grad: bool, calculate_sum_pi_squared: bool = False) -> dict[str, torch.Tensor]:
         """Log-probs ``[b, R]`` and, when asked, the entropy (with its gradient only when
-        ``entropy_grad``) and ``sum_pi_squared``; under autocast in ``compute_dtype`` when set."""
+        ``entropy_grad``) and ``sum_pi_squared``; under autocast in ``compute_dtype`` when set; an
+        MoE policy's routers armed first (they see the window's tokens sequence-major)."""
+        if self.routing is not None:
+            start, stop, _ = policy_window(self.module, batch)
+            self.routing.start(batch, TokenLayout.padded(batch["attention_mask"], start, stop, seq_major=True))
         with torch.autocast(self.device.type, dtype=self.autocast_dtype or torch.float32,
                             enabled=self.autocast_dtype is not None):
             stats = policy_log_probs(self.module, batch, temperature, calculate_entropy, calculate_sum_pi_squared)

@@ -5,7 +5,7 @@ when an installed version changes one of the sites below). Applied by
 :func:`~rlvr.workers.megatron.parallel.init_megatron_parallel` on CPU only, after
 ``parallel_state.initialize_model_parallel``; nothing in megatron's files is edited.
 
-Patched (two process-global objects and two functions are replaced by CPU versions):
+Patched on CPU (two process-global objects and four functions are replaced by CPU versions):
 
 1. ``tensor_parallel.random``'s RNG tracker keeps *CUDA* generator states (``add`` seeds with
    ``torch.cuda.manual_seed``, ``fork`` swaps ``torch.cuda`` states). Attention forks it around its
@@ -19,14 +19,31 @@ Patched (two process-global objects and two functions are replaced by CPU versio
    recomputed layer (``_get_cuda_rng_state`` / ``_set_cuda_rng_state`` of ``tensor_parallel.random``).
    On CPU there is no CUDA generator: the CPU state, which megatron saves and restores beside it,
    and the tracker's states (shim 1) are all there is, so the CUDA state is an empty tensor.
+4. ``tensor_parallel.mappings``' all-gather and reduce-scatter along the first dimension allocate
+   their outputs on ``torch.cuda.current_device()``; a mixture-of-experts layer's ``allgather``
+   token dispatcher reaches both on every forward with expert parallelism.
+   :func:`gather_along_first_dim` and :func:`reduce_scatter_along_first_dim` do the same collectives
+   (``all_gather_into_tensor`` / ``reduce_scatter_tensor``, which torch 2.13's gloo has) on the
+   input's device.
+
+Patched on every device (megatron-core without transformer-engine, which rlvr's local layer spec
+does not need):
+
+5. ``transformer.moe.moe_utils`` imports ``te_general_gemm`` from transformer-engine and leaves the
+   name undefined when that import fails, yet the MoE router's gating reads it on every forward
+   (``NameError``). :func:`apply_te_absent_shim` defines it as None, the value its code tests for.
+
+The MoE router's ``gating`` moves a CPU router weight to ``torch.cuda.current_device()`` on every
+call: rlvr's layer spec builds the router as :class:`~rlvr.workers.megatron.moe.RlvrTopKRouter`,
+whose gating leaves the weight where it is (no patch).
 
 Avoided (rlvr never reaches these sites, so nothing is patched):
 
-4. ``RotaryEmbedding`` moves its ``inv_freq`` to ``torch.cuda.current_device()``: rlvr builds the
+6. ``RotaryEmbedding`` moves its ``inv_freq`` to ``torch.cuda.current_device()``: rlvr builds the
    ``GPTModel`` with ``position_embedding_type="none"`` and passes the rotary angles of each row's
    ``position_ids`` itself (also needed to match Hugging Face on left-padded batches).
-5. ``FusedScaleMaskSoftmax`` builds its default causal mask on CUDA: rlvr always passes a mask.
-6. With pipeline stages and tied embeddings, ``GPTModel`` copies the embedding to the last stage
+7. ``FusedScaleMaskSoftmax`` builds its default causal mask on CUDA: rlvr always passes a mask.
+8. With pipeline stages and tied embeddings, ``GPTModel`` copies the embedding to the last stage
    through ``.cuda()``: rlvr builds that stage with an untied head, loads the embedding into it and
    sums the two gradients itself (:mod:`rlvr.workers.megatron.grads`).
 
@@ -42,11 +59,15 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.tensor_parallel import mappings as megatron_mappings
 from megatron.core.tensor_parallel import random as megatron_random
+from megatron.core.transformer.moe import moe_utils as megatron_moe_utils
 from megatron.core.utils import GlobalMemoryBuffer
 
-__all__ = ["SUPPORTED_VERSIONS", "CpuRNGStatesTracker", "CpuMemoryBuffer", "apply_cpu_shims"]
+__all__ = ["SUPPORTED_VERSIONS", "CpuRNGStatesTracker", "CpuMemoryBuffer", "apply_cpu_shims", "apply_te_absent_shim",
+           "gather_along_first_dim", "reduce_scatter_along_first_dim"]
 
 SUPPORTED_VERSIONS = ">=0.16.1,<0.17"
 """The megatron-core versions whose sites these shims were checked on (the ``rlvr[megatron]`` pin)."""
@@ -96,8 +117,42 @@ class CpuMemoryBuffer(GlobalMemoryBuffer):
         return self.buffer[key][:needed].view(*tensor_shape)
 
 
+def gather_along_first_dim(input_: torch.Tensor, group, output_split_sizes=None, use_global_buffer=False
+                           ) -> torch.Tensor:
+    """Every rank's ``input_`` stacked along dim 0 (equal sizes, or ``output_split_sizes`` rows from each
+    rank), allocated on the input's device (shim 4; ``use_global_buffer`` is a CUDA memory saving)."""
+    size = group.size()
+    if size == 1:
+        return input_
+    input_ = input_.contiguous()
+    if output_split_sizes is None:
+        out = input_.new_empty((input_.shape[0] * size, *input_.shape[1:]))
+        dist.all_gather_into_tensor(out, input_, group=group)
+        return out
+    out = input_.new_empty((sum(output_split_sizes), *input_.shape[1:]))
+    dist.all_gather(list(out.split(list(output_split_sizes))), input_, group=group)
+    return out
+
+
+def reduce_scatter_along_first_dim(input_: torch.Tensor, group, input_split_sizes=None, use_global_buffer=False
+                                   ) -> torch.Tensor:
+    """This rank's part of ``input_`` summed over the group (equal parts along dim 0, or
+    ``input_split_sizes`` rows per rank), allocated on the input's device (shim 4)."""
+    size = group.size()
+    if size == 1:
+        return input_
+    if input_split_sizes is None:
+        out = input_.new_empty((input_.shape[0] // size, *input_.shape[1:]))
+        dist.reduce_scatter_tensor(out, input_.contiguous(), group=group)
+        return out
+    parts = [part.contiguous() for part in input_.split(list(input_split_sizes))]
+    out = torch.empty_like(parts[group.rank()])
+    dist.reduce_scatter(out, parts, group=group)
+    return out
+
+
 def apply_cpu_shims(model_parallel_seed: int) -> None:
-    """Install shims 1, 2 and 3 (after ``initialize_model_parallel``, which creates the buffer).
+    """Install shims 1-4 (after ``initialize_model_parallel``, which creates the buffer).
 
     Args:
         model_parallel_seed: seed of this tensor-parallel rank's ``model-parallel-rng`` state.
@@ -109,6 +164,14 @@ def apply_cpu_shims(model_parallel_seed: int) -> None:
     parallel_state._GLOBAL_MEMORY_BUFFER = CpuMemoryBuffer()
     megatron_random._get_cuda_rng_state = _no_cuda_rng_state
     megatron_random._set_cuda_rng_state = _set_no_cuda_rng_state
+    megatron_mappings._gather_along_first_dim = gather_along_first_dim
+    megatron_mappings._reduce_scatter_along_first_dim = reduce_scatter_along_first_dim
+
+
+def apply_te_absent_shim() -> None:
+    """Install shim 5 when transformer-engine is not installed (any device)."""
+    if not megatron_moe_utils.HAVE_TE:
+        megatron_moe_utils.te_general_gemm = None
 
 
 def _no_cuda_rng_state(*args, **kwargs) -> torch.Tensor:

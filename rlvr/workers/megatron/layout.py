@@ -9,6 +9,7 @@ the critic follows the actor's when the actor uses Megatron.
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import TYPE_CHECKING
 
 from rlvr.utils.errors import ConfigError
@@ -17,8 +18,7 @@ if TYPE_CHECKING:
     from rlvr.trainer.config.schema import RefMegatronConfig
 
 __all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "context_parallel_size",
-           "data_parallel_size",
-           "check_megatron_config"]
+           "expert_sizes", "data_parallel_size", "check_megatron_config"]
 
 MEGATRON_INSTALL = "pip install 'rlvr[megatron]' (or `make setup-megatron` in a clone)"
 """How to install the Megatron backend, for error messages."""
@@ -58,6 +58,17 @@ def megatron_sizes(cfg, role: str) -> tuple[int, int]:
     return (own.tensor_model_parallel_size or defaults[0], own.pipeline_model_parallel_size or defaults[1])
 
 
+def expert_sizes(cfg, role: str) -> tuple[int, int]:
+    """``(expert_model_parallel_size, expert_tensor_parallel_size)`` of ``role``: unset sizes follow
+    the actor's settings for the other roles; an expert-tensor size unset there too is the role's
+    tensor-parallel size (verl's rule), an expert size 1."""
+    own = _megatron_config(cfg, role)
+    actor = cfg.actor_rollout_ref.actor.megatron if role != "actor" and strategy_of(cfg, "actor") == "megatron" else own
+    ep = own.expert_model_parallel_size or actor.expert_model_parallel_size or 1
+    etp = own.expert_tensor_parallel_size or actor.expert_tensor_parallel_size or megatron_sizes(cfg, role)[0]
+    return ep, etp
+
+
 def context_parallel_size(cfg, role: str) -> int:
     """``megatron.context_parallel_size`` of ``role``: unset is 1 for the actor and the actor's for the
     others (1 when the actor does not use Megatron)."""
@@ -77,7 +88,7 @@ def data_parallel_size(cfg, role: str) -> int:
     if strategy_of(cfg, role) != "megatron":
         return workers
     tp, pp = megatron_sizes(cfg, role)
-    return max(1, workers // (tp * pp * context_parallel_size(cfg, role)))
+    return max(1, workers // max(1, tp * pp * context_parallel_size(cfg, role)))  # sizes < 1: check_megatron_config
 
 
 _KEYS = {"actor": "actor_rollout_ref.actor", "ref": "actor_rollout_ref.ref", "critic": "critic"}
@@ -106,11 +117,40 @@ def _check_role(cfg, role: str) -> None:
                           f"{workers} workers (trainer.nnodes x trainer.n_gpus_per_node) do not split into blocks of "
                           f"tensor_model_parallel_size={tp} x context_parallel_size={cp} x "
                           f"pipeline_model_parallel_size={pp} ranks; use sizes whose product divides the number of workers")
+    _check_experts(cfg, role, key)
+
+
+def _check_experts(cfg, role: str, key: str) -> None:
+    """The expert sizes: >= 1, and the ranks of a pipeline stage split into expert blocks."""
+    ep, etp = expert_sizes(cfg, role)
+    tp, pp = megatron_sizes(cfg, role)
+    cp = context_parallel_size(cfg, role)
+    if ep < 1 or etp < 1:
+        raise ConfigError(f"{key}.megatron.expert_model_parallel_size",
+                          f"the expert and expert-tensor parallel sizes must be >= 1, got {ep} and {etp}")
+    t = cfg.trainer
+    stage_ranks = math.lcm(tp * cp, ep * etp) if t.backend == "local" else t.nnodes * t.n_gpus_per_node // pp
+    if stage_ranks % (ep * etp):
+        raise ConfigError(f"{key}.megatron.expert_model_parallel_size",
+                          f"each pipeline stage has {stage_ranks} ranks, which do not split into blocks of "
+                          f"expert_model_parallel_size={ep} x expert_tensor_parallel_size={etp}; use sizes whose "
+                          "product divides them")
+    if ep > 1 and cp > 1:
+        raise ConfigError(f"{key}.megatron.context_parallel_size",
+                          f"context_parallel_size={cp} with expert_model_parallel_size={ep}: rlvr's Megatron MoE layers "
+                          "(routing replay, load-balancing loss, expert-load metrics) see whole sequences, not a "
+                          "context-parallel rank's chunks; use context_parallel_size=1 with a mixture-of-experts model")
+    if ep > 1 and (role == "critic" and cfg.critic.use_dynamic_bsz or role != "critic" and
+                   cfg.actor_rollout_ref.actor.use_dynamic_bsz):
+        raise ConfigError(f"{key}.use_dynamic_bsz" if role == "critic" else "actor_rollout_ref.actor.use_dynamic_bsz",
+                          f"expert_model_parallel_size={ep}: the expert-parallel ranks exchange their tokens every "
+                          "layer (megatron's allgather dispatcher), so their micro-batches must have the same shape; "
+                          "token budgets give them different ones. Use micro-batches by count")
 
 
 def check_megatron_config(cfg, roles: list[str]) -> None:
     """Raise :class:`ConfigError` when a role of ``roles`` (the model roles the run starts) uses
-    Megatron without megatron-core, with LoRA or activation recomputation, with sizes that do not
+    Megatron without megatron-core, with LoRA, with sizes that do not
     fit the workers, or with sizes other than another Megatron role of the same processes."""
     megatron_roles = [role for role in roles if strategy_of(cfg, role) == "megatron"]
     for role in megatron_roles:
@@ -122,9 +162,10 @@ def check_megatron_config(cfg, roles: list[str]) -> None:
                               f"context_parallel_size={context_parallel_size(cfg, role)} differs from the {first}'s "
                               f"{context_parallel_size(cfg, first)}; the model roles share each worker process and "
                               "megatron-core's layout is global to a process: give them the same size (or leave it unset)")
-        if megatron_sizes(cfg, role) != megatron_sizes(cfg, first):
+        if megatron_sizes(cfg, role) + expert_sizes(cfg, role) != megatron_sizes(cfg, first) + expert_sizes(cfg, first):
             raise ConfigError(
                 f"{_KEYS[role]}.megatron.tensor_model_parallel_size",
-                f"(tensor, pipeline) parallel sizes {megatron_sizes(cfg, role)} differ from the {first}'s "
-                f"{megatron_sizes(cfg, first)}; the model roles share each worker process and megatron-core's layout "
+                f"(tensor, pipeline, expert, expert tensor) parallel sizes {megatron_sizes(cfg, role) + expert_sizes(cfg, role)} "
+                f"differ from the {first}'s {megatron_sizes(cfg, first) + expert_sizes(cfg, first)}; the model roles "
+                "share each worker process and megatron-core's layout "
                 "is global to a process: give them the same sizes (or leave them unset: they follow the actor's)")

@@ -1,9 +1,10 @@
-"""megatron-core models of a Hugging Face Llama/Qwen2 checkpoint: the policy and the value model.
+"""megatron-core models of a Hugging Face Llama/Qwen2 or MoE checkpoint: the policy and the value model.
 
 A :class:`MegatronStage` is this rank's pipeline stage of a ``GPTModel`` built with megatron-core's
 local layer spec (no transformer-engine, no apex): ``ColumnParallelLinear`` / ``RowParallelLinear``
 projections, a ``VocabParallelEmbedding``, ``torch.nn.RMSNorm``, grouped-query ``DotProductAttention``.
-Its weights come from the HF model through :mod:`rlvr.workers.megatron.hf_mapping`.
+Its weights come from the HF model through :mod:`rlvr.workers.megatron.hf_mapping`; a
+mixture-of-experts model's layers are megatron's ``MoELayer`` (:mod:`rlvr.workers.megatron.moe`).
 
 Rotary embeddings: the model is built with ``position_embedding_type="none"`` and the decoder gets
 the rotary angles of each row's ``position_ids`` (``[s, b, 1, head_dim]``, the HF model's own
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.transformer.transformer_config import TransformerConfig
 from torch import nn
@@ -28,6 +28,7 @@ from transformers import PretrainedConfig
 
 from rlvr.workers.megatron.context_parallel import ContextParallelAttention
 from rlvr.workers.megatron.hf_mapping import SUPPORTED_MODEL_TYPES, LlamaShape, Rule, stage_layers, stage_rules
+from rlvr.workers.megatron.moe import MegatronRouterTap, is_moe, layer_spec, moe_config_fields, moe_problems
 from rlvr.workers.megatron.parallel import MegatronParallel
 from rlvr.workers.megatron.pipeline import receive_forward, send_forward
 
@@ -35,8 +36,11 @@ __all__ = ["check_supported", "MegatronStage", "MegatronPolicy", "MegatronValueM
            "RECOMPUTE_ALL_LAYERS"]
 
 
-def check_supported(config: PretrainedConfig, attention_scaling: float) -> None:
-    """Raise ``ValueError`` naming what an HF model has that the Megatron mapping does not cover."""
+def check_supported(config: PretrainedConfig, attention_scaling: float, tp: int = 1, ep: int = 1, pp: int = 1,
+                    cp: int = 1) -> None:
+    """Raise ``ValueError`` naming what an HF model has that the Megatron mapping does not cover (with
+    ``tp`` tensor-parallel, ``ep`` expert-parallel ranks, ``pp`` pipeline stages and ``cp``
+    context-parallel ranks)."""
     problems = []
     if config.model_type not in SUPPORTED_MODEL_TYPES:
         problems.append(f"model_type {config.model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
@@ -48,6 +52,14 @@ def check_supported(config: PretrainedConfig, attention_scaling: float) -> None:
         problems.append("use_sliding_window")
     if attention_scaling != 1.0:
         problems.append(f"a RoPE variant that scales attention ({attention_scaling})")
+    if is_moe(config):
+        problems += moe_problems(config, tp, pp)
+        if cp > 1:
+            problems.append(f"context_parallel_size={cp} with a mixture-of-experts model (rlvr's router tap, which "
+                            "the routing replay, the load-balancing loss and the expert-load metrics read, sees whole "
+                            "sequences, not a context-parallel rank's chunks); set context_parallel_size=1")
+    elif ep > 1:
+        problems.append(f"expert_model_parallel_size={ep} for a model without experts; set it to 1")
     if problems:
         raise ValueError("strategy=megatron cannot run this model: " + "; ".join(problems))
 
@@ -73,6 +85,7 @@ def _transformer_config(config: PretrainedConfig, shape: LlamaShape, parallel: M
 
 
 def _base_fields(config: PretrainedConfig, shape: LlamaShape, parallel: MegatronParallel, dtype: torch.dtype) -> dict:
+    moe = moe_config_fields(config, parallel.ep, parallel.etp) if is_moe(config) else {}
     return dict(
         num_layers=shape.num_layers, hidden_size=config.hidden_size, ffn_hidden_size=config.intermediate_size,
         num_attention_heads=shape.num_heads, num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim,
@@ -84,6 +97,7 @@ def _base_fields(config: PretrainedConfig, shape: LlamaShape, parallel: Megatron
         use_cpu_initialization=True, perform_initialization=False, masked_softmax_fusion=False,
         bias_activation_fusion=False, bias_dropout_fusion=False, apply_rope_fusion=False,
         gradient_accumulation_fusion=False, persist_layer_norm=False, sequence_parallel=False,
+        qk_layernorm=shape.qk_norm, **moe,
     )
 
 
@@ -108,9 +122,9 @@ class MegatronStage(nn.Module):
         self.parallel = parallel
         self.padding_idx = padding_idx
         self.hf_config = config
-        self.shape = LlamaShape.from_hf_config(config, parallel.tp)
+        self.shape = LlamaShape.from_hf_config(config, parallel.tp, parallel.ep)
         stage_layers(self.shape.num_layers, parallel.pp, parallel.pp_rank)  # checks the split
-        spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+        spec = layer_spec(config)
         if parallel.cp > 1:  # megatron's own context-parallel attention is transformer-engine's (CUDA)
             spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
         self.gpt = GPTModel(
@@ -122,11 +136,13 @@ class MegatronStage(nn.Module):
         )
         if parallel.last_stage and not lm_head:
             self.gpt.output_layer = None
+        # the routers' tap (an MoE model on one stage): the actor's routing replay, loss and metrics
+        self.router_tap = MegatronRouterTap(self.gpt, config) if is_moe(config) and parallel.pp == 1 else None
         self.register_buffer("inv_freq", inv_freq.float().clone(), persistent=False)
         self.hf_shapes: dict[str, tuple[int, ...]] = {}  # of the HF weights, recorded when they are loaded
         self.rules: dict[str, Rule] = {
             f"gpt.{name}": rule for name, rule in stage_rules(self.shape, parallel.pp, parallel.pp_rank, prefix,
-                                                                lm_head).items()
+                                                                lm_head, parallel.ep_rank).items()
         }
 
     def _rotary(self, position_ids: torch.Tensor) -> torch.Tensor:

@@ -34,7 +34,8 @@ def load_hf_state(model: MegatronStage, hf_state: Mapping[str, torch.Tensor]) ->
     unmapped = sorted(set(params) - set(model.rules))
     if unmapped:
         raise KeyError(f"no Hugging Face mapping for the megatron parameters {unmapped}")
-    shards = shard_state(hf_state, model.rules, model.parallel.tp, model.parallel.tp_rank)
+    p = model.parallel
+    shards = shard_state(hf_state, model.rules, p.tp, p.tp_rank, p.etp, p.etp_rank)
     with torch.no_grad():
         for name, tensor in shards.items():
             param = params[name]
@@ -53,37 +54,64 @@ def _all_gather(tensor: torch.Tensor, size: int, group) -> list[torch.Tensor]:
     return parts
 
 
+def _stage_tensors(model: MegatronStage, params: dict, name: str, rule) -> list[torch.Tensor] | None:
+    """The HF tensors of one megatron parameter on this rank's stage: its tensor-parallel slices (an
+    expert's: expert-tensor-parallel) all-gathered, an expert's then broadcast from the
+    expert-parallel rank that holds it. None on the ranks of other stages."""
+    p = model.parallel
+    if rule.expert is None:
+        local = params[f"gpt.{name}"].detach()
+        return rule.unshard(_all_gather(local, p.tp, p.tp_group) if rule.tensor_parallel else [local])
+    tensors = None
+    if rule.owner == p.ep_rank:
+        tensors = rule.unshard(_all_gather(params[f"gpt.{name}"].detach(), p.etp, p.etp_group))
+    if p.ep_group is not None:
+        if tensors is None:
+            shape = model.hf_shapes[rule.hf_names[0]][1:]  # one expert of the fused HF tensor
+            tensors = [torch.empty(shape, dtype=model.gpt.config.params_dtype, device=model.inv_freq.device)]
+        tensors = [tensors[0].contiguous()]
+        dist.broadcast(tensors[0], src=dist.get_global_rank(p.ep_group, rule.owner), group=p.ep_group)
+    return tensors
+
+
 def gather_hf_weights(model: MegatronStage, prefix: str = "model.", lm_head: bool = True
                       ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(HF name, full tensor)`` for every HF weight of the model, on every rank (collective).
 
-    A tied LM head is given once, as the embedding (``<prefix>embed_tokens.weight``).
+    A tied LM head is given once, as the embedding (``<prefix>embed_tokens.weight``); an MoE layer's
+    fused expert tensors (``[E, ...]``) once their last expert has been gathered.
     """
     p = model.parallel
     params = dict(model.named_parameters())
+    experts: dict[str, list[torch.Tensor]] = {}
     for stage, name, rule in all_stage_rules(model.shape, p.pp, prefix, lm_head):
-        tensors: list[torch.Tensor] | None = None
-        if stage == p.pp_rank:
-            local = params[f"gpt.{name}"].detach()
-            shards = _all_gather(local, p.tp, p.tp_group) if rule.tensor_parallel else [local]
-            tensors = rule.unshard(shards)
+        tensors = _stage_tensors(model, params, name, rule) if stage == p.pp_rank else None
         if p.pp > 1:
             src = dist.get_global_rank(p.pp_group, stage)
             if tensors is None:
-                tensors = [torch.empty(model.hf_shapes[n], dtype=model.gpt.config.params_dtype,
-                                       device=model.inv_freq.device) for n in rule.hf_names]
+                shapes = [model.hf_shapes[n][1:] if rule.expert is not None else model.hf_shapes[n]
+                          for n in rule.hf_names]
+                tensors = [torch.empty(shape, dtype=model.gpt.config.params_dtype, device=model.inv_freq.device)
+                           for shape in shapes]
             else:
                 tensors = [t.contiguous() for t in tensors]
             for tensor in tensors:
                 dist.broadcast(tensor, src=src, group=p.pp_group)
-        yield from zip(rule.hf_names, tensors)
+        if rule.expert is None:
+            yield from zip(rule.hf_names, tensors)
+            continue
+        name_hf = rule.hf_names[0]
+        experts.setdefault(name_hf, []).append(tensors[0])
+        if len(experts[name_hf]) == model.shape.num_experts:
+            yield name_hf, torch.stack(experts.pop(name_hf))
 
 
-def _decoder_settings(base_model: nn.Module) -> tuple[torch.Tensor, int | None]:
+def _decoder_settings(base_model: nn.Module, parallel: MegatronParallel) -> tuple[torch.Tensor, int | None]:
     """The HF base model's rotary inverse frequencies ``[head_dim / 2]`` and embedding ``padding_idx``
-    (after checking that the mapping covers the model)."""
+    (after checking that the mapping covers the model in this layout)."""
     rotary = base_model.rotary_emb
-    check_supported(base_model.config, float(rotary.attention_scaling))
+    check_supported(base_model.config, float(rotary.attention_scaling), parallel.tp, parallel.ep, parallel.pp,
+                    parallel.cp)
     return rotary.inv_freq, base_model.get_input_embeddings().padding_idx
 
 
@@ -91,8 +119,8 @@ def policy_from_hf(hf_model: PreTrainedModel, parallel: MegatronParallel, overri
                    ) -> MegatronPolicy:
     """This rank's stage of the policy, with the weights of the HF causal LM ``hf_model`` (CPU);
     ``overrides``: TransformerConfig fields (:func:`~rlvr.workers.megatron.model.transformer_overrides`)."""
-    policy = MegatronPolicy(hf_model.config, *_decoder_settings(hf_model.base_model), parallel, hf_model.dtype,
-                            overrides)
+    policy = MegatronPolicy(hf_model.config, *_decoder_settings(hf_model.base_model, parallel), parallel,
+                            hf_model.dtype, overrides)
     policy.hf_generation_config = hf_model.generation_config
     load_hf_state(policy, hf_model.state_dict())
     return policy
@@ -103,7 +131,7 @@ def value_model_from_hf(critic: CriticModel, parallel: MegatronParallel, overrid
     """This rank's stage of the value model, with the weights of rlvr's HF critic (backbone and
     value head, so that both backends start from the same values)."""
     backbone = critic.backbone
-    model = MegatronValueModel(backbone.config, *_decoder_settings(backbone), parallel, backbone.dtype,
+    model = MegatronValueModel(backbone.config, *_decoder_settings(backbone, parallel), parallel, backbone.dtype,
                                critic.value_head, overrides)
     load_hf_state(model, critic.state_dict())
     return model

@@ -23,6 +23,7 @@ batches and gets the same outputs; ``main_ppo`` picks the classes from ``strateg
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -41,12 +42,14 @@ from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
 from rlvr.workers.fsdp import compute_dtype
 from rlvr.workers.megatron.dist_checkpoint import load_dist_checkpoint
-from rlvr.workers.megatron.layout import context_parallel_size, megatron_section, megatron_sizes
+from rlvr.workers.megatron.layout import (context_parallel_size, data_parallel_size, expert_sizes, megatron_section,
+                                          megatron_sizes)
 from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, on_every_rank
 from rlvr.workers.megatron.model import transformer_overrides
 from rlvr.workers.megatron.parallel import MegatronParallel, init_megatron_parallel
 from rlvr.workers.megatron.weights import gather_hf_weights, policy_from_hf, value_model_from_hf
 from rlvr.workers.models import build_causal_lm, build_critic, critic_tokenizer
+from rlvr.workers.moe import router_replay_mode
 from rlvr.workers.optimizer import build_lr_scheduler, build_optimizer
 from rlvr.workers.worker_utils import Placement, per_rank_batch_size, set_cpu_threads
 
@@ -58,8 +61,13 @@ __all__ = ["MegatronActorRolloutRefWorker", "MegatronCriticWorker"]
 
 def _prepare(worker, role: str, init_args: tuple) -> None:
     """In ``__init__``: the layout of ``role``, the rank info of ``DP_MP_COMPUTE``, CPU threads and,
-    on the local backend, the started model-parallel ranks."""
+    on the local backend, the started ranks (model-parallel, and expert-parallel ranks that each run
+    the whole batch)."""
     (tp, pp), cp = megatron_sizes(worker.config, role), context_parallel_size(worker.config, role)
+    # the local backend's worker starts every rank of its layout, and each runs the whole batch (its
+    # expert-parallel ranks too; on Ray they are data-parallel ranks with batches of their own)
+    ep, etp = expert_sizes(worker.config, role)
+    ranks = pp * math.lcm(tp * cp, ep * etp)
     worker.megatron_role, worker.parallel = role, None
     if worker.world_size > 1:  # the ranks that share a batch: model-parallel rank 0 of the first context rank collects
         tp_rank, cp_rank, dp_rank, pp_rank = MegatronParallel.coordinates(worker.rank, tp, pp, worker.world_size, cp)
@@ -67,9 +75,9 @@ def _prepare(worker, role: str, init_args: tuple) -> None:
                                     dp_size=worker.world_size // (tp * cp * pp),
                                     tp_rank=tp_rank + tp * (cp_rank + cp * pp_rank), tp_size=tp * cp * pp)
     elif worker.device == "cpu":  # the local backend: this process and the ranks it starts share the cores
-        set_cpu_threads(worker.config.trainer.num_threads, tp * cp * pp)
+        set_cpu_threads(worker.config.trainer.num_threads, ranks)
     timeout_s = float(worker.config.trainer.call_timeout_s)
-    worker._local_ranks, worker._local_key = attach_local_ranks(worker, tp * cp * pp, init_args, timeout_s)
+    worker._local_ranks, worker._local_key = attach_local_ranks(worker, ranks, init_args, timeout_s)
 
 
 def _join(worker) -> MegatronParallel:
@@ -79,8 +87,9 @@ def _join(worker) -> MegatronParallel:
     tp, pp = megatron_sizes(worker.config, worker.megatron_role)
     megatron: RefMegatronConfig = megatron_section(worker.config, worker.megatron_role)
     seed = int(worker.config.trainer.seed if megatron.seed is None else megatron.seed)  # verl's megatron.seed
+    ep, etp = expert_sizes(worker.config, worker.megatron_role)
     parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s),
-                                      context_parallel_size(worker.config, worker.megatron_role))
+                                      context_parallel_size(worker.config, worker.megatron_role), ep, etp)
     set_seed(seed)
     return parallel
 
@@ -134,12 +143,13 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             self._rollout_replica = hf.to(self.device)
         optimizer = build_optimizer(module, cfg.actor.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.actor.optim)
-        mini = per_rank_batch_size(cfg.actor.ppo_mini_batch_size, cfg.rollout.n, self.parallel.dp,
-                                   "actor_rollout_ref.actor.ppo_mini_batch_size")
+        mini = per_rank_batch_size(cfg.actor.ppo_mini_batch_size, cfg.rollout.n,
+                                   data_parallel_size(self.config, "actor"), "actor_rollout_ref.actor.ppo_mini_batch_size")
         self.actor_module = module
         self.actor = MegatronPPOActor(cfg.actor, module, optimizer, mini_batch_size=mini,
                                       log_prob_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
-                                      compute_dtype=compute_dtype(megatron, module))
+                                      compute_dtype=compute_dtype(megatron, module),
+                                      router_replay=router_replay_mode(cfg.actor))
         self.actor_placement = Placement(module, optimizer, self.device)
         self._rest_actor()
 
@@ -279,8 +289,8 @@ class MegatronCriticWorker(CriticWorker):
                                      ).to(self.device)
         optimizer = build_optimizer(module, cfg.optim)
         self.lr_scheduler = build_lr_scheduler(optimizer, cfg.optim)
-        mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n, self.parallel.dp,
-                                   "critic.ppo_mini_batch_size")
+        mini = per_rank_batch_size(cfg.ppo_mini_batch_size, self.config.actor_rollout_ref.rollout.n,
+                                   data_parallel_size(self.config, "critic"), "critic.ppo_mini_batch_size")
         self.critic_module = module
         self.critic = MegatronPPOCritic(cfg, module, optimizer, mini_batch_size=mini,
                                         compute_dtype=compute_dtype(cfg.megatron, module))

@@ -12,6 +12,9 @@ prefill; for an M-RoPE model the tokens after the prompt go on from its 3-D posi
 its text ends a stop string; the loop ends when all rows have stopped or after ``response_length``
 tokens.
 Finished rows keep running through the model (static batch) but their tokens become padding.
+With ``rollout.enable_rollout_routing_replay`` (a mixture-of-experts policy) the output carries
+``routed_experts [B, P+R, layers, k]``, the experts every token was sent to
+(:mod:`rlvr.workers.moe.rollout_routes`), for the actor to replay.
 Every sampled token carries the engine's weights version (``response_versions``). The engine is
 interruptible: once ``meta_info["interrupt"]`` is set, the decode loop stops after its current step
 and the rows still running (those of micro-batches not started yet too) are listed in
@@ -31,6 +34,9 @@ from rlvr.utils.multimodal import (
 )
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.models import unwrap_hf_model
+from rlvr.workers.moe.layout import ROUTED_EXPERTS, ROUTED_EXPERTS_NUM_EXPERTS, empty_routes
+from rlvr.workers.moe.rollout_routes import RouteRecorder
+from rlvr.workers.moe.routers import router_tap
 from rlvr.workers.rollout.base import (
     CallSettings, Weights, as_named_tensors, call_settings, register_rollout_engine, response_tensors,
 )
@@ -50,7 +56,8 @@ class HFRollout:
     Args:
         config: the ``rollout`` section (``response_length``, ``micro_batch_size``, ``stop``,
             ``ignore_eos``, sampling settings, ``val_kwargs``, ``quantization``: ``fp8`` puts the
-            linear layers in e4m3, see :mod:`~rlvr.workers.rollout.fp8`).
+            linear layers in e4m3, see :mod:`~rlvr.workers.rollout.fp8`;
+            ``enable_rollout_routing_replay``: record the experts of an MoE policy).
         module: the policy model (a ``PreTrainedModel`` or peft model, not FSDP-sharded).
         tokenizer: for the EOS/pad ids and for decoding stop strings.
         device: where generation runs.
@@ -74,6 +81,7 @@ class HFRollout:
         self.weights_version = 0
         self.generator = torch.Generator(device=self.device)
         self.generator.manual_seed(seed)
+        self.routes_tap = self._routes_tap(config)
         if config.compile and not config.static_cache:
             raise ValueError("rollout.compile needs rollout.static_cache=true (the compiled step has fixed shapes)")
         if config.static_cache:
@@ -81,6 +89,21 @@ class HFRollout:
             self.decoder = StaticCacheDecoder(self.module, max_cache_len, bool(config.compile))
         else:
             self.decoder = DynamicCacheDecoder(self.module)
+
+    def _routes_tap(self, config):
+        """The router tap that records ``routed_experts`` (``enable_rollout_routing_replay``), else None.
+        An MoE model gets its tap either way (it turns off transformers' own load-balancing loss,
+        which fails on a decode step)."""
+        tap = router_tap(self.module)
+        if not config.enable_rollout_routing_replay:
+            return None
+        if tap is None:
+            raise ValueError("rollout.enable_rollout_routing_replay records the experts of a mixture-of-experts model, "
+                             f"but {type(self.module).__name__} has no router rlvr knows; set it to false")
+        if config.compile:
+            raise ValueError("rollout.enable_rollout_routing_replay cannot record routes inside the compiled decode "
+                             "step (rollout.compile); turn one of them off")
+        return tap
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()
@@ -151,6 +174,8 @@ class HFRollout:
             "rollout_log_probs_exact": next(self.module.parameters()).dtype == torch.float32 and self.fp8 is None,
             "rollout_weights_version": self.weights_version,
         }
+        if self.routes_tap is not None:
+            out_meta[ROUTED_EXPERTS_NUM_EXPERTS] = self.routes_tap.shape.num_experts
         if interrupt is not None:
             out_meta["interrupted_rows"] = interrupted
         return DataProto.from_dict(tensors=tensors, non_tensors=dict(prompts.non_tensor_batch), meta_info=out_meta)
@@ -160,8 +185,13 @@ class HFRollout:
         rows, width = prompt["input_ids"].shape[0], settings.response_length
         responses = torch.full((rows, width), settings.pad_id, dtype=prompt["input_ids"].dtype)
         mask = torch.zeros(rows, width, dtype=prompt["attention_mask"].dtype)
-        return response_tensors(*(prompt[k] for k in _PROMPT_KEYS), responses, mask, torch.zeros(rows, width),
-                                self.weights_version)
+        out = response_tensors(*(prompt[k] for k in _PROMPT_KEYS), responses, mask, torch.zeros(rows, width),
+                               self.weights_version)
+        if self.routes_tap is not None:
+            shape = self.routes_tap.shape
+            out[ROUTED_EXPERTS] = empty_routes(rows, out["input_ids"].shape[1], shape.layers, shape.top_k,
+                                               shape.num_experts)
+        return out
 
     def _stopped_by_string(self, responses: torch.Tensor, step: int, active: torch.Tensor,
                            stop: list[str]) -> torch.Tensor:
@@ -177,10 +207,11 @@ class HFRollout:
             hit[row] = any(s in text for s in stop)
         return hit
 
-    def _prefill(self, prompt: dict, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill(self, prompt: dict, start: int, routes: RouteRecorder | None) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the prompts from column ``start`` through the decoder, each distinct prompt (token ids
-        and images) once with the growing cache; returns ``(next-token logits [b, vocab], position
-        offsets [b] of the tokens to come)`` (:func:`~rlvr.utils.multimodal.position_offsets`)."""
+        and images) once with the growing cache (their routes to ``routes``); returns ``(next-token
+        logits [b, vocab], position offsets [b] of the tokens to come)``
+        (:func:`~rlvr.utils.multimodal.position_offsets`)."""
         input_ids, attention_mask, position_ids = (prompt[k] for k in _PROMPT_KEYS)
         images = prompt.get(MULTI_MODAL_INPUTS)
         prefill_rows, row_of_prompt = slice(None), None
@@ -197,6 +228,8 @@ class HFRollout:
             attention_mask[prefill_rows, start:].to(self.device), position_ids[prefill_rows, start:].to(self.device),
             images[prefill_rows].to(self.device) if images is not None else None)
         logits = self.decoder.prefill(**inputs)
+        if routes is not None:
+            routes.prefill(start, row_of_prompt)
         offsets = position_offsets(inputs)
         if row_of_prompt is not None:
             self.decoder.select_rows(row_of_prompt)
@@ -218,7 +251,9 @@ class HFRollout:
                 f"fit the static KV cache of {self.decoder.max_cache_len} columns (rollout.prompt_length + "
                 "rollout.response_length); ask for fewer tokens with meta_info['response_length']")
         core_lending.fit_threads()
-        logits, offsets = self._prefill(prompt, start)
+        routes = None if self.routes_tap is None else RouteRecorder(self.routes_tap, rows, input_ids.shape[1],
+                                                                    response_len)
+        logits, offsets = self._prefill(prompt, start, routes)
         next_pos = position_ids[:, -1].to(self.device) + 1 + offsets  # M-RoPE: text after images goes on from them
         responses = torch.full((rows, response_len), pad_id, dtype=input_ids.dtype, device=self.device)
         log_probs = torch.zeros(rows, response_len, device=self.device)
@@ -244,6 +279,11 @@ class HFRollout:
                 break
             core_lending.fit_threads()  # the trainer's cores, while it waits for samples
             logits = self.decoder.step(tokens, next_pos + step)
+            if routes is not None:
+                routes.step(step)
         self.decoder.finish()
-        return response_tensors(input_ids, attention_mask, position_ids, responses.cpu(), response_mask.cpu(),
-                                log_probs.cpu(), self.weights_version), cut
+        out = response_tensors(input_ids, attention_mask, position_ids, responses.cpu(), response_mask.cpu(),
+                               log_probs.cpu(), self.weights_version)
+        if routes is not None:
+            out[ROUTED_EXPERTS] = routes.finish(out["attention_mask"])
+        return out, cut

@@ -48,7 +48,7 @@ from rlvr.utils.errors import VLLM_MISSING, RlvrError
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.rollout.base import CallSettings, Weights, call_settings, register_rollout_engine, response_tensors
 from rlvr.workers.rollout.vllm_options import engine_options
-from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
+from rlvr.workers.rollout.vllm_weights import PolicyWeightNames, refuse_moe_reload_on_cpu
 
 __all__ = ["VLLMRollout", "VLLMEngineFactory"]
 
@@ -100,6 +100,8 @@ class VLLMRollout:
         self.config = config
         self.tokenizer = tokenizer
         self.on_gpu = torch.device(device).type == "cuda"
+        if not self.on_gpu:
+            refuse_moe_reload_on_cpu(module)
         self.sleep_mode = bool(config.enable_sleep_mode) and self.on_gpu
         self.asleep = False
         self.weights_version = 0

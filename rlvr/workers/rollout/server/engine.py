@@ -49,7 +49,7 @@ from rlvr.workers.rollout.server.http import ReplicaError, ReplicaUnavailable, c
 from rlvr.workers.rollout.server.replica import ExternalReplica, ManagedReplica
 from rlvr.workers.rollout.server.router import NoReplicaError, ReplicaRouter
 from rlvr.workers.rollout.server.weights import WeightsFolder, write_checkpoint
-from rlvr.workers.rollout.vllm_weights import PolicyWeightNames
+from rlvr.workers.rollout.vllm_weights import PolicyWeightNames, refuse_moe_reload_on_cpu
 
 __all__ = ["ServerRollout"]
 
@@ -76,6 +76,8 @@ class ServerRollout:
         server = config.server
         if not server.urls:
             require_loopback_for_dev_mode(str(server.host), "actor_rollout_ref.rollout.server.host")
+            if not server.cuda_devices and not torch.cuda.is_available():  # managed replicas on this CPU
+                refuse_moe_reload_on_cpu(module)
         self.config, self.server, self.tokenizer = config, server, tokenizer
         self.backend = get_server_backend(config.name)
         self.names = PolicyWeightNames(module)

@@ -7,7 +7,8 @@ checkpoint, not from ``--load-format dummy``),
 ``--enable-scale-out`` (the token-in/token-out route), ``--logprobs-mode processed_logprobs`` (the
 log-probs of ``softmax(logits / temperature)``, as the engine protocol asks), prefix caching, and
 on CPU eager mode (compiling takes minutes and its cache does not load on restart) and 32-token
-KV blocks. Environment: ``VLLM_SERVER_DEV_MODE=1`` (the weight-sync routes), the CPU KV-cache size,
+KV blocks; ``--enable-expert-parallel`` with ``rollout.expert_parallel_size > 1`` (a mixture-of-experts
+policy's experts placed whole on the replica's tensor-parallel ranks). Environment: ``VLLM_SERVER_DEV_MODE=1`` (the weight-sync routes), the CPU KV-cache size,
 and the thread binding set on purpose (vLLM's default binds one thread to core 0 and reserves the
 other cores): ``VLLM_CPU_OMP_THREADS_BIND`` = the replica's cores, no reserved core.
 
@@ -23,10 +24,13 @@ used: it reported a match after different weights were loaded.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rlvr.workers.rollout.vllm_options import engine_options, server_args
 from rlvr.workers.rollout.server.backend import Completion, LaunchSpec, SyncCall, register_server_backend
+
+if TYPE_CHECKING:
+    from rlvr.trainer.config.schema import RolloutConfig
 
 __all__ = ["VLLMServerBackend"]
 
@@ -41,7 +45,7 @@ class VLLMServerBackend:
     health_path = "/health"
 
     def launch(self, spec: LaunchSpec, base_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
-        cfg = spec.rollout
+        cfg: RolloutConfig = spec.rollout
         on_gpu = spec.cuda_devices is not None
         command = [
             spec.python, "-m", "vllm.entrypoints.openai.api_server", "--model", spec.model_dir,
@@ -50,6 +54,8 @@ class VLLMServerBackend:
             "--max-num-seqs", str(int(cfg.max_num_seqs)), "--logprobs-mode", "processed_logprobs",
             "--tensor-parallel-size", str(int(cfg.tensor_model_parallel_size)),
         ]
+        if cfg.expert_parallel_size > 1:  # whole experts on the replica's tensor-parallel ranks (checked: EP = TP)
+            command.append("--enable-expert-parallel")
         if cfg.enable_prefix_caching:
             command.append("--enable-prefix-caching")
         if cfg.enforce_eager or not on_gpu:
