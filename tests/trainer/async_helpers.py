@@ -36,7 +36,7 @@ weight push lands inside one (a partial rollout's rows then mix versions whateve
 
 def comparable(rows: list[dict]) -> list[dict]:
     """Metrics without wall-clock measurements and without the async schedule's own."""
-    skip = ("timing", "perf/", "async/", "trainer/restarts")
+    skip = ("timing", "perf/", "async/", "trainer/restarts", "rollout/weights_version")
     return [{k: v for k, v in row.items() if not k.startswith(skip) and "memory" not in k} for row in rows]
 
 

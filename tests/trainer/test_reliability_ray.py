@@ -46,7 +46,7 @@ def ray_cluster():
 
 def _comparable(rows: list[dict]) -> list[dict]:
     """Metrics without wall-clock measurements and without the restart counter."""
-    skip = ("timing", "perf/", "trainer/restarts")
+    skip = ("timing", "perf/", "trainer/restarts", "rollout/weights_version")
     return [{k: v for k, v in row.items() if not k.startswith(skip) and "memory" not in k} for row in rows]
 
 

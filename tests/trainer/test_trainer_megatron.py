@@ -24,7 +24,7 @@ MEGATRON = {"actor_rollout_ref.actor.strategy": "megatron", "critic.strategy": "
 
 
 def _comparable(rows: list[dict]) -> list[dict]:
-    return [{k: v for k, v in row.items() if not k.startswith(("timing", "perf/"))} for row in rows]
+    return [{k: v for k, v in row.items() if not k.startswith(("timing", "perf/", "rollout/weights_version"))} for row in rows]
 
 
 @pytest.fixture

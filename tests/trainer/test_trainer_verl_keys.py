@@ -15,13 +15,13 @@ from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 
 def test_verl_trainer_keys_in_a_ppo_run(tiny_model_dir, tiny_data, tmp_path, monkeypatch):
     asked = []
-    original = DataParallelPPOActor.compute_log_prob
+    original = DataParallelPPOActor.compute_log_prob_stats
 
-    def spy(self, data, calculate_entropy=False):
+    def spy(self, data, calculate_entropy=False, *args, **kwargs):
         asked.append(calculate_entropy)
-        return original(self, data, calculate_entropy)
+        return original(self, data, calculate_entropy, *args, **kwargs)
 
-    monkeypatch.setattr(DataParallelPPOActor, "compute_log_prob", spy)
+    monkeypatch.setattr(DataParallelPPOActor, "compute_log_prob_stats", spy)
     cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "run", preset="ppo", **{
         "actor_rollout_ref.rollout.n": 2, "critic.ppo_micro_batch_size_per_gpu": 4,
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4, "trainer.total_training_steps": 2,

@@ -166,6 +166,8 @@ def _prepare_overrides(items: Sequence[str], shape: SchemaShape, groups: set[str
             deletions.append(override)
         elif override.is_add() and (key in shape.leaves or _verl_key(key)):
             ready.append("+" + item)
+        elif key in shape.free_dicts and not (override.is_add() or override.is_force_add()):
+            ready.append("++" + item)  # a whole free-form dict: new keys in a struct config need Hydra's ++
         elif not (override.is_add() or override.is_force_add()) and key not in shape.leaves and key not in groups:
             if _verl_key(key):
                 ready.append("++" + item)

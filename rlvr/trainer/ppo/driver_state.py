@@ -59,7 +59,7 @@ class DriverStateMixin:
         """Write ``global_step_<k>``: worker states, then the driver state, then the manifest."""
         exports = frozenset({"actor"} if "hf_model" in self.config.actor_rollout_ref.actor.checkpoint.save_contents
                             else set())
-        self.checkpoints.save(self.global_steps, self._checkpointed_groups(), self._driver_state(), exports)
+        self.checkpoints.save(self.global_steps, self._checkpointed_groups(), self._driver_state(), hf_exports=exports)
         self._last_save_step = self.global_steps
 
     def _load_checkpoint(self) -> int | None:
