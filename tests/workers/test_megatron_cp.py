@@ -12,11 +12,12 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from megatron_cp_ranks import run_rank
 from model_worker_utils import local_group, make_config, prompt_batch
 
 pytestmark = pytest.mark.megatron
 pytest.importorskip("megatron.core")
+
+from megatron_cp_ranks import run_rank  # noqa: E402 - imports megatron-core
 
 from test_megatron_workers import COMMON, UPDATE_METRICS, max_diff, megatron_config, training_batch  # noqa: E402
 
