@@ -81,3 +81,17 @@ def test_no_title_cites_a_work_item_number():
              for line in path.read_text(encoding="utf-8").splitlines()
              if line.startswith("#") and re.search(r"\bissue\s*#?\d+|\(#\d+\)", line, re.IGNORECASE)]
     assert not cited, "say what the section is about instead of the work item that asked for it:\n" + "\n".join(cited)
+
+
+def test_every_heading_and_deviation_starts_its_own_block():
+    """A heading or a ``**Dn.`` entry right under a table row or a paragraph is swallowed by it
+    (a merge that joins two sections without a blank line); every one has a blank line before it."""
+    joined = []
+    for path in [REPO / "README.md", *DOCS.rglob("*.md")]:
+        lines, fenced = path.read_text(encoding="utf-8").splitlines(), False
+        for number, line in enumerate(lines[1:], start=2):
+            fenced = fenced != lines[number - 2].startswith("```")
+            if not fenced and line.startswith(("#", "**D")) and lines[number - 2].strip() \
+                    and not lines[number - 2].startswith("#"):
+                joined.append(f"{path.relative_to(REPO)}:{number}: {line[:60]}")
+    assert joined == []
