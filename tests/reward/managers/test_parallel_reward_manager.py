@@ -44,7 +44,7 @@ def test_sleeping_raising_and_crashing_samples_get_the_fallback(tok, scorer):
     try:
         start = time.monotonic()
         out = manager(data, return_dict=True)
-        assert time.monotonic() - start < 30.0  # the sleeping sample would take 600 s
+        assert time.monotonic() - start < 120.0  # the sleeping sample would take 600 s (room for a loaded machine)
         assert out["reward_tensor"].sum(dim=-1).tolist() == [1.0, -1.0, -1.0, -1.0, 1.0]
         metrics = out["reward_metrics"]
         assert (metrics["reward/s/timeouts"], metrics["reward/s/errors"], metrics["reward/s/count"]) == (1.0, 2.0, 4.0)
