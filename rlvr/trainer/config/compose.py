@@ -84,6 +84,10 @@ def parse_overrides(items: Sequence[str]) -> list[Any]:
     return parsed
 
 
+_STATIC_STORED: list[bool] = []
+"""Non-empty once rlvr's ``ppo_trainer``, ``ppo_megatron_trainer`` and config groups are in the store."""
+
+
 def _store(base: dict) -> None:
     """Register rlvr's configs in Hydra's ConfigStore (replacing earlier ones: hydra-core 1.3
     replaces an entry it is given again, 1.4 does so when asked with ``replace=True``)."""
@@ -93,6 +97,9 @@ def _store(base: dict) -> None:
     store = ConfigStore.instance()
     replace = {"replace": True} if "replace" in inspect.signature(store.store).parameters else {}
     store.store(name=BASE_NAME, node=base, **replace)
+    if _STATIC_STORED:  # rlvr's own YAML files: stored once per process
+        return
+    _STATIC_STORED.append(True)
     for name in ("ppo_trainer", "ppo_megatron_trainer"):
         store.store(name=name, node=OmegaConf.load(CONFIG_DIR / f"{name}.yaml"), **replace)
     for group in GROUPS:

@@ -17,6 +17,7 @@ lacks it, so verl's scripts add it) sets it; ``~key`` resets a key to rlvr's def
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import re
@@ -121,6 +122,17 @@ def _verl_key(key: str) -> bool:
 
 def _under_free_dict(key: str, shape: SchemaShape) -> bool:
     return any(key.startswith(f"{free}.") for free in shape.free_dicts)
+
+
+@functools.cache
+def _schema_template() -> DictConfig:
+    return OmegaConf.structured(RlvrConfig)
+
+
+def _schema_config() -> DictConfig:
+    """A fresh typed config of the schema's defaults: a copy of one built per process (building it
+    from the dataclasses takes about 0.3 s, a copy about 0.03 s)."""
+    return copy.deepcopy(_schema_template())
 
 
 _HYDRA_KEY_PART = re.compile(r"[\w.-]+")
@@ -290,7 +302,7 @@ def load_config(preset: str | None = None, overrides: Sequence[str] = (), config
         ConfigError: unknown preset or config, an override that does not parse, an unknown key, a
             value of the wrong type, or a verl key rlvr refuses (with the reason).
     """
-    schema = OmegaConf.structured(RlvrConfig)
+    schema = _schema_config()
     base = _merge([schema, *_load_preset(preset)], f"preset {preset!r}") if preset else schema
     shape = schema_shape()
     hydra_overrides, entries = _split_dict_entries(overrides, shape)
