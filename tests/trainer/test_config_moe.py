@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 from trainer_helpers import tiny_overrides
 
+from rlvr.trainer.async_schedule import prox_log_prob_from_update
 from rlvr.trainer.config import load_config
 from rlvr.trainer.config.moe_checks import check_moe
 from rlvr.trainer.config.validate import check_config
-from rlvr.trainer.async_schedule import prox_log_prob_from_update
 from rlvr.utils.errors import ConfigError
 from rlvr.utils.model import load_causal_lm
 from rlvr.utils.tiny_moe import save_tiny_moe
+from rlvr.workers.megatron.layout import megatron_installed
 from rlvr.workers.rollout.server.backend import LaunchSpec
 from rlvr.workers.rollout.server.vllm_backend import VLLMServerBackend
 
@@ -39,6 +40,11 @@ def test_routing_replay_settings_that_run_are_accepted(config):
                                      f"{ARR}.rollout.moe_load_balance_metrics_interval": 5}))
     check_config(config(**{f"{ARR}.actor.fsdp_config.router_replay.mode": "R2"}))
     check_config(config(**ROUTES))  # the routes for the rollout/moe metrics only
+
+
+@pytest.mark.megatron
+@pytest.mark.skipif(not megatron_installed(), reason="the check of a Megatron role needs megatron-core")
+def test_megatron_routing_replay_runs_on_one_stage(config):
     check_config(config(**{f"{ARR}.actor.strategy": "megatron", f"{ARR}.actor.megatron.router_replay.mode": "R2"}))
     _refused(config(**{f"{ARR}.actor.strategy": "megatron", f"{ARR}.actor.megatron.router_replay.mode": "R2",
                        f"{ARR}.actor.megatron.pipeline_model_parallel_size": 2}),

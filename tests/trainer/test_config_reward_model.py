@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from rlvr.reward.rm_config import RMRolloutConfig
 from rlvr.trainer.config import load_config
 from rlvr.trainer.config.validate import check_config
-from rlvr.reward.rm_config import RMRolloutConfig
 from rlvr.trainer.config.validate_models import RM_SERVING_KNOBS, frozen_model_notes
 from rlvr.utils.errors import ConfigError
+from rlvr.workers.megatron.layout import megatron_installed
 
 RM = "reward.reward_model"
 TEACHER = "distillation.teacher_models.teacher_model"
@@ -110,7 +111,8 @@ DIST = ("distillation.enabled=true", f"{TEACHER}.model_path=/teacher")
      f"{TEACHER}.inference.engine_kwargs.vllm.max_logprobs", "must be >= distillation_loss.topk=32"),
     ((*DIST, f"{TEACHER}.inference.engine_kwargs.sglang.x=1"), f"{TEACHER}.inference.engine_kwargs",
      "would configure nothing"),
-    ((*DIST, "actor_rollout_ref.actor.strategy=megatron"), "distillation.enabled", "runs with the FSDP actor"),
+    pytest.param((*DIST, "actor_rollout_ref.actor.strategy=megatron"), "distillation.enabled", "runs with the FSDP actor",
+                 marks=[pytest.mark.megatron, pytest.mark.skipif(not megatron_installed(), reason="needs megatron-core")]),
     ((*DIST, "distillation.nnodes=2"), "distillation.nnodes", "local backend runs one worker per pool"),
     ((*DIST, "distillation.distillation_loss.loss_max_clamp=0"), "distillation.distillation_loss.loss_max_clamp",
      "must be > 0"),

@@ -18,6 +18,7 @@ from rlvr.trainer.config.verl_keys import key_status
 from rlvr.trainer.config.verl_pending import ANY, PENDING, pending_rule
 from rlvr.trainer.config.verl_rules import RULES, alias_for, rule_for
 from rlvr.utils.errors import ConfigError
+from rlvr.workers.megatron.layout import megatron_installed
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -50,7 +51,13 @@ def test_the_doc_table_lists_every_key_with_its_status():
     assert verl_key_table.table() in verl_key_table.DOC.read_text()
 
 
-@pytest.mark.parametrize("name", NAMES)
+NEEDS_MEGATRON = pytest.mark.skipif(not megatron_installed(), reason="the check of a Megatron role needs megatron-core "
+                                    "(make test-megatron installs it)")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=[NEEDS_MEGATRON, pytest.mark.megatron]) if "megatron" in name
+                                  else name
+                                  for name in NAMES])
 def test_a_generated_config_passes_the_check_and_its_values_reach_the_schema(verl_configs, name, caplog):
     folder, config_name = verl_configs[name]
     with caplog.at_level(logging.WARNING, logger="rlvr.config"):
@@ -254,6 +261,8 @@ def test_checkpoint_engine_backends_map_to_rlvrs_push(overrides, path):
         check_config(_load(["actor_rollout_ref.rollout.checkpoint_engine.backend=hccl"]), require_data_files=False)
 
 
+@NEEDS_MEGATRON
+@pytest.mark.megatron
 def test_dist_checkpointing_needs_a_megatron_role_and_a_checkpoint_folder(tmp_path):
     """use_dist_checkpointing is honoured (tests/workers/test_megatron_verl_keys.py); the check
     refuses it where it could not be."""
