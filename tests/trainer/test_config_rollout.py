@@ -36,6 +36,7 @@ def test_vllm_keys_are_checked(config):
     for workers, tp in ((2, 1), (2, 2), (4, 2)):  # an engine on every worker, or one per tp workers
         validate_config(config(**{"actor_rollout_ref.rollout.name": "vllm", "trainer.backend": "ray",
                                   "trainer.n_gpus_per_node": workers, "actor_rollout_ref.rollout.n": 4,
+                                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 1,
                                   "actor_rollout_ref.rollout.tensor_model_parallel_size": tp}))
     for key, value in bad.items():
         with pytest.raises(ConfigError, match=f"actor_rollout_ref.rollout.{key}"):

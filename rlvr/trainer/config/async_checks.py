@@ -158,5 +158,3 @@ def _check_placement(cfg: DictConfig, needs_greedy_baseline: bool) -> None:
              f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs a greedy baseline generation per prompt, "
              "which a rollout apart from the actor does not make; use actor_rollout_ref.hybrid_engine=true or "
              "another estimator (grpo, rloo)")
-    _require(cfg.actor_rollout_ref.rollout.name != "vllm" or rollout_world_size(cfg) == 1, "rollout.n_gpus_per_node",
-             "rollout.name=vllm runs one engine per rollout pool for now; set rollout.nnodes=1 rollout.n_gpus_per_node=1")

@@ -47,6 +47,7 @@ from rlvr.trainer.config.schema import WEIGHT_FILE_FORMATS
 from rlvr.utils.errors import VLLM_MISSING, RlvrError
 from rlvr.workers.batching import distinct_prompts
 from rlvr.workers.rollout.base import CallSettings, Weights, call_settings, register_rollout_engine, response_tensors
+from rlvr.workers.rollout.vllm_cpu_shm import release_cpu_shm_names, unique_cpu_shm_names
 from rlvr.workers.rollout.vllm_options import engine_options
 from rlvr.workers.rollout.vllm_weights import PolicyWeightNames, refuse_moe_reload_on_cpu
 
@@ -138,9 +139,13 @@ class VLLMRollout:
         if cfg.block_size is not None or not self.on_gpu:
             options["block_size"] = int(cfg.block_size or CPU_BLOCK_SIZE)
         options.update(engine_options(cfg))  # verl's keys (max_model_len, chunked prefill, ...) and engine_kwargs.vllm
-        if int(cfg.tensor_model_parallel_size) > 1:  # the engine's ranks are the worker group's (placement)
-            options["distributed_executor_backend"] = "external_launcher"
-        return LLM(model=model, tokenizer=str(folder), **options)
+        if int(cfg.tensor_model_parallel_size) == 1:
+            return LLM(model=model, tokenizer=str(folder), **options)
+        options["distributed_executor_backend"] = "external_launcher"  # the engine's ranks: the workers' (placement)
+        unique_cpu_shm_names()
+        llm = LLM(model=model, tokenizer=str(folder), **options)
+        release_cpu_shm_names()
+        return llm
 
     # ------------------------------------------------------------------ weights and memory
     @torch.no_grad()

@@ -41,6 +41,9 @@ def _joined(results: list[dict], phase: str, call: str) -> dict[str, torch.Tenso
 def test_engines_follow_the_placement(ranks):
     tp, results = ranks
     assert [r["engine"] for r in results] == ([0, 1] if tp == 1 else [0, 0])
+    # TP on CPU: vLLM's shared-memory names carry the group's port and are gone once the engine is up
+    # (a name left behind made the next run's engine fail with errno 17)
+    assert [r["shm_left"] for r in results] == [[], []]
 
 
 @pytest.mark.parametrize("phase", ["before", "after"])

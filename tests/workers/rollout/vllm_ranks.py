@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,7 @@ from rlvr.utils.testing import forward_log_probs, tiny_causal_lm
 from rlvr.utils.torch_functional import compute_position_ids
 from rlvr.workers.rollout import HFRollout, VLLMRollout
 from rlvr.workers.rollout.placement import RolloutPlacement
+from rlvr.workers.rollout.vllm_cpu_shm import SHM_TAG
 
 TEXTS = ["1+1=", "hello there, how are", "abc", "the cat sat on", "x", "what is two plus", "zz top", "a b c d e"]
 
@@ -76,7 +78,8 @@ def run_rank(rank: int, world: int, tp: int, port: int, out_dir: str) -> None:
     engine.update_weights(model.named_parameters(), 0)
     full = prompts(tokenizer)
     part = full.chunk(world)[rank]
-    results = {"engine": placement.engine, "before": _calls(engine, placement, part, model)}
+    results = {"engine": placement.engine, "before": _calls(engine, placement, part, model),
+               "shm_left": sorted(path.name for path in Path("/dev/shm").glob(f"{SHM_TAG}{port}*"))}
     moved = new_weights(model)
     engine.update_weights(moved.named_parameters(), 1)
     results["after"] = _calls(engine, placement, part, moved)
