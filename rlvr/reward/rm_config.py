@@ -12,16 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlvr.utils.config_field import config_field as _f
+
 RM_ENGINE_NAMES = ("hf", "vllm", "sglang")
 """Names accepted for ``reward.reward_model.rollout.name``: rlvr scores a discriminative reward
 model with its own frozen-model worker (``hf``); verl's server engines give the same score (the
 classifier's output at the last token) and are accepted with a start-up note."""
-
-
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -67,13 +63,13 @@ class FrozenFSDPConfig:
 
 
 @dataclass
-class RMRolloutConfig:
-    """verl's ``reward.reward_model.rollout``: the inference engine verl serves the reward model
-    with. rlvr scores a discriminative reward model with its frozen-model worker; the keys that
-    would change the score are honoured or refused, the serving knobs are accepted with a note."""
+class ServingKnobsConfig:
+    """verl's vLLM/SGLang serving knobs of a frozen model it serves (a reward model's ``rollout``, a
+    teacher's ``inference``). rlvr computes a frozen model's outputs with its frozen-model worker, so
+    these are accepted with a note and change nothing (``name`` and ``dtype``: each model's own help)."""
 
-    name: str = _f("hf", "engine: hf (rlvr's frozen-model worker) | vllm | sglang (accepted, scored by the same worker: the same score)")
-    dtype: str = _f("float32", "dtype the reward model computes in: float32 | bfloat16 (verl's default is bfloat16, for GPU memory)")
+    name: str = _f("hf", "engine: hf (rlvr's frozen-model worker) | vllm | sglang")
+    dtype: str = _f("float32", "dtype the model computes in: float32 | bfloat16")
     gpu_memory_utilization: float = _f(0.5, "vLLM serving knob (accepted, no effect on rlvr's worker)")
     enforce_eager: bool = _f(True, "vLLM serving knob (accepted, no effect)")
     cudagraph_capture_sizes: Optional[list] = _f(None, "vLLM serving knob (accepted, no effect)")
@@ -81,11 +77,24 @@ class RMRolloutConfig:
     data_parallel_size: int = _f(1, "server layout (accepted, no effect: the worker group is data-parallel over its pool)")
     expert_parallel_size: int = _f(1, "server layout (accepted, no effect)")
     tensor_model_parallel_size: int = _f(2, "server layout (accepted, no effect: the worker is FSDP-sharded over its pool)")
+    load_format: str = _f("auto", "vLLM serving knob (accepted, no effect: weights load from model_path)")
+    enable_chunked_prefill: bool = _f(True, "vLLM serving knob (accepted, no effect)")
+    enable_prefix_caching: bool = _f(True, "vLLM serving knob (accepted, no effect)")
+    disable_log_stats: bool = _f(True, "vLLM serving knob (accepted, no effect)")
+
+
+@dataclass
+class RMRolloutConfig(ServingKnobsConfig):
+    """verl's ``reward.reward_model.rollout``: the inference engine verl serves the reward model
+    with. rlvr scores a discriminative reward model with its frozen-model worker; the keys that
+    would change the score are honoured or refused, the serving knobs are accepted with a note."""
+
+    name: str = _f("hf", "engine: hf (rlvr's frozen-model worker) | vllm | sglang (accepted, scored by the same worker: the same score)")
+    dtype: str = _f("float32", "dtype the reward model computes in: float32 | bfloat16 (verl's default is bfloat16, for GPU memory)")
     pipeline_model_parallel_size: int = _f(1, "server layout (accepted, no effect)")
     max_num_batched_tokens: int = _f(8192, "vLLM serving knob (accepted; rlvr's token budget is forward_max_token_len_per_gpu)")
     max_model_len: Optional[int] = _f(None, "longest reward-model input in tokens (None = prompt_length + response_length); a longer one is refused")
     max_num_seqs: int = _f(1024, "vLLM serving knob (accepted; rlvr's batch is micro_batch_size_per_gpu)")
-    load_format: str = _f("auto", "vLLM serving knob (accepted, no effect: weights load from model_path)")
     layered_summon: bool = _f(False, "vLLM serving knob (accepted, no effect)")
     scheduling_policy: str = _f("fcfs", "vLLM serving knob (accepted, no effect)")
     full_determinism: bool = _f(False, "verl forces one sequence per /classify step; rlvr's worker is deterministic anyway (accepted)")
@@ -93,9 +102,6 @@ class RMRolloutConfig:
     multi_stage_wake_up: bool = _f(False, "vLLM serving knob (accepted, no effect)")
     engine_kwargs: dict = _f({}, "engine arguments; must stay empty (they would configure a server rlvr does not start)")
     limit_images: Optional[int] = _f(None, "images per input; must stay None (rlvr's reward model scores text)")
-    enable_chunked_prefill: bool = _f(True, "vLLM serving knob (accepted, no effect)")
-    enable_prefix_caching: bool = _f(True, "vLLM serving knob (accepted, no effect)")
-    disable_log_stats: bool = _f(True, "vLLM serving knob (accepted, no effect)")
     skip_tokenizer_init: bool = _f(False, "must be false: the reward model tokenizes its chat-templated input (verl asserts the same)")
     ignore_eos: bool = _f(False, "sampling setting (accepted, no effect: a reward model does not generate)")
     temperature: float = _f(1.0, "sampling setting (accepted, no effect)")

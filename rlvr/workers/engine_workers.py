@@ -76,7 +76,6 @@ from rlvr.workers.rollout.placement import RolloutPlacement
 from rlvr.workers.worker_utils import (
     Placement,
     rollout_dtype,
-    rollout_seed,
     seed_role,
     use_full_determinism,
     StageTimer,
@@ -257,7 +256,7 @@ class ActorRolloutRefWorker(TrainingWorker):
         # in-process engines span tensor_model_parallel_size consecutive workers; server replicas have their own ranks
         ranks = int(cfg.rollout.tensor_model_parallel_size) if cfg.rollout.mode == "sync" else 1
         self.rollout_placement = RolloutPlacement(ranks, self.rank, self.world_size)
-        seed = rollout_seed(self.config, self.rollout_placement.engine)
+        seed = self.rollout_placement.engine_seed(self.config.trainer.seed, cfg.rollout.seed)
         self.rollout = factory(cfg.rollout, module, self.tokenizer, self.device, seed, not shared)
         self._rollout_shares_actor = shared
         # a rollout worker of its own takes weights while it generates (async_training.partial_rollout)

@@ -18,11 +18,9 @@ if TYPE_CHECKING:
     from rlvr.trainer.config.schema import RefFSDPConfig
 from rlvr.workers.collectives import all_reduce_max
 from rlvr.workers.fsdp import move_module, move_optimizer_state
-from rlvr.workers.rollout.placement import SEED_STRIDE
 
 __all__ = ["cpu_workers", "cpu_thread_share", "set_cpu_threads", "per_rank_batch_size", "StageTimer", "Placement",
-           "peak_memory_metrics", "seed_role", "use_full_determinism", "rollout_seed",
-           "rollout_dtype"]
+           "peak_memory_metrics", "seed_role", "use_full_determinism", "rollout_dtype"]
 
 
 def cpu_workers(config) -> int:
@@ -151,17 +149,6 @@ def use_full_determinism() -> None:
     bit-identical results on the same hardware; an op without a deterministic kernel raises."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
-
-
-def rollout_seed(config, engine: int) -> int:
-    """The sampling seed of rollout engine ``engine`` (the same on every rank of a tensor-parallel
-    engine; the worker's rank when each worker runs its own): verl's ``rollout.seed`` + engine, or
-    (unset) one derived from ``trainer.seed`` (as
-    :meth:`~rlvr.workers.rollout.placement.RolloutPlacement.engine_seed`)."""
-    seed = config.actor_rollout_ref.rollout.seed
-    if seed is not None:
-        return int(seed) + engine
-    return int(config.trainer.seed) + SEED_STRIDE * (engine + 1)
 
 
 def rollout_dtype(rollout_config, module: nn.Module) -> torch.dtype | None:

@@ -21,15 +21,9 @@ from rlvr.trainer.config.schema_sections import (
     RayKwargsConfig,
 )
 from rlvr.trainer.ppo.distillation_config import DistillationConfig
+from rlvr.utils.config_field import config_field as _f
 from rlvr.utils.profiler.config import GlobalProfilerConfig, ProfilerConfig, RolloutProfilerConfig
 from rlvr.workers.moe import REPLAY_MODES
-
-
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
-    """A dataclass field with a default (lists/dicts copied per instance) and a help string."""
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 def _sub(cls: type, help: str) -> Any:

@@ -6,18 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlvr.utils.config_field import config_field as _f
+
 CHECKPOINT_CONTENTS = ("model", "optimizer", "extra", "hf_model")
 """What a role's checkpoint may hold (verl's names): its model, optimizer and extra (LR schedule,
 RNG) states, and a Hugging Face export of the model."""
 
 CHECKPOINT_ENGINE_BACKENDS = ("naive", "nccl", "nixl", "hccl", "mooncake", "kimi_ckpt_engine")
 """verl's weight-transfer backends; rlvr maps each onto its own push paths (see docs/rollout.md)."""
-
-
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass

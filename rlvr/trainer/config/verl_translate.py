@@ -60,7 +60,8 @@ def _flatten(node: Any, shape: SchemaShape, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _unflatten(leaves: dict[str, Any]) -> dict[str, Any]:
+def unflatten(leaves: dict[str, Any]) -> dict[str, Any]:
+    """Dotted leaves (``{"a.b.c": 1}``) as nested dicts (``{"a": {"b": {"c": 1}}}``)."""
     root: dict[str, Any] = {}
     for key, value in leaves.items():
         node = root
@@ -169,4 +170,4 @@ def translate(composed: DictConfig, shape: SchemaShape) -> tuple[dict[str, Any],
             del leaves[key]
     for note in notes:
         logger.warning("note: %s", note)
-    return _unflatten(leaves), notes
+    return unflatten(leaves), notes

@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlvr.reward.rm_config import FrozenFSDPConfig
+from rlvr.reward.rm_config import FrozenFSDPConfig, ServingKnobsConfig
+from rlvr.utils.config_field import config_field as _f
 
 ESTIMATOR_LOSS_MODES = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 """Single-sample KL estimators on the sampled tokens (the teacher's log-prob of each sampled token)."""
@@ -20,12 +21,6 @@ TOPK_LOSS_MODES = ("forward_kl_topk",)
 TEACHER_ENGINE_NAMES = ("hf", "vllm", "sglang")
 """``teacher_models.*.inference.name``: rlvr computes teacher log-probs with its frozen-model worker
 (``hf``); verl's server engines compute the same log-probs and are accepted with a start-up note."""
-
-
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key we document
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 @dataclass
@@ -46,28 +41,17 @@ class DistillationLossConfig:
 
 
 @dataclass
-class TeacherInferenceConfig:
+class TeacherInferenceConfig(ServingKnobsConfig):
     """verl's ``teacher_models.*.inference``: the engine verl serves the teacher with. rlvr computes
     the teacher's log-probs with its frozen-model worker; serving knobs are accepted with a note."""
 
     name: str = _f("hf", "engine: hf (rlvr's frozen-model worker) | vllm | sglang (accepted, computed by the same worker)")
     dtype: str = _f("float32", "dtype the teacher computes in: float32 | bfloat16")
-    gpu_memory_utilization: float = _f(0.5, "vLLM serving knob (accepted, no effect on rlvr's worker)")
-    enforce_eager: bool = _f(True, "vLLM serving knob (accepted, no effect)")
-    cudagraph_capture_sizes: Optional[list] = _f(None, "vLLM serving knob (accepted, no effect)")
-    free_cache_engine: bool = _f(True, "vLLM serving knob (accepted, no effect; fsdp_config.param_offload frees GPU memory)")
-    data_parallel_size: int = _f(1, "server layout (accepted, no effect: the worker group is data-parallel over its pool)")
-    expert_parallel_size: int = _f(1, "server layout (accepted, no effect)")
-    tensor_model_parallel_size: int = _f(2, "server layout (accepted, no effect: the worker is FSDP-sharded over its pool)")
     max_num_batched_tokens: int = _f(8192, "vLLM serving knob (accepted; rlvr's token budget is max_token_len_per_gpu)")
     max_model_len: Optional[int] = _f(None, "must hold prompt + response + 1 tokens when set (verl checks the same)")
     max_num_seqs: int = _f(1024, "vLLM serving knob (accepted, no effect)")
-    load_format: str = _f("auto", "vLLM serving knob (accepted, no effect: weights load from model_path)")
     engine_kwargs: dict = _f({}, "engine arguments; vllm.max_logprobs must be >= topk when set, other entries must stay empty")
     limit_images: Optional[int] = _f(None, "images per input; must stay None (rlvr's teacher scores text)")
-    enable_chunked_prefill: bool = _f(True, "vLLM serving knob (accepted, no effect)")
-    enable_prefix_caching: bool = _f(True, "vLLM serving knob (accepted, no effect)")
-    disable_log_stats: bool = _f(True, "vLLM serving knob (accepted, no effect)")
     skip_tokenizer_init: bool = _f(True, "the teacher reads token ids (accepted)")
     prompt_length: int = _f("${actor_rollout_ref.rollout.prompt_length}", "the student's prompt length (set from data.max_prompt_length)")
     response_length: int = _f("${actor_rollout_ref.rollout.response_length}", "the student's response length (set from data.max_response_length)")

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rlvr.utils.config_field import config_field as _f
+
 __all__ = [
     "GlobalNsightToolConfig",
     "GlobalProfilerConfig",
@@ -52,12 +54,6 @@ TORCH_CONTENTS = ("cuda", "cpu", "memory", "shapes", "stack")
 _GLOBAL = "global_profiler"
 _GLOBAL_MEMORY = f"{_GLOBAL}.global_tool_config.torch_memory"
 _ACTOR = "actor_rollout_ref.actor.profiler"
-
-
-def _f(default: Any, help: str) -> Any:  # noqa: A002 - "help" is the metadata key the schema documents
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
 
 
 def _sub(cls: type, help: str) -> Any:  # noqa: A002

@@ -49,9 +49,13 @@ class RolloutPlacement:
     def num_engines(self) -> int:
         return self.world // self.tp
 
-    def engine_seed(self, seed: int) -> int:
-        """The sampling seed of this rank's engine (the same on every rank of the engine)."""
-        return seed + SEED_STRIDE * (self.engine + 1)
+    def engine_seed(self, seed: int, rollout_seed: int | None = None) -> int:
+        """The sampling seed of this rank's engine (the same on every rank of the engine): verl's
+        ``rollout.seed`` + engine when it is set, else one derived from ``seed`` (``trainer.seed``)
+        with :data:`SEED_STRIDE` between engines."""
+        if rollout_seed is not None:
+            return int(rollout_seed) + self.engine
+        return int(seed) + SEED_STRIDE * (self.engine + 1)
 
     def gather(self, data: DataProto) -> tuple[DataProto, list[int]]:
         """The rows of every rank of this engine (rank order) and the row count of each; ``data`` itself

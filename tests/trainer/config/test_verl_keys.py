@@ -128,11 +128,10 @@ def _example_key(pattern: str) -> str | None:
 def _translate(leaves: dict):
     """The translation step alone (what load_config runs on the composed config)."""
     from omegaconf import OmegaConf
-    from verl_files import nested
 
-    from rlvr.trainer.config.verl_translate import translate
+    from rlvr.trainer.config.verl_translate import translate, unflatten
 
-    return translate(OmegaConf.create(nested(leaves)), schema_shape())
+    return translate(OmegaConf.create(unflatten(leaves)), schema_shape())
 
 
 def test_every_refused_key_refuses_another_value_with_its_reason():

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from rlvr.trainer.config.verl_pending import pending_rule
+from rlvr.trainer.config.verl_translate import unflatten
 
 KEYS_FILE = Path(__file__).parent / "verl_0_9_1_keys.json"
 NAMES = ("ppo_trainer", "ppo_megatron_trainer")
@@ -28,17 +29,6 @@ def generated(name: str) -> dict[str, Any]:
     return json.loads(KEYS_FILE.read_text())[name]
 
 
-def nested(leaves: dict[str, Any]) -> dict[str, Any]:
-    root: dict[str, Any] = {}
-    for key, value in leaves.items():
-        node = root
-        *parents, last = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return root
-
-
 def write_user_config(name: str, folder: Path, model: Path, data: Path) -> Path:
     """``folder/verl_<name>.yaml``: verl's generated config without the pending keys, local paths,
     building on rlvr's ``ppo_trainer`` as a user's YAML would."""
@@ -47,7 +37,7 @@ def write_user_config(name: str, folder: Path, model: Path, data: Path) -> Path:
     for key in ("actor_rollout_ref.model.path", "critic.model.path"):
         leaves[key] = str(model)
     leaves["data.train_files"] = leaves["data.val_files"] = str(data)
-    config = {"defaults": ["ppo_trainer", "_self_"], **nested(leaves)}
+    config = {"defaults": ["ppo_trainer", "_self_"], **unflatten(leaves)}
     path = folder / f"verl_{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

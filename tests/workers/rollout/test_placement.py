@@ -37,5 +37,6 @@ def test_one_rank_per_engine_is_the_identity():
     rows, counts = placement.gather(data)
     assert rows is data and counts == [3] and placement.own(rows, counts) is rows
     assert (placement.engine, placement.num_engines, placement.engine_seed(7)) == (3, 4, 7 + 4 * SEED_STRIDE)
+    assert placement.engine_seed(7, rollout_seed=100) == 103  # verl's rollout.seed: + the engine
     with pytest.raises(ValueError, match="3 rollout workers do not split into engines of tensor_model_parallel_size=2"):
         RolloutPlacement(2, 0, 3)
