@@ -47,7 +47,13 @@ class FakeBackend(VLLMServerBackend):
         return command, dict(base_env)
 
 
-SERVER_BACKENDS["fake_server"] = FakeBackend
+@pytest.fixture(scope="module", autouse=True)
+def fake_backend():
+    """The stand-in backend, registered for this module's tests only (registered at import, every
+    worker process of the rest of the suite would import this module and the server engine's)."""
+    SERVER_BACKENDS["fake_server"] = FakeBackend
+    yield
+    SERVER_BACKENDS.pop("fake_server", None)
 
 
 @pytest.fixture(scope="module")

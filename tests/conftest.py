@@ -1,0 +1,38 @@
+"""Suite-wide hygiene of rlvr's registries.
+
+Every process rlvr starts (Ray workers, the process backend's children, the scoring pools) imports
+what the driver registered that is not rlvr's own (:mod:`rlvr.utils.registrations`). In a test run
+the driver is pytest: an entry a test module leaves behind makes every later worker of the whole suite
+import that test module and whatever it imports (a stand-in server backend left at import cost each
+worker of the suite the server engine's and torch's imports, seconds per process). So:
+
+- after collection no test module may have registered anything at import (register in a fixture);
+- what a test module registers is taken out again when its last test ends.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.utils.registrations import user_registrations
+from rlvr.utils.registry import all_registries
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    entries, _ = user_registrations()
+    if entries:
+        names = ", ".join(f"{module}.{table}[{name!r}]" for module, table, name, _, _ in entries)
+        raise pytest.UsageError(f"test modules registered {names} when imported; register in a fixture "
+                                "instead, so that the suite's worker processes do not import them")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def registrations_stay_in_their_module():
+    """Every registry as it was before the module's first test, again after its last one."""
+    saved = [(registry, dict(registry), dict(registry._metadata), dict(registry._unloadable))
+             for registry in all_registries()]
+    yield
+    for registry, entries, metadata, unloadable in saved:
+        registry.clear()
+        registry.update(entries)
+        registry._metadata, registry._unloadable = metadata, unloadable
