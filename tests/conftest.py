@@ -7,13 +7,19 @@ import that test module and whatever it imports (a stand-in server backend left 
 worker of the suite the server engine's and torch's imports, seconds per process). So:
 
 - after collection no test module may have registered anything at import (register in a fixture);
-- what a test module registers is taken out again when its last test ends.
+- what a test module registers is taken out again when its last test ends, with the user modules it
+  imported (``trainer.user_modules``): the module that registered an entry is dropped from
+  ``sys.modules``, so a later test that names it imports it again and gets its entries back.
 """
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
+from rlvr.utils import user_code
 from rlvr.utils.registrations import user_registrations
 from rlvr.utils.registry import all_registries
 
@@ -28,11 +34,28 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(autouse=True, scope="module")
 def registrations_stay_in_their_module():
-    """Every registry as it was before the module's first test, again after its last one."""
+    """Every registry, and the user code this process imported, as before the module's first test,
+    again after its last one."""
     saved = [(registry, dict(registry), dict(registry._metadata), dict(registry._unloadable))
              for registry in all_registries()]
+    imported, paths = dict(user_code._imported), dict(user_code._paths)
     yield
     for registry, entries, metadata, unloadable in saved:
+        for name, entry in registry.items():
+            if entries.get(name) is not entry:
+                _forget_module_of(registry.identity_of(entry))
         registry.clear()
         registry.update(entries)
         registry._metadata, registry._unloadable = metadata, unloadable
+    for table, before in ((user_code._imported, imported), (user_code._paths, paths)):
+        table.clear()
+        table.update(before)
+
+
+def _forget_module_of(obj) -> None:
+    """Drop the module that defines ``obj`` from ``sys.modules`` (not rlvr's, not a test module's,
+    which pytest imported once), so that importing it again registers it again."""
+    name = obj.__module__ if isinstance(obj, (type, types.FunctionType)) else type(obj).__module__
+    if not name or name == "__main__" or name == "rlvr" or name.startswith(("rlvr.", "test_")):
+        return
+    sys.modules.pop(name, None)
