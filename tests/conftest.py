@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -53,9 +54,14 @@ def registrations_stay_in_their_module():
 
 
 def _forget_module_of(obj) -> None:
-    """Drop the module that defines ``obj`` from ``sys.modules`` (not rlvr's, not a test module's,
-    which pytest imported once), so that importing it again registers it again."""
+    """Drop the user module that defines ``obj`` from ``sys.modules``, so that importing it again
+    registers it again: not rlvr's, not a test module (pytest imported it once), not one of the
+    interpreter's or the venv's (a ``functools.partial`` entry must not take ``functools`` along)."""
     name = obj.__module__ if isinstance(obj, (type, types.FunctionType)) else type(obj).__module__
     if not name or name == "__main__" or name == "rlvr" or name.startswith(("rlvr.", "test_")):
+        return
+    file = getattr(sys.modules.get(name), "__file__", None)
+    installed = {Path(prefix).resolve() for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+    if file is None or any(Path(file).resolve().is_relative_to(prefix) for prefix in installed):
         return
     sys.modules.pop(name, None)
