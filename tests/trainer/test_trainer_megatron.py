@@ -50,8 +50,9 @@ def test_megatron_grpo_resumes_exactly_and_exports(run, tmp_path):
              "trainer.total_training_steps": 2, "trainer.export_hf": True}
     first = run("a", **extra).metrics_history
     assert first[0]["actor/grad_norm"] > 0 and first[0]["critic/score/mean"] != first[1]["critic/score/mean"]
-    assert sorted(p.name for p in (tmp_path / "a/checkpoints/global_step_1/actor").iterdir()) == [
-        "megatron_tp0_pp0.pt", "megatron_tp1_pp0.pt"]
+    actor = tmp_path / "a/checkpoints/global_step_1/actor"  # trainer.export_hf: verl's hf_model content too
+    assert sorted(p.name for p in actor.iterdir()) == ["huggingface", "megatron_tp0_pp0.pt", "megatron_tp1_pp0.pt"]
+    assert (actor / "huggingface" / "config.json").is_file()
     resumed = run("b", **extra, **{"trainer.resume_mode": "resume_path",
                                    "trainer.resume_from_path": str(tmp_path / "a/checkpoints/global_step_1")})
     assert [r["step"] for r in resumed.metrics_history] == [2, 2]

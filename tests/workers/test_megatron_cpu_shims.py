@@ -4,6 +4,7 @@ changes one fails here, loudly, instead of silently running CUDA code paths), an
 
 from __future__ import annotations
 
+import ast
 import inspect
 from pathlib import Path
 
@@ -49,6 +50,14 @@ UPGRADE = "megatron-core changed a site that rlvr's CPU shims rely on: re-check 
 
 def _source(obj) -> str:
     return inspect.getsource(obj)
+
+
+def _file_source(module, name: str) -> str:
+    """The module-level function ``name`` as ``module``'s file defines it (the installed shims replace
+    the module's attribute, so the function object in it may be rlvr's)."""
+    text = inspect.getsource(module)
+    node = next(n for n in ast.parse(text).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    return ast.get_source_segment(text, node)
 
 
 def test_the_installed_version_is_one_the_shims_were_checked_on():
@@ -108,8 +117,8 @@ def test_the_moe_sites_still_need_the_shims():
     dispatcher calls them; shim 6: moe_utils leaves te_general_gemm undefined without transformer-engine
     and the router's gating reads it; the router's gating moves its weight to CUDA (rlvr's router
     subclass overrides it); the alltoall dispatcher needs CUDA streams (why rlvr uses allgather)."""
-    for function in (megatron_mappings._gather_along_first_dim, megatron_mappings._reduce_scatter_along_first_dim):
-        assert "device=torch.cuda.current_device()" in _source(function), UPGRADE
+    for name in ("_gather_along_first_dim", "_reduce_scatter_along_first_dim"):  # as the file has them: once
+        assert "device=torch.cuda.current_device()" in _file_source(megatron_mappings, name), UPGRADE  # shimmed
     dispatch = _source(MoEAllGatherTokenDispatcher)
     assert "gather_from_sequence_parallel_region" in dispatch and "reduce_scatter_to_sequence_parallel_region" in dispatch
     assert "te_general_gemm" in _source(RouterGatingLinearFunction.forward), UPGRADE
