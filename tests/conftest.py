@@ -15,13 +15,12 @@ worker of the suite the server engine's and torch's imports, seconds per process
 from __future__ import annotations
 
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
 from rlvr.utils import user_code
-from rlvr.utils.registrations import user_registrations
+from rlvr.utils.registrations import _is_rlvr, _module_of, user_registrations
 from rlvr.utils.registry import all_registries
 
 
@@ -57,8 +56,8 @@ def _forget_module_of(obj) -> None:
     """Drop the user module that defines ``obj`` from ``sys.modules``, so that importing it again
     registers it again: not rlvr's, not a test module (pytest imported it once), not one of the
     interpreter's or the venv's (a ``functools.partial`` entry must not take ``functools`` along)."""
-    name = obj.__module__ if isinstance(obj, (type, types.FunctionType)) else type(obj).__module__
-    if not name or name == "__main__" or name == "rlvr" or name.startswith(("rlvr.", "test_")):
+    name = _module_of(obj)
+    if not name or name == "__main__" or _is_rlvr(name) or name.startswith("test_"):
         return
     file = getattr(sys.modules.get(name), "__file__", None)
     installed = {Path(prefix).resolve() for prefix in (sys.prefix, sys.base_prefix, sys.exec_prefix)}

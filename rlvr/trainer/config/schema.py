@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rlvr.reward.config import CustomRewardFunctionConfig, OverlongBufferConfig, RewardConfig, RewardModelConfig
+from rlvr.reward.config import CustomRewardFunctionConfig, RewardConfig, RewardModelConfig
 from rlvr.trainer.config.schema_sections import (
     CheckpointConfig,
     CheckpointEngineConfig,
