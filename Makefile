@@ -13,6 +13,10 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
+# the default and slow suites run on this many pytest-xdist processes, a test file per process at a time
+# (most tests wait on worker processes that import torch; 0 runs them in this process)
+PYTEST_WORKERS ?= 2
+XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup setup-vllm setup-megatron train train-tools train-moe train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
 
@@ -123,10 +127,10 @@ train-vision: setup data/vision/test.jsonl
 	$(PY) -m rlvr.data_prep.vision_summary $(VISION_RUN)
 
 test: setup
-	$(PY) -m pytest -m "not slow and not gpu and not megatron" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not gpu and not megatron" $(XDIST) $(PYTEST_ARGS)
 
 test-slow: setup
-	$(PY) -m pytest -m "slow and not gpu and not megatron" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not gpu and not megatron" $(XDIST) $(PYTEST_ARGS)
 
 # the Megatron backend's tests (numerics against FSDP2 on CPU with gloo, the local and the Ray backend); they
 # skip themselves where megatron-core is not importable, so it is imported first: a broken install fails here

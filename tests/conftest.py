@@ -10,10 +10,14 @@ worker of the suite the server engine's and torch's imports, seconds per process
 - what a test module registers is taken out again when its last test ends, with the user modules it
   imported (``trainer.user_modules``): the module that registered an entry is dropped from
   ``sys.modules``, so a later test that names it imports it again and gets its entries back.
+
+It also marks the slow variants of parametrized tests (``slow_on``) and keeps faulthandler on while
+the interpreter shuts down.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 from pathlib import Path
 
@@ -31,6 +35,24 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError(f"test modules registered {names} when imported; register in a fixture "
                                 "instead, so that the suite's worker processes do not import them")
 
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``@pytest.mark.slow_on("ray", ...)``: only the parametrized variants with one of these values
+    are slow (e.g. a Ray group starts in seconds, the in-process one at once)."""
+    for item in items:
+        values = [value for value in getattr(getattr(item, "callspec", None), "params", {}).values()
+                  if isinstance(value, str)]
+        if any(value in mark.args for mark in item.iter_markers("slow_on") for value in values):
+            item.add_marker(pytest.mark.slow)
+
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler plugin turned it off
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A crash while the interpreter shuts down (a native thread of torch, Ray or tokenizers still
+    running) would print only "Segmentation fault"; with faulthandler on it names every thread's frames."""
+    faulthandler.enable(file=sys.__stderr__, all_threads=True)
 
 @pytest.fixture(autouse=True, scope="module")
 def registrations_stay_in_their_module():

@@ -136,6 +136,7 @@ def _step(run_dir: Path) -> dict:
 BACKENDS = ["local", pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])]  # Ray: a minute each
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_import_then_main(backend, project, eos_prone_model_dir, tmp_path):
     run_dir = tmp_path / "run"
@@ -147,6 +148,7 @@ def test_import_then_main(backend, project, eos_prone_model_dir, tmp_path):
     assert "agent/env/answered" in step  # the project's environment stepped in the rollout worker
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_script_registrations_then_run_ppo(backend, project, eos_prone_model_dir, tmp_path):
     run_dir = tmp_path / "run"
@@ -161,6 +163,7 @@ def test_script_registrations_then_run_ppo(backend, project, eos_prone_model_dir
     assert step["actor/pg_clipfrac"] == 0.0  # the script's loss ran in the actor
 
 
+@pytest.mark.slow
 def test_the_check_takes_the_launchers_names_and_suggests_for_a_typo(project):
     base = ["--dry-run", "--preset", "guess_number.yaml", "trainer.user_modules=[]"]
     assert _run(project, "launch_main.py", base).returncode == 0

@@ -44,6 +44,7 @@ def prompts(tokenizer, questions=QUESTIONS):
     return prompt_batch(tokenizer, ids, {"raw_prompt": raw}, do_sample=False, temperature=0.0)
 
 
+@pytest.mark.slow
 def test_endpoint_trajectory_equals_tool_agent_trajectory(tool_model, tmp_path):
     model, tokenizer = tool_model
     tools = write_tools_file(tmp_path / "tools.yaml", "rlvr.agent.tools.calculator.CalculatorTool")

@@ -73,6 +73,7 @@ child process, which imports the project's modules as a Ray worker does."""
 @pytest.mark.parametrize("backend, apart", [("local", []), pytest.param("local", ROLLOUT_APART, marks=pytest.mark.slow,
                                                                           id="local-rollout_process"),
                                             pytest.param("ray", [], marks=[pytest.mark.ray, pytest.mark.slow])])
+@pytest.mark.slow
 def test_the_project_trains_one_step_through_the_command(backend, apart, project, eos_model_dir, tmp_path):
     run_dir = tmp_path / "run"
     overrides = [*apart, f"actor_rollout_ref.model.path={eos_model_dir}", f"trainer.backend={backend}",
@@ -113,6 +114,7 @@ def test_the_project_trains_the_embedded_model_through_the_command(project, tmp_
         assert np.isfinite(metrics["actor/pg_loss"])
 
 
+@pytest.mark.slow
 def test_a_misspelt_name_of_the_project_gets_a_suggestion(project):
     cases = [("algorithm.adv_estimator=group_medain",
               "config error at 'algorithm.adv_estimator': 'group_medain' is not valid (did you mean 'group_median'?)"),

@@ -7,6 +7,7 @@ import pytest
 from benchmarks.core_contention import measure
 
 
+@pytest.mark.slow
 def test_the_ratios_come_from_the_three_measurements():
     result = measure(seconds=0.2)
     alone, two = result["one_thread_gflops"], result["two_threads_gflops"]

@@ -76,6 +76,7 @@ def _context(tmp_path: Path) -> Context:
                    simulate=False)
 
 
+@pytest.mark.slow
 def test_steps_fail_time_out_and_skip_alone_and_results_are_written_as_they_end(tmp_path, monkeypatch):
     sleeper = ["timeit", "-n", "1", "-r", "1", "import time; time.sleep(60)"]
     monkeypatch.setattr(gpu_checks, "STEPS", _steps(

@@ -33,6 +33,7 @@ def _gsm8k_from_verl_preprocessing(home: Path) -> None:
         pq.write_table(pa.Table.from_pylist(rows), out / f"{split}.parquet")
 
 
+@pytest.mark.slow_on("docs/extending.md", "docs/getting_started.md")
 @pytest.mark.parametrize("page", PAGES)
 def test_every_block_of_the_page_runs(page, tmp_path):
     if page.endswith("migrating_from_verl.md"):

@@ -68,6 +68,7 @@ def test_one_rank_checkpoint_merges_to_the_same_logits(model_dir, untied_model_d
     assert torch.equal(actor_logits(again._workers[0], data).batch["logits"], in_training)
 
 
+@pytest.mark.slow
 def test_two_rank_checkpoint_merges_to_the_same_logits(model_dir, tmp_path):
     """FSDP2 over 2 gloo ranks (worker processes): the merged model computes each rank's logits exactly."""
     pool = ProcessResourcePool([2], use_gpu=False)

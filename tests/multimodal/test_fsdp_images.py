@@ -67,6 +67,7 @@ def test_two_fsdp_ranks_with_images_match_one_rank(vl_dirs, image_data, two_rank
     assert any(k.startswith("model.visual") for k in w_one)  # the vision encoder was trained and gathered too
 
 
+@pytest.mark.slow
 def test_a_row_without_an_image_is_refused_on_sharded_ranks(vl_dirs, image_data, two_ranks):
     out = two_ranks.generate_sequences(image_batch(vl_dirs["qwen2_5_vl"], image_data, n=1))
     out.meta_info["temperature"] = 1.0

@@ -14,6 +14,7 @@ from rlvr.single_controller import ClassWithInitArgs
 from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 
 
+@pytest.mark.slow_on("ray")
 def test_worker_exception_names_group_method_rank_with_traceback(demo):
     backend, group = demo
     bad_rank = world_size_of(backend) - 1
@@ -29,6 +30,7 @@ def test_worker_exception_names_group_method_rank_with_traceback(demo):
     assert group.add_rank(1) == [1, 2][: world_size_of(backend)]  # an exception does not break the group
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", SEPARATE_PROCESS_BACKENDS)
 def test_hanging_worker_times_out_and_the_group_refuses_further_calls(backend, make_group):
     group = make_group(backend, ClassWithInitArgs(DemoWorker), name_prefix="hanger", call_timeout_s=3)
@@ -51,6 +53,7 @@ def test_local_timeout_is_checked_when_the_call_returns(make_group):
     assert group.sleep(0.0) == [0]  # the local worker is intact
 
 
+@pytest.mark.slow_on("ray")
 @pytest.mark.parametrize("backend", SEPARATE_PROCESS_BACKENDS)
 def test_killed_worker_raises_worker_died(backend, make_group):
     group = make_group(backend, ClassWithInitArgs(DemoWorker), name_prefix="victim", call_timeout_s=60)
@@ -63,6 +66,7 @@ def test_killed_worker_raises_worker_died(backend, make_group):
         group.add_rank(1)
 
 
+@pytest.mark.slow
 def test_a_child_that_dies_names_every_call_it_was_running(make_group):
     """Two calls in flight when the child dies: the error of each names both (a driver thread that
     awaits the other call, e.g. a weight push beside a generation, still learns what was running)."""

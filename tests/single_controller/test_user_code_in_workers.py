@@ -30,6 +30,7 @@ def users_module(tmp_path, monkeypatch):
     sys.modules.pop(module.__name__, None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", SEPARATE_PROCESS_BACKENDS)
 def test_every_worker_process_imports_the_users_modules_of_the_driver(backend, make_group, users_module):
     assert users_module == "sc_users_ext"

@@ -26,6 +26,7 @@ def overrides(tiny_model_dir, tiny_data, tmp_path):
     return make
 
 
+@pytest.mark.slow
 def test_every_preset_is_shipped_and_valid(overrides, tmp_path, tiny_model_dir):
     assert list_presets() == PRESETS
     tools = tmp_path / "tools.yaml"

@@ -83,6 +83,7 @@ def test_reward_model_alone_with_verl_09_keys_local(tiny_model_dir, tiny_data, t
         assert row["reward_model/input_length"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_reward_model_with_legacy_keys_on_its_own_ray_pool(tiny_model_dir, tiny_data, tmp_path, rm_dir, scored_batches):
     _run(tiny_model_dir, tiny_data, tmp_path, **{

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from trainer_helpers import tiny_overrides
 
 CHILD = """
@@ -26,6 +28,7 @@ print("steps:", trainer.global_steps)
 """
 
 
+@pytest.mark.slow
 def test_a_local_run_needs_no_ray(tiny_model_dir, tiny_data, tmp_path):
     overrides = tiny_overrides(tiny_model_dir, tiny_data, tmp_path / "run", **{
         "trainer.total_training_steps": 1, "trainer.val_before_train": False})

@@ -107,6 +107,7 @@ def test_resume_continues_exactly_and_checkpoints_merge(files, tmp_path):
     assert all(torch.equal(merged[k], resumed[k]) for k in resumed)
 
 
+@pytest.mark.slow
 def test_two_worker_processes_train_as_one_rank(files, tmp_path):
     run_sft(load_sft_config(overrides(files, tmp_path / "one")))
     run_sft(load_sft_config(overrides(files, tmp_path / "two", "trainer.n_gpus_per_node=2")))

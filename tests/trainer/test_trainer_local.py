@@ -93,6 +93,7 @@ def test_other_algorithms_end_to_end(run, tmp_path, preset):
         assert trainer.ref_in_actor and trainer.ref_policy_wg is trainer.actor_rollout_wg
 
 
+@pytest.mark.slow
 def test_same_seed_same_metrics_and_exact_resume(run, tmp_path):
     """Two runs with one seed agree on every metric; a run resumed from the step-2 checkpoint
     gives the step-3 metrics of the uninterrupted run."""

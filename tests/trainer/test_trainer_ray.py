@@ -32,6 +32,7 @@ def ray_cluster():
     pytest.param("rloo", {"trainer.val_before_train": False, "trainer.total_training_steps": 1},
                  ["actor/reward_kl_penalty"], marks=pytest.mark.slow),
 ])
+@pytest.mark.slow
 def test_two_ray_workers(tiny_model_dir, tiny_data, tmp_path, preset, extra, expected):
     cfg = tiny_config(tiny_model_dir, tiny_data, tmp_path / "run", preset=preset, **{**RAY, **extra})
     trainer = run_ppo(cfg)

@@ -114,6 +114,7 @@ def test_ray_runtime_env_frees_cupti_for_the_torch_profiler():
         assert NVTX_INJECTION_ENV not in get_ppo_ray_runtime_env(torch_cfg)["env_vars"]
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_parallel_put_keeps_the_order(verl_ray_cluster):
     import ray

@@ -52,6 +52,7 @@ def adder(request):
     pool.remove()
 
 
+@pytest.mark.slow_on("ray")
 def test_every_dispatch_mode(adder):
     backend, group = adder
     n = ranks(backend)
@@ -131,6 +132,7 @@ def test_non_blocking_calls_and_futures(adder):
         assert group.resolve_and_add_x(group.add_x_async(batch(2))).batch["a"].tolist() == [4.0, 5.0]
 
 
+@pytest.mark.slow_on("ray")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_colocated_workers_match_separate_groups(backend, new_group):
     actor_cls = RayClassWithInitArgs(cls=AdderWorker, x=2)
@@ -170,6 +172,7 @@ def test_fused_workers_with_a_subclass_that_calls_both_roles(backend, new_group)
         group.fuse(["ref"])
 
 
+@pytest.mark.slow_on("ray")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_async_worker_methods_with_a_dispatch_mode(backend, new_group):
     """An ``async def`` method registered with a dispatch mode (verl's decorator test): a

@@ -34,6 +34,7 @@ def _rows(ranks: list[dict], run: str) -> torch.Tensor:
     return back
 
 
+@pytest.mark.slow
 def test_the_balanced_order_evens_out_the_ranks_tokens(ranks):
     dispatch = [result["dispatch"]["tokens"] for result in ranks]
     balanced = [result["balanced"]["tokens"] for result in ranks]

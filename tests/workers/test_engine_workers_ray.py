@@ -11,7 +11,7 @@ from rlvr.protocol import DataProto
 
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 OVERRIDES = ("actor_rollout_ref.actor.optim.lr=0.001", "critic.optim.lr=0.01",
              "actor_rollout_ref.actor.use_rollout_log_probs=false")

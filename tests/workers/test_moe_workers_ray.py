@@ -14,7 +14,7 @@ from rlvr.utils.tiny_moe import save_tiny_moe
 from rlvr.workers.engine_workers import ActorRolloutRefWorker, CriticWorker
 from rlvr.workers.moe.layout import ROUTED_EXPERTS
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 TOL = 1e-5
 OVERRIDES = ("actor_rollout_ref.actor.optim.lr=0.01", "critic.optim.lr=0.01",

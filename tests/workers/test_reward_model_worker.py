@@ -111,6 +111,7 @@ def test_a_reward_model_tokenizer_without_chat_template_is_refused(model_dir, tm
         group.compute_rm_score(chat_rollout_batch())
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 def test_two_fsdp_ranks_score_as_the_direct_forward(model_dir, rm_dir, ray_groups):
     config = rm_config(model_dir, "trainer.backend=ray", "trainer.n_gpus_per_node=2",

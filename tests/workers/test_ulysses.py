@@ -54,6 +54,7 @@ def _assert_metrics(ranks: list, reference: dict, names: tuple[str, ...]) -> Non
             assert result[name] == pytest.approx(reference[name], rel=1e-5, abs=TOL), name
 
 
+@pytest.mark.slow
 def test_all_to_all_swaps_heads_and_tokens_and_back(two_ranks):
     zero, one = (r["round_trip"] for r in two_ranks)
     # rank r gets heads 2r, 2r+1 of every token: rank 0's 3 tokens then rank 1's

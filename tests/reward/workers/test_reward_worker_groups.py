@@ -107,6 +107,7 @@ def test_local_group(name, local_groups):
     _check(local_groups[name], name)
 
 
+@pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_two_worker_ray_group(name, ray_groups):

@@ -15,6 +15,7 @@ from rlvr.protocol import DataProto
 from rlvr.workers.rollout.placement import SEED_STRIDE, RolloutPlacement
 
 
+@pytest.mark.slow
 def test_ranks_of_one_engine_share_rows_and_seeds_and_keep_their_own(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
