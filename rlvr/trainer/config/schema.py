@@ -201,7 +201,7 @@ GPG_ALPHA_COUNTS = ("nonzero_score", "informative")
 @dataclass
 class ActorConfig:
     strategy: str = _f("fsdp2", "training backend: fsdp | fsdp2 (PyTorch FSDP2 over the worker group) | megatron (megatron-core tensor/pipeline parallel)")
-    ppo_mini_batch_size: int = _f(8, "prompts per optimizer step (times rollout.n sequences)")
+    ppo_mini_batch_size: int = _f(8, "prompts per optimizer step (times rollout.n sequences); must divide data.train_batch_size, as in verl 0.9.1")
     ppo_micro_batch_size_per_gpu: Optional[int] = _f(8, "sequences per forward/backward on one worker (gradient accumulation); None = the worker's whole mini-batch at once")
     ppo_micro_batch_size: Optional[int] = _f(None, "verl's older global micro-batch: when set, ppo_micro_batch_size_per_gpu = it / the data-parallel workers")
     use_dynamic_bsz: bool = _f(False, "size micro-batches by token budget instead of sequence count")

@@ -171,7 +171,8 @@ def _check_batch_sizes(section: DictConfig, prefix: str, cfg: DictConfig, dynami
     _require(mini >= 1, f"{prefix}.ppo_mini_batch_size", "must be >= 1 prompt")
     _require(train % mini == 0, f"{prefix}.ppo_mini_batch_size",
              f"data.train_batch_size={train} is not a multiple of ppo_mini_batch_size={mini}; "
-             f"pick a mini-batch size that divides {train}")
+             f"pick a mini-batch size that divides {train} (verl 0.9.1's workers assert the same when they "
+             "cut a step's batch into mini-batches; its older workers ran a short last one)")
     micro = section.ppo_micro_batch_size_per_gpu
     _require(micro >= 1, f"{prefix}.ppo_micro_batch_size_per_gpu", "must be >= 1 sequence")
     sequences = mini * n
