@@ -357,8 +357,9 @@ def _check_algorithm(cfg: DictConfig, needs: EstimatorNeeds | None) -> None:
 
 def _check_rollout_correction(rc: DictConfig) -> None:
     key = "algorithm.rollout_correction"
-    if rc.rollout_rs is not None:
-        lower, upper = rejection_band(rc)
+    band = rejection_band(rc) if rc.rollout_rs is not None else None
+    if band is not None:
+        lower, upper = band
         _require(0 < lower < upper, f"{key}.rollout_rs_threshold",
                  f"the rejection band [{lower}, {upper}] needs 0 < lower < upper (e.g. 0.5 and 2.0)")
     _require(rc.log_prob_diff_threshold >= 0, f"{key}.log_prob_diff_threshold", "must be >= 0")

@@ -43,12 +43,12 @@ def parse_threshold(value: Any, key: str) -> tuple[float | None, float]:
         raise ConfigError(key, str(err)) from None
 
 
-def rejection_band(rc: Any) -> tuple[float, float]:
+def rejection_band(rc: Any) -> tuple[float, float] | None:
     """``(lower, upper)`` of the rejection (masked IS) band of ``algorithm.rollout_correction``:
     ``rollout_rs_threshold`` (None: ``rollout_is_threshold``'s upper bound), a ``lower_upper`` string
     giving both; else the lower bound is ``rollout_rs_threshold_lower`` (None: 1 / upper). With
-    verl's rejection options (``token_k1``, ...) their thresholds are checked, and ``(0, 1)`` is
-    returned (they have no single band)."""
+    verl's rejection options (``token_k1``, ...) their thresholds are checked, and None is returned
+    (each option has its own band or bound)."""
     key = "algorithm.rollout_correction.rollout_rs_threshold"
     if is_rs_option_list(rc.rollout_rs):
         spec = rc.rollout_rs_threshold
@@ -57,7 +57,7 @@ def rejection_band(rc: Any) -> tuple[float, float]:
                                 else spec)
         except ValueError as err:
             raise ConfigError(key, str(err)) from None
-        return 0.0, 1.0
+        return None
     lower, upper = parse_threshold(rc.rollout_rs_threshold, key) if rc.rollout_rs_threshold is not None else (
         None, parse_threshold(rc.rollout_is_threshold, "algorithm.rollout_correction.rollout_is_threshold")[1])
     if lower is None:

@@ -133,6 +133,10 @@ def test_config_checks_of_the_verl_forms():
     with pytest.raises(ConfigError, match="not a threshold"):
         check_config(load_config(None, ["algorithm.rollout_correction.rollout_is_threshold=abc"]),
                      require_data_files=False)
+    for options, thresholds in (("token_k1,seq_max_k2", "0.6_1.6,2.5"), ("token_k1", "0.6_1.6")):  # verl's forms
+        check_config(load_config(None, [f"algorithm.rollout_correction.rollout_rs='{options}'",
+                                        f"algorithm.rollout_correction.rollout_rs_threshold='{thresholds}'"]),
+                     require_data_files=False)
     with pytest.raises(ConfigError, match="give one, or one per option"):
         check_config(load_config(None, ["algorithm.rollout_correction.rollout_rs='token_k1,seq_mean_k3'",
                                         "algorithm.rollout_correction.rollout_rs_threshold='1.5,2.0,3.0'"]),
