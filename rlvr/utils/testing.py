@@ -260,8 +260,10 @@ def local_ray_cluster(num_cpus: int, pickle_by_value: tuple = ()) -> Iterator[No
 
     for module in pickle_by_value:
         ray.cloudpickle.register_pickle_by_value(module)
+    started = not ray.is_initialized()
     init_ray(num_cpus=num_cpus)
     try:
         yield
     finally:
-        ray.shutdown()
+        if started:  # a cluster this block joined belongs to whoever started it
+            ray.shutdown()

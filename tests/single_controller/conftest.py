@@ -1,4 +1,7 @@
-"""Fixtures of the single-controller tests: one Ray cluster for the whole session, group factories."""
+"""Fixtures of the single-controller tests: one Ray cluster per test module, group factories.
+
+Per module, not per session: other test folders start and stop Ray themselves (their own clusters,
+``ray.shutdown()``), which would leave a session-wide group holding handles of a cluster that is gone."""
 
 from __future__ import annotations
 
@@ -13,16 +16,16 @@ from rlvr.utils.testing import local_ray_cluster
 
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    """A local Ray cluster with 2 CPUs, started once and shut down at the end of the session."""
+    """A local Ray cluster with 2 CPUs for the module's Ray tests."""
     with local_ray_cluster(2, pickle_by_value=(sc_workers,)):  # the Ray workers cannot import tests/
         yield
 
 
-@pytest.fixture(scope="session", params=BACKENDS)
+@pytest.fixture(scope="module", params=BACKENDS)
 def demo(request: pytest.FixtureRequest) -> Iterator[tuple[str, WorkerGroup]]:
-    """``(backend, group)``: one DemoWorker group per backend shared by the tests (start-up is slow)."""
+    """``(backend, group)``: one DemoWorker group per backend shared by the module's tests (start-up is slow)."""
     backend = request.param
     if backend == "ray":
         request.getfixturevalue("ray_cluster")

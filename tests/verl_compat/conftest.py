@@ -1,4 +1,4 @@
-"""Fixtures of the verl-user acceptance suite: one Ray cluster for the session, group factories."""
+"""Fixtures of the verl-user acceptance suite: one Ray cluster per test module, group factories."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from rlvr.utils.testing import local_ray_cluster
 RAY_WORKERS = 2
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def verl_ray_cluster() -> Iterator[None]:
-    """A local Ray cluster with 2 CPUs (shared with the other test folders when they run in the same session)."""
+    """A local Ray cluster with 2 CPUs for the module's Ray tests (other folders stop Ray themselves)."""
     with local_ray_cluster(2, pickle_by_value=(verl_workers,)):  # the Ray workers cannot import tests/
         yield
 
