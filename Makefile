@@ -13,8 +13,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.rlvr-setup-done
 PYTEST_ARGS ?=
-# the default and slow suites run on this many pytest-xdist processes, a test file per process at a time
-# (most tests wait on worker processes that import torch; 0 runs them in this process)
+# the default suite runs on this many pytest-xdist processes, a test file per process at a time (its
+# tests mostly wait on worker processes that import torch: 2 halve it on 2 cores; 0 runs them in this
+# process). The slow suite runs in one: its multi-worker runs already keep every core busy
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
@@ -130,7 +131,7 @@ test: setup
 	$(PY) -m pytest -m "not slow and not gpu and not megatron" $(XDIST) $(PYTEST_ARGS)
 
 test-slow: setup
-	$(PY) -m pytest -m "slow and not gpu and not megatron" $(XDIST) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "slow and not gpu and not megatron" $(PYTEST_ARGS)
 
 # the Megatron backend's tests (numerics against FSDP2 on CPU with gloo, the local and the Ray backend); they
 # skip themselves where megatron-core is not importable, so it is imported first: a broken install fails here
@@ -165,9 +166,9 @@ hooks:
 # models with the GPU machine's imports; also makes the bundle the device call carries (.whl, .bench)
 gpu-rehearsal: setup
 	$(PIP) install -q -e ".[bench]" $$(grep -E '^(trl|datasets)==' benchmarks/gpu_bundle_wheels.txt)
-	$(PY) -m pytest -q -p no:cacheprovider tests/benchmarks/test_gpu_checks.py
 	PY=$(PY) bash benchmarks/prepare_gpu_bundle.sh
-	PY=$(PY) bash benchmarks/gpu_checks.sh cpu
+	# its slow test runs `bash benchmarks/gpu_checks.sh cpu`, every step, and checks each step's record
+	$(PY) -m pytest -q -p no:cacheprovider tests/benchmarks/test_gpu_checks.py
 
 # fault injection: killed, segfaulted and hung workers on a 2-worker Ray run (docs/RELIABILITY.md)
 bench-faults: setup

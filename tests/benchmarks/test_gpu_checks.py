@@ -6,6 +6,7 @@ models is the slow test at the end."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -160,14 +161,16 @@ def test_the_driver_refuses_to_start_without_the_bundle(tmp_path):
 
 @pytest.mark.slow
 def test_the_whole_rehearsal_passes_on_cpu(tmp_path):
-    """Every step on tiny models with the GPU machine's imports (TRL: the [bench] extra; CI runs the
-    same through `make gpu-rehearsal`)."""
+    """Every step on tiny models with the GPU machine's imports, through the script the GPU call runs
+    (TRL: the [bench] extra; CI runs this test in `make gpu-rehearsal`)."""
     pytest.importorskip("trl")
     if not (REPO / ".bench" / "tokenizer").is_dir():
         subprocess.run(["bash", "benchmarks/prepare_gpu_bundle.sh"], cwd=REPO, check=True, timeout=600,
                        env={"PY": sys.executable, "PATH": "/usr/bin:/bin"})
     out = tmp_path / "out"
-    assert gpu_checks.main(["--device", "cpu", "--out", str(out)]) == 0
+    run = subprocess.run(["bash", "benchmarks/gpu_checks.sh", "cpu"], cwd=REPO, timeout=1200, capture_output=True,
+                         text=True, env={**os.environ, "PY": sys.executable, "OUT": str(out)})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()][1:]
     assert {r["step"]: r["status"] for r in records} == {
         "gpu_tests": "ok", "logprobs": "ok", "make_model": "ok", "main_job": "ok", "trl": "ok", "hybrid_memory": "ok",
