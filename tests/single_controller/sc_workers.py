@@ -13,8 +13,8 @@ import torch.distributed as dist
 from rlvr.protocol import DataProto
 from rlvr.single_controller import Dispatch, Execute, RankInfo, Worker, register
 
-BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local", "process"]
-SEPARATE_PROCESS_BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "process"]
+BACKENDS = [pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]), "local", "process"]
+SEPARATE_PROCESS_BACKENDS = [pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]), "process"]
 """The backends whose workers live in processes of their own (they can hang or die apart from the driver)."""
 MULTI_WORKERS = 2
 

@@ -10,7 +10,7 @@ from rlvr.protocol import DataProto
 from rlvr.single_controller import ClassWithInitArgs, create_colocated_worker_cls
 
 
-@pytest.mark.slow_on("ray", "process")
+@pytest.mark.slow_on("process")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_colocated_roles_share_a_process_and_spawn_per_role_groups(backend, make_group):
     fused = create_colocated_worker_cls(

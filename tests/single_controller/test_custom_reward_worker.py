@@ -24,7 +24,7 @@ ray.cloudpickle.register_pickle_by_value(custom_reward_worker)  # Ray workers ca
 EXPECTED_SCORES = [1.5, 0.5, -1.0 / 3.0, 1.5, 0.0]
 
 
-@pytest.mark.slow_on("ray", "process")
+@pytest.mark.slow_on("process")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_custom_reward_worker_scores_a_batch(backend, make_group):
     worker = RayClassWithInitArgs(

@@ -17,7 +17,6 @@ def batch(n: int) -> DataProto:
     return DataProto.from_dict(tensors={"x": torch.arange(n, dtype=torch.float32)})
 
 
-@pytest.mark.slow_on("ray")
 def test_every_dispatch_mode(demo):
     backend, group = demo
     n = world_size_of(backend)

@@ -14,7 +14,6 @@ from rlvr.single_controller import ClassWithInitArgs
 from rlvr.utils.errors import WorkerDiedError, WorkerError, WorkerTimeoutError
 
 
-@pytest.mark.slow_on("ray")
 def test_worker_exception_names_group_method_rank_with_traceback(demo):
     backend, group = demo
     bad_rank = world_size_of(backend) - 1
@@ -53,7 +52,6 @@ def test_local_timeout_is_checked_when_the_call_returns(make_group):
     assert group.sleep(0.0) == [0]  # the local worker is intact
 
 
-@pytest.mark.slow_on("ray")
 @pytest.mark.parametrize("backend", SEPARATE_PROCESS_BACKENDS)
 def test_killed_worker_raises_worker_died(backend, make_group):
     group = make_group(backend, ClassWithInitArgs(DemoWorker), name_prefix="victim", call_timeout_s=60)

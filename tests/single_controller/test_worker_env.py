@@ -60,8 +60,8 @@ def env_group(request: pytest.FixtureRequest):
         pool.remove()
 
 
-@pytest.mark.slow_on("ray", "process")
-@pytest.mark.parametrize("backend", [pytest.param("ray", marks=pytest.mark.ray), "process", "local"])
+@pytest.mark.slow_on("process")
+@pytest.mark.parametrize("backend", [pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]), "process", "local"])
 def test_every_worker_starts_with_verls_variables_and_the_users(backend, env_group):
     group = env_group(backend)
     envs = group.env_at_init()

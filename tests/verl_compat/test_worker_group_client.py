@@ -21,7 +21,7 @@ from rlvr.single_controller.ray.base import (
     create_colocated_worker_raw_cls,
 )
 
-BACKENDS = [pytest.param("ray", marks=pytest.mark.ray), "local"]
+BACKENDS = [pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow]), "local"]
 
 
 def ranks(backend: str) -> int:
@@ -52,7 +52,6 @@ def adder(request):
     pool.remove()
 
 
-@pytest.mark.slow_on("ray")
 def test_every_dispatch_mode(adder):
     backend, group = adder
     n = ranks(backend)
@@ -90,7 +89,7 @@ def test_dp_compute_proto_modes(adder, rows):
     assert metrics == ([{"rows": 2, "sum": 1.0}, {"rows": 2, "sum": 5.0}] if n == 2 else [{"rows": 4, "sum": 6.0}])
 
 
-@pytest.mark.parametrize("adder", [pytest.param("ray", marks=pytest.mark.ray)], indirect=True)
+@pytest.mark.parametrize("adder", [pytest.param("ray", marks=[pytest.mark.ray, pytest.mark.slow])], indirect=True)
 def test_auto_padding_switches(adder):  # on Ray only: one local worker divides every batch
     _, group = adder
     DataProtoConfig.dispatch_padding = False  # verl's rule: pad only with auto padding
@@ -132,7 +131,6 @@ def test_non_blocking_calls_and_futures(adder):
         assert group.resolve_and_add_x(group.add_x_async(batch(2))).batch["a"].tolist() == [4.0, 5.0]
 
 
-@pytest.mark.slow_on("ray")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_colocated_workers_match_separate_groups(backend, new_group):
     actor_cls = RayClassWithInitArgs(cls=AdderWorker, x=2)
@@ -172,7 +170,6 @@ def test_fused_workers_with_a_subclass_that_calls_both_roles(backend, new_group)
         group.fuse(["ref"])
 
 
-@pytest.mark.slow_on("ray")
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_async_worker_methods_with_a_dispatch_mode(backend, new_group):
     """An ``async def`` method registered with a dispatch mode (verl's decorator test): a
