@@ -11,13 +11,15 @@ worker of the suite the server engine's and torch's imports, seconds per process
   imported (``trainer.user_modules``): the module that registered an entry is dropped from
   ``sys.modules``, so a later test that names it imports it again and gets its entries back.
 
-It also marks the slow variants of parametrized tests (``slow_on``) and keeps faulthandler on while
-the interpreter shuts down.
+It also marks the slow variants of parametrized tests (``slow_on``) and ends pytest's process without
+the interpreter's teardown once the results are final (see :func:`pytest_unconfigure`).
 """
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
+import os
 import sys
 from pathlib import Path
 
@@ -26,6 +28,8 @@ import pytest
 from rlvr.utils import user_code
 from rlvr.utils.registrations import _is_rlvr, _module_of, user_registrations
 from rlvr.utils.registry import all_registries
+
+_EXIT_STATUS = pytest.StashKey[int]()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -48,11 +52,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 
-@pytest.hookimpl(trylast=True)  # after pytest's own faulthandler plugin turned it off
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config.stash[_EXIT_STATUS] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)  # after every other plugin, pytest's faulthandler plugin included
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """A crash while the interpreter shuts down (a native thread of torch, Ray or tokenizers still
-    running) would print only "Segmentation fault"; with faulthandler on it names every thread's frames."""
+    """End pytest's own process once the results are final: the atexit functions run (Ray's
+    shutdown, rlvr's helper pools), then the process exits with pytest's status without the
+    interpreter's teardown. That teardown is where native threads of torch, Ray or tokenizers crashed
+    CI's default suite after 2,053 passed ("Segmentation fault", exit 139). faulthandler stays on for
+    the atexit functions, so a crash there names every thread's frames. xdist's workers end through
+    their own channel and are left alone (a crash there cannot change the results either)."""
     faulthandler.enable(file=sys.__stderr__, all_threads=True)
+    if hasattr(config, "workerinput") or _EXIT_STATUS not in config.stash:
+        return
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        stream.flush()
+    os._exit(config.stash[_EXIT_STATUS])
+
 
 @pytest.fixture(autouse=True, scope="module")
 def registrations_stay_in_their_module():
