@@ -363,11 +363,6 @@ def _check_rollout_correction(rc: DictConfig) -> None:
         _require(0 < lower < upper, f"{key}.rollout_rs_threshold",
                  f"the rejection band [{lower}, {upper}] needs 0 < lower < upper (e.g. 0.5 and 2.0)")
     _require(rc.log_prob_diff_threshold >= 0, f"{key}.log_prob_diff_threshold", "must be >= 0")
-    _require(not (rc.bypass_mode and rc.rollout_is is not None and rc.loss_type == "ppo_clip"), f"{key}.rollout_is",
-             "bypass_mode uses the rollout's log-probs as the old policy, so the PPO ratio already is "
-             "pi_theta / pi_rollout; IS weights on top would count that gap twice. Set rollout_is=null (rollout_rs "
-             "still drops outlier tokens on that ratio), loss_type=reinforce (no ratio: the IS weights correct "
-             "the gap) or bypass_mode=false")
 
 
 def _check_critic(cfg: DictConfig) -> None:

@@ -42,8 +42,8 @@ __all__ = [
     "ROLLOUT_RATIO_LEVELS", "SAFETY_BOUND", "register_rollout_ratio_level", "get_rollout_ratio_level",
     "compute_rollout_correction_weights", "compute_rollout_rejection_mask",
     "compute_rollout_correction_and_rejection_mask", "compute_rollout_correction_and_add_to_batch",
-    "compute_rollout_mismatch_metrics", "bypass_old_log_probs", "BYPASS_RS_KEY", "compute_bypass_rejection",
-    "bypass_is_weights", "compute_policy_loss_reinforce",
+    "compute_rollout_mismatch_metrics", "bypass_old_log_probs", "BYPASS_RS_KEY", "bypass_correction",
+    "bypass_metric_names", "compute_policy_loss_reinforce",
     "PROX_FROM_UPDATE_KEY", "prox_from_update_settings", "ProxFromUpdate",
 ]
 
@@ -334,11 +334,11 @@ def bypass_old_log_probs(batch: DataProto, rollout_corr_config) -> dict[str, flo
     forward), so the PPO ratio is ``pi_theta / pi_rollout`` and its clip bounds the whole gap, the
     engine's residual mismatch included. With ``rollout_rs`` the actor also drops, in every
     micro-batch, the tokens whose residual ratio ``pi_theta / pi_rollout`` leaves the rejection band
-    (:func:`compute_bypass_rejection`; the settings travel in ``meta_info[BYPASS_RS_KEY]``).
-    With ``loss_type=reinforce`` the actor's loss is :func:`compute_policy_loss_reinforce` with the
-    IS weights of ``pi_theta / pi_rollout`` (``rollout_is``); with ``ppo_clip`` ``rollout_is`` is
-    refused by config validation: its weights would count the ratio the PPO loss already has a
-    second time.
+    (:func:`bypass_correction`; the settings travel in ``meta_info[BYPASS_RS_KEY]``), and reports
+    the ``rollout_corr/*`` statistics. With ``loss_type=reinforce`` the actor's loss is
+    :func:`compute_policy_loss_reinforce` with the IS weights of ``pi_theta / pi_rollout``
+    (``rollout_is``); with ``ppo_clip`` the IS weights are statistics only (the PPO ratio already
+    is that ratio: applying them would count it twice), as in verl.
 
     Returns:
         ``actor/entropy`` (the Monte-Carlo estimate ``mean(-log p_rollout)``) and
@@ -346,7 +346,7 @@ def bypass_old_log_probs(batch: DataProto, rollout_corr_config) -> dict[str, flo
     """
     tensors, rc = batch.batch, rollout_corr_config
     tensors["old_log_probs"] = tensors["rollout_log_probs"].clone()
-    if rc.rollout_rs is not None or rc.loss_type != "ppo_clip":
+    if rc.rollout_rs is not None or rc.rollout_is is not None or rc.loss_type != "ppo_clip":
         batch.meta_info[BYPASS_RS_KEY] = {
             "loss_type": rc.loss_type, "rollout_is": rc.rollout_is, "rollout_is_threshold": rc.rollout_is_threshold,
             "rollout_is_batch_normalize": bool(rc.rollout_is_batch_normalize), "rollout_rs": rc.rollout_rs,
@@ -355,31 +355,33 @@ def bypass_old_log_probs(batch: DataProto, rollout_corr_config) -> dict[str, flo
             "actor/bypass_mode": 1.0}
 
 
-def compute_bypass_rejection(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-                             settings: dict) -> torch.Tensor:
-    """Bypass mode's rejection on one micro-batch: ``response_mask`` ``[b, R]`` without the tokens
-    (or sequences) whose residual ratio ``pi_theta / pi_rollout`` (``log_prob`` detached) leaves the
-    band ``settings`` gives (``rollout_rs``, ``rollout_rs_threshold``, ``rollout_rs_threshold_lower``)."""
-    if settings["rollout_rs"] is None:
-        return response_mask
-    mask, _ = _rejection(log_prob.detach().float() - rollout_log_prob.float(), response_mask,
-                         settings["rollout_rs"], settings["rollout_rs_threshold"],
-                         settings["rollout_rs_threshold_lower"], settings["rollout_is_threshold"])
-    return mask
+def bypass_correction(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
+                      settings: dict) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
+    """Bypass mode's correction on one micro-batch, as verl's bypass-mode loss forms it: the IS
+    weights and the rejection of the residual ratio ``pi_theta / pi_rollout`` (``log_prob``
+    detached) with ``settings``' ``rollout_is`` / ``rollout_rs`` (:data:`BYPASS_RS_KEY`).
+
+    Args:
+        log_prob, rollout_log_prob, response_mask: ``[b, R]``.
+
+    Returns:
+        ``(weights [b, R] or None, response_mask [b, R] without the rejected tokens, rollout_corr/*
+        metrics)``. Only ``loss_type=reinforce`` applies the weights; with ``ppo_clip`` the ratio
+        already is ``pi_theta / pi_rollout`` and they are statistics only (verl does the same).
+    """
+    with torch.no_grad():
+        return compute_rollout_correction_and_rejection_mask(
+            log_prob.detach(), rollout_log_prob, response_mask, rollout_is=settings["rollout_is"],
+            rollout_is_threshold=settings["rollout_is_threshold"],
+            rollout_is_batch_normalize=settings["rollout_is_batch_normalize"], rollout_rs=settings["rollout_rs"],
+            rollout_rs_threshold=settings["rollout_rs_threshold"],
+            rollout_rs_threshold_lower=settings["rollout_rs_threshold_lower"])
 
 
-def bypass_is_weights(log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor,
-                      settings: dict) -> torch.Tensor | None:
-    """Bypass mode's IS weights of ``pi_theta / pi_rollout`` on one micro-batch (``log_prob``
-    detached; ``settings``' ``rollout_is`` level, threshold and batch normalisation), or None
-    without ``rollout_is``."""
-    if settings["rollout_is"] is None:
-        return None
-    weights, _ = compute_rollout_correction_weights(log_prob.detach().float() - rollout_log_prob.float(),
-                                                    response_mask, settings["rollout_is"],
-                                                    settings["rollout_is_threshold"],
-                                                    settings["rollout_is_batch_normalize"])
-    return weights
+def bypass_metric_names(settings: dict) -> list[str]:
+    """The ``rollout_corr/*`` names :func:`bypass_correction` returns for ``settings`` (sorted)."""
+    zeros = torch.zeros(1, 2)
+    return sorted(bypass_correction(zeros, zeros, torch.ones(1, 2), settings)[2])
 
 
 def compute_policy_loss_reinforce(rollout_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,

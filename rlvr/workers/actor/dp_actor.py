@@ -61,8 +61,8 @@ from rlvr.trainer.ppo.rollout_correction import (
     BYPASS_RS_KEY,
     PROX_FROM_UPDATE_KEY,
     ProxFromUpdate,
-    bypass_is_weights,
-    compute_bypass_rejection,
+    bypass_correction,
+    bypass_metric_names,
     compute_policy_loss_reinforce,
 )
 from rlvr.utils import core_lending
@@ -533,16 +533,17 @@ class DataParallelPPOActor:
             log_prob, entropy, student_topk = self._forward_topk(micro, temperature, config.entropy_coeff != 0)
         else:
             log_prob, entropy = self._forward(micro, temperature, True, entropy_grad=config.entropy_coeff != 0)
+        bypass_weights, bypass_metrics = None, {}
         if bypass_rs is not None:
-            mask = compute_bypass_rejection(log_prob, micro["rollout_log_probs"], mask, bypass_rs)
+            bypass_weights, mask, bypass_metrics = bypass_correction(log_prob, micro["rollout_log_probs"], mask,
+                                                                     bypass_rs)
         if prox is not None:
             old_log_prob, is_weights = prox.micro_batch(log_prob, micro["rollout_log_probs"], mask)
         else:
             old_log_prob, is_weights = micro["old_log_probs"], micro.get("rollout_is_weights")
         loss_fn = self.policy_loss_fn
         if bypass_rs is not None and bypass_rs["loss_type"] == "reinforce":  # verl's bypass REINFORCE
-            is_weights = bypass_is_weights(log_prob, micro["rollout_log_probs"], mask, bypass_rs)
-            loss_fn = _reinforce
+            is_weights, loss_fn = bypass_weights, _reinforce
         pg_loss, pg_metrics = loss_fn(
             old_log_prob=old_log_prob, log_prob=log_prob, advantages=micro["advantages"],
             response_mask=mask, loss_agg_mode=config.loss_agg_mode, config=self.loss_config,
@@ -571,6 +572,7 @@ class DataParallelPPOActor:
             if self.routing.aux_coef != 0:
                 loss = loss + self.routing.aux_coef * aux_loss
             values.append(aux_loss * self.sp.size)  # a sequence-parallel rank's part; the metric sums count rows once
+        values += [torch.tensor(bypass_metrics[name]) for name in sorted(bypass_metrics)]  # bypass_metric_names' order
         return loss, torch.stack([v.detach().float().cpu() for v in values])
 
     def _forward_topk(self, batch: dict[str, torch.Tensor], temperature: float, entropy_grad: bool
@@ -600,14 +602,15 @@ class DataParallelPPOActor:
         config = self.config
         micro_batches = self._micro_batches(mini, config.ppo_micro_batch_size_per_gpu, config.use_dynamic_bsz,
                                             config.ppo_max_token_len_per_gpu)
+        names = self.metric_names + (bypass_metric_names(bypass_rs) if bypass_rs is not None else [])
         update = update_mini_batch(
             self.module, self.optimizer, mini, micro_batches,
             lambda micro: self._micro_loss(micro, temperature, bypass_rs, prox),
-            len(self.metric_names), loss_agg_mode=config.loss_agg_mode, grad_clip=max_grad_norm(config),
+            len(names), loss_agg_mode=config.loss_agg_mode, grad_clip=max_grad_norm(config),
             world_size=self.world_size, device=self.device, sp_size=self.sp.size,
             clip_grad_norm_fn=self.clip_grad_norm_fn, group=self.dp_group,
         )
-        out = {name: float(v) for name, v in zip(self.metric_names, update.metric_sums)}
+        out = {name: float(v) for name, v in zip(names, update.metric_sums, strict=True)}
         out["actor/grad_norm"] = update.grad_norm
         out["actor/skipped_steps"] = 0.0 if update.stepped else 1.0
         if self.routing is not None:

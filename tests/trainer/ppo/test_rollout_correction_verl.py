@@ -126,10 +126,9 @@ def test_bypass_reinforce_in_the_actor_weights_the_policy_gradient(tmp_path):
 
 def test_config_checks_of_the_verl_forms():
     base = ["algorithm.rollout_correction.bypass_mode=true", "algorithm.rollout_correction.rollout_is=token"]
-    check_config(load_config(None, [*base, "algorithm.rollout_correction.loss_type=reinforce"]),
-                 require_data_files=False)
-    with pytest.raises(ConfigError, match="would count that gap twice"):
-        check_config(load_config(None, base), require_data_files=False)
+    for loss_type in ("reinforce", "ppo_clip"):  # ppo_clip: the IS weights are statistics only, as in verl
+        check_config(load_config(None, [*base, f"algorithm.rollout_correction.loss_type={loss_type}"]),
+                     require_data_files=False)
     with pytest.raises(ConfigError, match="not a threshold"):
         check_config(load_config(None, ["algorithm.rollout_correction.rollout_is_threshold=abc"]),
                      require_data_files=False)
