@@ -24,11 +24,12 @@ def test_entry_from_a_benchmark_result():
                "ratio_rlvr_over_trl": 0.12345, "ratio_pairwise_median": 0.1211, "ratio_cpu": 0.14,
                "rlvr": {"median_s": 1.0, "stages_median_s": {"generation": 0.41234, "update": 0.5}},
                "trl": {"median_s": 8.1}, "versions": {"torch": "2.13.0+cpu"}}
-    entry = entry_from(results, "abc123", True, 2.5, 2, "note")
+    entry = entry_from(results, "abc123", True, 0.3, 0.8, "note")
     assert entry["workload"] == WORK and entry["commit"] == "abc123" and entry["dirty"]
-    assert entry["busy"] is True  # load 2.5 on 2 cores
+    assert entry["busy"] is True and entry["busy_cores"] == 0.8  # others used 0.8 cores before it started
     assert (entry["ratio"], entry["ratio_pairwise"], entry["rlvr_stages_s"]["generation"]) == (0.1235, 0.1211, 0.412)
-    assert entry_from(results, "abc123", False, 1.5, 2, "")["busy"] is False
+    # a high load average left by a run that has just ended does not make the machine busy
+    assert entry_from(results, "abc123", False, 2.5, 0.1, "")["busy"] is False
 
 
 def test_baseline_is_the_median_of_the_last_idle_runs_of_the_same_machine_and_workload():
@@ -60,3 +61,26 @@ def test_read_history(tmp_path):
     assert read_history(path) == []
     path.write_text(json.dumps(_entry(0.1)) + "\n\n" + json.dumps(_entry(0.2)) + "\n")
     assert [e["ratio_pairwise"] for e in read_history(path)] == [0.1, 0.2]
+
+
+def test_a_recorded_run_does_not_make_the_tree_dirty(tmp_path):
+    """Each run appends to the tracked history file; only other changes make the next entry dirty."""
+    import subprocess
+
+    from benchmarks.hot_path import HISTORY_IN_REPO, git_commit
+
+    def git(*args: str) -> None:
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    history, code = tmp_path / HISTORY_IN_REPO, tmp_path / "rlvr.py"
+    history.parent.mkdir(parents=True)
+    history.write_text("{}\n")
+    code.write_text("x = 1\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "start")
+    history.write_text("{}\n{}\n")
+    commit, dirty = git_commit(tmp_path)
+    assert len(commit) == 12 and not dirty
+    code.write_text("x = 2\n")
+    assert git_commit(tmp_path) == (commit, True)
