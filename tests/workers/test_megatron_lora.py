@@ -1,0 +1,111 @@
+"""Megatron LoRA (rlvr.workers.megatron.lora) against an independent reference: the HF tiny Llama in
+float32 whose adapted linear weights are ``W + (alpha / r) B @ A`` (a functional call with the same
+full ``A``, ``B``), at tensor-parallel sizes 1 and 2 (gloo ranks): log-probs, the PPO loss and the
+gradients of every ``A`` and ``B`` (1e-5); the merged HF weights the weight sync and the export read
+equal the reference's and give its log-probs, the same for both layouts; and the full adapters of
+both layouts are the ones the seed defines (a rank's tensors are slices of them)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import AutoModelForCausalLM
+
+pytestmark = pytest.mark.megatron
+pytest.importorskip("megatron.core")
+
+from megatron_lora_ranks import TEMPERATURE, batch, ppo_loss, run_rank, spec  # noqa: E402
+
+from rlvr.workers.megatron.hf_mapping import LlamaShape  # noqa: E402
+from rlvr.workers.megatron.lora_layout import full_adapter  # noqa: E402
+
+TOL = 1e-5
+HF_LINEARS = {"linear_qkv": {"q": ["q_proj"], "k": ["k_proj"], "v": ["v_proj"], "fused": ["q_proj", "k_proj", "v_proj"]},
+              "linear_fc1": {"gate": ["gate_proj"], "up": ["up_proj"], "fused": ["gate_proj", "up_proj"]},
+              "linear_proj": {"fused": ["o_proj"]}, "linear_fc2": {"fused": ["down_proj"]}}
+SUB = {"linear_qkv": "self_attn", "linear_proj": "self_attn", "linear_fc1": "mlp", "linear_fc2": "mlp"}
+
+
+def _spawn(tp: int, kind: str, model_dir: str, out) -> dict:
+    out.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(run_rank, args=(tp, tp, port, model_dir, str(out), kind), nprocs=tp, start_method="spawn")
+    return torch.load(out / "rank0.pt")
+
+
+def hf_deltas(model, adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], scale: float) -> dict[str, torch.Tensor]:
+    """HF weight name -> ``scale * B @ A`` summed over the adapters on it (a fused ``B``'s rows split in
+    the HF weights' order)."""
+    deltas: dict[str, torch.Tensor] = {}
+    for key, (a, b) in adapters.items():
+        weight, part = key.split(":")
+        layer, module = int(weight.split(".")[3]), weight.split(".")[-2]
+        names = [f"model.layers.{layer}.{SUB[module]}.{n}.weight" for n in HF_LINEARS[module][part]]
+        rows = [model.state_dict()[n].shape[0] for n in names]
+        for name, b_rows in zip(names, torch.split(b, rows)):
+            deltas[name] = deltas.get(name, 0) + scale * b_rows @ a
+    return deltas
+
+
+def reference_log_probs(model, params: dict[str, torch.Tensor], data: dict) -> torch.Tensor:
+    logits = torch.func.functional_call(model, params, args=(), kwargs=dict(
+        input_ids=data["input_ids"], attention_mask=data["attention_mask"], position_ids=data["position_ids"])).logits
+    responses = data["responses"]
+    logits = logits[:, -responses.shape[1] - 1 : -1].float() / TEMPERATURE
+    return torch.log_softmax(logits, -1).gather(-1, responses[..., None]).squeeze(-1)
+
+
+def gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> float:
+    diff = (a - b).detach()
+    return float((diff[mask.bool()] if mask is not None else diff).abs().max())
+
+
+@pytest.mark.parametrize("kind", ["lora", "canonical_lora"])
+def test_megatron_lora_equals_the_merged_hf_reference(model_dir, tmp_path, kind):
+    runs = {tp: _spawn(tp, kind, model_dir, tmp_path / f"tp{tp}") for tp in (1, 2)}
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+    base = {name: t.detach() for name, t in hf.named_parameters()}  # a tied head once
+    shape = LlamaShape.from_hf_config(hf.config, 1)
+    lora, data = spec(kind), batch()
+    mask = data["response_mask"]
+    for tp, run in runs.items():
+        # only the adapters train; the frozen weights get no gradient
+        assert run["trainable"] == run["with_grad"] and run["trainable"]
+        assert all(".adapter." in name for name in run["trainable"])
+        # the full adapters are the seed's, whatever the layout (B non-zero: the adapters matter)
+        assert sorted(run["adapters"]) == sorted(runs[1]["adapters"])
+        for key, (a, b) in run["adapters"].items():
+            weight, part = key.split(":")
+            want_a, want_b = full_adapter(lora, shape, hf.config.hidden_size, hf.config.intermediate_size,
+                                          int(weight.split(".")[3]), weight.split(".")[-2], part)
+            assert torch.equal(a, want_a) and torch.equal(b, want_b) and b.abs().max() > 0.05, key
+        leaves = {key: (a.clone().requires_grad_(True), b.clone().requires_grad_(True))
+                  for key, (a, b) in run["adapters"].items()}
+        deltas = hf_deltas(hf, leaves, lora.scale)
+        params = {name: base[name] + deltas[name] if name in deltas else base[name] for name in base}
+        log_probs = reference_log_probs(hf, params, data)
+        loss = ppo_loss(log_probs, run["old"], data)
+        loss.backward()
+        grads = {key: max(gap(leaves[key][0].grad, g_a), gap(leaves[key][1].grad, g_b))
+                 for key, (g_a, g_b) in run["grads"].items()}
+        scale = max(float(leaves[k][i].grad.abs().max()) for k in leaves for i in (0, 1))
+        # the merged weights (weight sync, export) are the reference's, and they give its log-probs
+        merged = run["merged"]
+        merged_gap = max(gap(merged[name], params[name].detach()) for name in deltas)
+        assert all(torch.equal(merged[name], base[name]) for name in base if name not in deltas and name in merged)
+        exported = reference_log_probs(hf, {**base, **merged}, data)
+        print(f"\n{kind} tp={tp}: log-probs {gap(run['log_probs'], log_probs, mask):.1e}, loss "
+              f"{abs(run["loss"] - loss.item()):.1e}, adapter grads {max(grads.values()):.1e} (of {scale:.1e}), "
+              f"merged weights {merged_gap:.1e}, merged log-probs {gap(exported, run['log_probs'], mask):.1e}")
+        assert gap(run["log_probs"], log_probs.detach(), mask) < TOL
+        assert abs(run["loss"] - loss.item()) < TOL
+        assert max(grads.values()) < TOL * max(1.0, scale), grads
+        assert len(deltas) == {"lora": 2 * 7, "canonical_lora": 2 * 5}[kind]  # the adapted HF weights of 2 layers
+        assert merged_gap < 1e-6
+        assert gap(exported, run["log_probs"], mask) < TOL
+    assert max(gap(runs[2]["merged"][n], runs[1]["merged"][n]) for n in runs[1]["merged"]) < 1e-6
