@@ -100,7 +100,7 @@ def test_megatron_lora_equals_the_merged_hf_reference(model_dir, tmp_path, kind)
         assert all(torch.equal(merged[name], base[name]) for name in base if name not in deltas and name in merged)
         exported = reference_log_probs(hf, {**base, **merged}, data)
         print(f"\n{kind} tp={tp}: log-probs {gap(run['log_probs'], log_probs, mask):.1e}, loss "
-              f"{abs(run["loss"] - loss.item()):.1e}, adapter grads {max(grads.values()):.1e} (of {scale:.1e}), "
+              f"{abs(run['loss'] - loss.item()):.1e}, adapter grads {max(grads.values()):.1e} (of {scale:.1e}), "
               f"merged weights {merged_gap:.1e}, merged log-probs {gap(exported, run['log_probs'], mask):.1e}")
         assert gap(run["log_probs"], log_probs.detach(), mask) < TOL
         assert abs(run["loss"] - loss.item()) < TOL
