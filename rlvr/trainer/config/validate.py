@@ -44,7 +44,7 @@ from rlvr.trainer.config.validate_verl import check_verl_settings, rejection_ban
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 from rlvr.utils.registry import Registry, RegistryKeyError
 from rlvr.utils.user_code import is_object_path
-from rlvr.workers.megatron.layout import check_megatron_config, data_parallel_size
+from rlvr.workers.megatron.layout import check_megatron_config, data_parallel_size, megatron_lora
 
 PYTHON_TOOL = "rlvr.agent.tools.python_interpreter.PythonInterpreterTool"
 
@@ -541,7 +541,8 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     _check_actor(cfg)
     _check_critic(cfg)
     check_moe(cfg)
-    roles = ["actor", *(["ref"] if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0 else []),
+    lora = cfg.actor_rollout_ref.model.lora_rank > 0 or megatron_lora(cfg)  # the reference is the actor's base
+    roles = ["actor", *(["ref"] if use_reference(cfg) and not lora else []),
              *(["critic"] if cfg.critic.enable else [])]
     check_megatron_config(cfg, roles)
     _check_reward(cfg)
