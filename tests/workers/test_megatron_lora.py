@@ -7,25 +7,32 @@ both layouts are the ones the seed defines (a rank's tensors are slices of them)
 
 from __future__ import annotations
 
+import gc
 import socket
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from model_worker_utils import local_group, prompt_batch
 from transformers import AutoModelForCausalLM
 
 pytestmark = pytest.mark.megatron
 pytest.importorskip("megatron.core")
 
 from megatron_lora_ranks import TEMPERATURE, batch, ppo_loss, run_rank, spec  # noqa: E402
+from test_megatron_workers import max_diff, megatron_config, training_batch  # noqa: E402
 
+from rlvr.model_merger import main as merge_main  # noqa: E402
 from rlvr.workers.megatron.hf_mapping import LlamaShape  # noqa: E402
+from rlvr.workers.megatron.local_ranks import shutdown_local_ranks  # noqa: E402
 from rlvr.workers.megatron.lora_layout import full_adapter  # noqa: E402
+from rlvr.workers.megatron.workers import MegatronActorRolloutRefWorker  # noqa: E402
 
 TOL = 1e-5
 HF_LINEARS = {"linear_qkv": {"q": ["q_proj"], "k": ["k_proj"], "v": ["v_proj"], "fused": ["q_proj", "k_proj", "v_proj"]},
               "linear_fc1": {"gate": ["gate_proj"], "up": ["up_proj"], "fused": ["gate_proj", "up_proj"]},
               "linear_proj": {"fused": ["o_proj"]}, "linear_fc2": {"fused": ["down_proj"]}}
+ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SUB = {"linear_qkv": "self_attn", "linear_proj": "self_attn", "linear_fc1": "mlp", "linear_fc2": "mlp"}
 
 
@@ -109,3 +116,61 @@ def test_megatron_lora_equals_the_merged_hf_reference(model_dir, tmp_path, kind)
         assert merged_gap < 1e-6
         assert gap(exported, run["log_probs"], mask) < TOL
     assert max(gap(runs[2]["merged"][n], runs[1]["merged"][n]) for n in runs[1]["merged"]) < 1e-6
+
+
+@pytest.fixture
+def fresh_ranks():
+    """A worker test starts its own model-parallel ranks (the layout is global to a process)."""
+    yield
+    gc.collect()
+    shutdown_local_ranks()
+
+
+@pytest.mark.parametrize(("tp", "pp"), [(2, 1), (1, 2)])
+def test_megatron_lora_worker_trains_only_the_adapters_against_the_base_reference(model_dir, tmp_path, fresh_ranks,
+                                                                                  tp, pp):
+    config = megatron_config(model_dir, tp, pp, "actor_rollout_ref.model.lora.rank=4",
+                             "actor_rollout_ref.model.lora.alpha=8",  # the same micro-batches: the same rounding
+                             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=2",
+                             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=2")
+    mega = local_group(MegatronActorRolloutRefWorker, config, "actor_rollout_ref")
+    base = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    start = mega.get_actor_weights()[0]
+    assert start.keys() == base.keys() and all(torch.equal(start[k], base[k]) for k in base)  # B = 0: the base model
+    out = mega.generate_sequences(prompt_batch())
+    out.meta_info["temperature"] = 1.0
+    mask = out.batch["response_mask"].bool()
+    old = mega.compute_log_prob(out).batch["old_log_probs"]
+    ref = mega.compute_ref_log_prob(out).batch["ref_log_prob"]
+    assert torch.equal(old, ref)  # the initial actor is the base model exactly
+
+    # one update moves the adapted weights only; the reference stays the base model
+    batch = training_batch(out, old, ref)
+    mega.update_actor(batch)
+    after = mega.get_actor_weights()[0]
+    adapted = {k for k in base if any(f".{name}." in k for name in ADAPTED)}
+    assert len(adapted) == 14 and all(not torch.equal(after[k], base[k]) for k in adapted)
+    assert all(torch.equal(after[k], base[k]) for k in base if k not in adapted)
+    assert torch.equal(mega.compute_ref_log_prob(out).batch["ref_log_prob"], ref)
+    moved = mega.compute_log_prob(out).batch["old_log_probs"]
+    assert max_diff(moved, old, mask) > 1e-4
+
+    # the rollout's replica gets the merged weights: its sampling log-probs are the actor's
+    fresh = mega.generate_sequences(prompt_batch())
+    fresh.meta_info["temperature"] = 1.0
+    rescored = mega.compute_log_prob(fresh).batch["old_log_probs"]
+    assert max_diff(rescored, fresh.batch["rollout_log_probs"], fresh.batch["response_mask"].bool()) < 1e-5
+
+    # the export and the merged checkpoint are the merged weights; a checkpoint resumes the adapters
+    mega.export_hf(str(tmp_path / "hf"))
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
+    assert all(torch.equal(exported[k], after[k]) for k in after)
+    mega.save_checkpoint(str(tmp_path / "ckpt"))
+    assert merge_main(["merge", "--backend", "megatron", "--tie-word-embedding", "--local_dir", str(tmp_path / "ckpt"),
+                       "--target_dir", str(tmp_path / "merged")]) == 0
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").state_dict()
+    assert max(float((merged[k] - after[k]).abs().max()) for k in after) < 1e-6
+    mega.update_actor(batch)
+    assert any(not torch.equal(mega.get_actor_weights()[0][k], after[k]) for k in adapted)
+    mega.load_checkpoint(str(tmp_path / "ckpt"))
+    assert all(torch.equal(mega.get_actor_weights()[0][k], after[k]) for k in after)

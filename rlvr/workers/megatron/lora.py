@@ -143,7 +143,7 @@ def apply_lora(model: nn.Module, spec: LoraSpec) -> dict[str, LoraAdapter]:
     model.requires_grad_(False)
     dtype = getattr(torch, spec.dtype) if spec.dtype else model.gpt.config.params_dtype
     adapters: dict[str, LoraAdapter] = {}
-    first, _ = stage_layers(model.shape.num_layers, p.pp, p.pp_rank)
+    first = stage_layers(model.shape.num_layers, p.pp, p.pp_rank).start
     cfg = model.gpt.config
     for local in range(len(model.gpt.decoder.layers)):
         for site in layer_sites(spec, first + local, local):

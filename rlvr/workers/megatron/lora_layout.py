@@ -31,7 +31,8 @@ import torch
 from rlvr.workers.megatron.hf_mapping import LlamaShape, Rule, _split
 from rlvr.workers.megatron.lora_spec import LoraSpec
 
-__all__ = ["part_shapes", "full_adapter", "shard_part", "unshard_part", "fuse", "shard_delta", "init_tensor"]
+__all__ = ["part_shapes", "full_adapter", "shard_part", "unshard_part", "fuse", "shard_delta", "init_tensor",
+           "merge_shard_adapters"]
 
 def part_shapes(shape: LlamaShape, hidden: int, ffn: int, module: str, part: str) -> tuple[int, int]:
     """``(out, in)`` of the full HF weight a part adapts (a fused part: the HF weights stacked)."""
@@ -125,3 +126,24 @@ def shard_delta(shape: LlamaShape, tp: int, module: str, adapters: dict[str, tup
     if module in ("linear_proj", "linear_fc2"):
         return scale * deltas["fused"]
     return scale * fuse(shape, tp, module, {p: t.T for p, t in deltas.items()}).T
+
+
+def merge_shard_adapters(params: dict[str, torch.Tensor], shape: LlamaShape, tp: int, scale: float
+                         ) -> dict[str, torch.Tensor]:
+    """A checkpoint shard's parameters (``gpt.*`` names of one tensor-parallel rank) with every adapter
+    (``<layer>.adapter.A_<part>`` / ``B_<part>``) merged into its layer's weight and dropped: the
+    weight shards of the merged model (``shape``: cut over ``tp`` ranks; ``scale``: ``alpha / r``)."""
+    out, adapters = {}, {}
+    for name, tensor in params.items():
+        layer, sep, param = name.partition(".adapter.")
+        if sep:
+            which, part = param.split("_", 1)
+            adapters.setdefault(layer, {}).setdefault(part, {})[which] = tensor
+        else:
+            out[name] = tensor
+    for layer, parts in adapters.items():
+        weight = out[f"{layer}.weight"]
+        pairs = {part: (ab["A"], ab["B"]) for part, ab in parts.items()}
+        delta = shard_delta(shape, tp, layer.rpartition(".")[2], pairs, scale)
+        out[f"{layer}.weight"] = (weight.float() + delta).to(weight.dtype)
+    return out
