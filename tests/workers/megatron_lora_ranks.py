@@ -7,6 +7,7 @@ tensors), and the merged HF weights of ``gather_hf_weights``, saved to disk."""
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -43,13 +44,20 @@ def spec(kind: str) -> LoraSpec:
     return LoraSpec(rank=4, alpha=8.0, kind=kind, targets=targets, a_init="xavier", b_init="normal", seed=11)
 
 
-def run_rank(rank: int, world: int, tp: int, port: int, model_dir: str, out_dir: str, kind: str) -> None:
+def run_rank(rank: int, world: int, tp: int, port: int, model_dir: str, out_dir: str, kind: str,
+             dropout_position: str | None = None) -> None:
+    """``dropout_position``: with dropout 0.3 there, in training mode, the default generator seeded
+    alike on every rank (as :func:`~rlvr.workers.megatron.parallel.broadcast_rng_state` leaves it)."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     parallel = init_megatron_parallel(tp, 1, "cpu", seed=7, timeout_s=300)
     policy = policy_from_hf(AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager"), parallel)
-    apply_lora(policy, spec(kind))
+    lora = spec(kind) if dropout_position is None else replace(spec(kind), dropout=0.3,
+                                                                dropout_position=dropout_position)
+    apply_lora(policy, lora)
+    policy.train()
+    torch.manual_seed(123)
     trainable = sorted(name for name, p in policy.named_parameters() if p.requires_grad)
     data = batch()
     log_probs = policy_log_probs(policy, data, temperature=TEMPERATURE, with_entropy=False)["log_probs"]

@@ -36,12 +36,13 @@ ADAPTED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 SUB = {"linear_qkv": "self_attn", "linear_proj": "self_attn", "linear_fc1": "mlp", "linear_fc2": "mlp"}
 
 
-def _spawn(tp: int, kind: str, model_dir: str, out) -> dict:
+def _spawn(tp: int, kind: str, model_dir: str, out, dropout_position: str | None = None) -> dict:
     out.mkdir()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(run_rank, args=(tp, tp, port, model_dir, str(out), kind), nprocs=tp, start_method="spawn")
+    mp.start_processes(run_rank, args=(tp, tp, port, model_dir, str(out), kind, dropout_position), nprocs=tp,
+                       start_method="spawn")
     return torch.load(out / "rank0.pt")
 
 
@@ -116,6 +117,23 @@ def test_megatron_lora_equals_the_merged_hf_reference(model_dir, tmp_path, kind)
         assert merged_gap < 1e-6
         assert gap(exported, run["log_probs"], mask) < TOL
     assert max(gap(runs[2]["merged"][n], runs[1]["merged"][n]) for n in runs[1]["merged"]) < 1e-6
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_megatron_lora_dropout_drops_the_same_elements_in_every_layout(model_dir, tmp_path, position):
+    runs = {tp: _spawn(tp, "lora", model_dir, tmp_path / f"tp{tp}", position) for tp in (1, 2)}
+    hf = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+    base = {name: t.detach() for name, t in hf.named_parameters()}
+    data, mask = batch(), batch()["response_mask"]
+    deltas = hf_deltas(hf, runs[1]["adapters"], spec("lora").scale)
+    without = reference_log_probs(hf, {n: base[n] + deltas[n] if n in deltas else base[n] for n in base}, data)
+    one, two = runs[1], runs[2]
+    grads = max(gap(one["grads"][k][i], two["grads"][k][i]) for k in one["grads"] for i in (0, 1))
+    print(f"\ndropout {position}: tp=2 against tp=1: log-probs {gap(one['log_probs'], two['log_probs'], mask):.1e}, "
+          f"adapter grads {grads:.1e}; against no dropout {gap(one['log_probs'], without, mask):.1e}")
+    assert gap(one["log_probs"], without, mask) > 1e-3  # the dropout changes the adapters' output
+    assert gap(one["log_probs"], two["log_probs"], mask) < TOL
+    assert abs(one["loss"] - two["loss"]) < TOL and grads < TOL
 
 
 @pytest.fixture
