@@ -61,8 +61,8 @@ def hf_deltas(model, adapters: dict[str, tuple[torch.Tensor, torch.Tensor]], sca
 
 
 def reference_log_probs(model, params: dict[str, torch.Tensor], data: dict) -> torch.Tensor:
-    logits = torch.func.functional_call(model, params, args=(), kwargs=dict(
-        input_ids=data["input_ids"], attention_mask=data["attention_mask"], position_ids=data["position_ids"])).logits
+    inputs = {key: data[key] for key in ("input_ids", "attention_mask", "position_ids")}
+    logits = torch.func.functional_call(model, params, args=(), kwargs=inputs).logits
     responses = data["responses"]
     logits = logits[:, -responses.shape[1] - 1 : -1].float() / TEMPERATURE
     return torch.log_softmax(logits, -1).gather(-1, responses[..., None]).squeeze(-1)

@@ -29,8 +29,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from rlvr.workers.megatron.context_parallel import ContextParallelAttention
-from rlvr.workers.megatron.lora import adapters_disabled
 from rlvr.workers.megatron.hf_mapping import SUPPORTED_MODEL_TYPES, LlamaShape, Rule, stage_layers, stage_rules
+from rlvr.workers.megatron.lora import adapters_disabled
 from rlvr.workers.megatron.moe import MegatronRouterTap, is_moe, layer_spec, moe_config_fields, moe_problems
 from rlvr.workers.megatron.parallel import MegatronParallel
 from rlvr.workers.megatron.pipeline import receive_forward, send_forward
