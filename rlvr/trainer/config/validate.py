@@ -67,6 +67,12 @@ def use_reference(cfg: DictConfig) -> bool:
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
 
 
+def reference_in_actor(cfg: DictConfig) -> bool:
+    """The reference is the actor's model with its LoRA adapters off, not a model of its own: a
+    reference with LoRA (the FSDP engines' ``model.lora_rank`` or Megatron's ``model.lora.rank``)."""
+    return use_reference(cfg) and (cfg.actor_rollout_ref.model.lora_rank > 0 or megatron_lora(cfg))
+
+
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(key, message)
@@ -541,8 +547,7 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     _check_actor(cfg)
     _check_critic(cfg)
     check_moe(cfg)
-    lora = cfg.actor_rollout_ref.model.lora_rank > 0 or megatron_lora(cfg)  # the reference is the actor's base
-    roles = ["actor", *(["ref"] if use_reference(cfg) and not lora else []),
+    roles = ["actor", *(["ref"] if use_reference(cfg) and not reference_in_actor(cfg) else []),
              *(["critic"] if cfg.critic.enable else [])]
     check_megatron_config(cfg, roles)
     _check_reward(cfg)
