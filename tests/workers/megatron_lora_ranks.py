@@ -2,7 +2,8 @@
 can import it): the tiny Llama as a Megatron policy with LoRA adapters (B drawn non-zero, so the
 adapters matter) in the given tensor-parallel layout; log-probs of a fixed batch, the PPO loss, its
 backward, the finished gradients of the adapters and the adapters themselves (gathered to full
-tensors), and the merged HF weights of ``gather_hf_weights``, saved to disk."""
+tensors), the merged HF weights of ``gather_hf_weights`` and which parameters one step of the
+actor's optimizer changed, saved to disk."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch.distributed as dist
 from packed_batches import random_batch
 from transformers import AutoModelForCausalLM
 
+from rlvr.trainer.config.schema import OptimConfig
 from rlvr.trainer.ppo.policy_loss import compute_policy_loss
 from rlvr.workers.megatron.actor import policy_log_probs
 from rlvr.workers.megatron.grads import clip_grad_norm
@@ -21,6 +23,7 @@ from rlvr.workers.megatron.lora import apply_lora, full_adapters
 from rlvr.workers.megatron.lora_spec import LoraSpec
 from rlvr.workers.megatron.parallel import init_megatron_parallel
 from rlvr.workers.megatron.weights import gather_hf_weights, policy_from_hf
+from rlvr.workers.optimizer import build_optimizer
 
 TEMPERATURE = 0.8
 
@@ -65,10 +68,14 @@ def run_rank(rank: int, world: int, tp: int, port: int, model_dir: str, out_dir:
     loss = ppo_loss(log_probs, old, data)
     loss.backward()
     clip_grad_norm(policy, 1e9)  # finishes the gradients; nothing is clipped
-    torch.save({"tp_rank": parallel.tp_rank, "log_probs": log_probs.detach(), "old": old, "loss": loss.item(),
-                "trainable": trainable, "with_grad": sorted(n for n, p in policy.named_parameters() if p.grad is not None),
-                "adapters": full_adapters(policy, parallel.tp_group),
-                "grads": full_adapters(policy, parallel.tp_group, grads=True),
-                "merged": {name: t.clone() for name, t in gather_hf_weights(policy)}},
+    full = {"adapters": full_adapters(policy, parallel.tp_group),
+            "grads": full_adapters(policy, parallel.tp_group, grads=True),
+            "merged": {name: t.clone() for name, t in gather_hf_weights(policy)}}
+    before = {name: p.detach().clone() for name, p in policy.named_parameters()}
+    build_optimizer(policy, OptimConfig(lr=0.01)).step()  # the actor's optimizer: one step
+    changed = sorted(name for name, p in policy.named_parameters() if not torch.equal(p, before[name]))
+    torch.save({**full, "changed": changed, "tp_rank": parallel.tp_rank, "log_probs": log_probs.detach(), "old": old,
+                "loss": loss.item(), "trainable": trainable,
+                "with_grad": sorted(n for n, p in policy.named_parameters() if p.grad is not None)},
                os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()

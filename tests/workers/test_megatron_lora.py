@@ -85,6 +85,7 @@ def test_megatron_lora_equals_the_merged_hf_reference(model_dir, tmp_path, kind)
         # only the adapters train; the frozen weights get no gradient
         assert run["trainable"] == run["with_grad"] and run["trainable"]
         assert all(".adapter." in name for name in run["trainable"])
+        assert run["changed"] == run["trainable"]  # one optimizer step moves every adapter and nothing else
         # the full adapters are the seed's, whatever the layout (B non-zero: the adapters matter)
         assert sorted(run["adapters"]) == sorted(runs[1]["adapters"])
         for key, (a, b) in run["adapters"].items():

@@ -206,7 +206,7 @@ def full_adapters(model: nn.Module, group, grads: bool = False) -> dict[str, tup
         for part in adapter.site.parts:
             shards = []
             for param in adapter.pair(part):
-                t = (param.grad if grads else param).detach().contiguous()
+                t = (param.grad if grads else param).detach().clone()  # a copy, not a view of the parameter
                 if group is None:
                     shards.append([t])
                     continue
