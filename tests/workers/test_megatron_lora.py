@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from model_worker_utils import local_group, prompt_batch
+from packed_batches import tiny_model
 from transformers import AutoModelForCausalLM
 
 pytestmark = pytest.mark.megatron
@@ -73,8 +74,11 @@ def gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor | None = None) -> f
     return float((diff[mask.bool()] if mask is not None else diff).abs().max())
 
 
-@pytest.mark.parametrize("kind", ["lora", "canonical_lora"])
-def test_megatron_lora_equals_the_merged_hf_reference(model_dir, tmp_path, kind):
+@pytest.mark.parametrize(("kind", "arch"), [("lora", "llama"), ("canonical_lora", "llama"), ("lora", "qwen2")])
+def test_megatron_lora_equals_the_merged_hf_reference(model_dir, tmp_path, kind, arch):
+    if arch == "qwen2":  # q/k/v biases (added inside the fused layer's output) and tied embeddings
+        tiny_model("qwen2", seed=1).save_pretrained(tmp_path / "qwen2")
+        model_dir = str(tmp_path / "qwen2")
     runs = {tp: _spawn(tp, kind, model_dir, tmp_path / f"tp{tp}") for tp in (1, 2)}
     hf = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
     base = {name: t.detach() for name, t in hf.named_parameters()}  # a tied head once
@@ -108,7 +112,7 @@ def test_megatron_lora_equals_the_merged_hf_reference(model_dir, tmp_path, kind)
         merged_gap = max(gap(merged[name], params[name].detach()) for name in deltas)
         assert all(torch.equal(merged[name], base[name]) for name in base if name not in deltas and name in merged)
         exported = reference_log_probs(hf, {**base, **merged}, data)
-        print(f"\n{kind} tp={tp}: log-probs {gap(run['log_probs'], log_probs, mask):.1e}, loss "
+        print(f"\n{kind} {arch} tp={tp}: log-probs {gap(run['log_probs'], log_probs, mask):.1e}, loss "
               f"{abs(run['loss'] - loss.item()):.1e}, adapter grads {max(grads.values()):.1e} (of {scale:.1e}), "
               f"merged weights {merged_gap:.1e}, merged log-probs {gap(exported, run['log_probs'], mask):.1e}")
         assert gap(run["log_probs"], log_probs.detach(), mask) < TOL
