@@ -24,6 +24,8 @@ from megatron_lora_ranks import TEMPERATURE, batch, ppo_loss, run_rank, spec  # 
 from test_megatron_workers import max_diff, megatron_config, training_batch  # noqa: E402
 
 from rlvr.model_merger import main as merge_main  # noqa: E402
+from rlvr.utils.errors import WorkerError  # noqa: E402
+from rlvr.utils.tiny_moe import save_tiny_moe  # noqa: E402
 from rlvr.workers.megatron.hf_mapping import LlamaShape  # noqa: E402
 from rlvr.workers.megatron.local_ranks import shutdown_local_ranks  # noqa: E402
 from rlvr.workers.megatron.lora_layout import full_adapter  # noqa: E402
@@ -197,3 +199,10 @@ def test_megatron_lora_worker_trains_only_the_adapters_against_the_base_referenc
     assert any(not torch.equal(mega.get_actor_weights()[0][k], after[k]) for k in adapted)
     mega.load_checkpoint(str(tmp_path / "ckpt"))
     assert all(torch.equal(mega.get_actor_weights()[0][k], after[k]) for k in after)
+
+
+def test_megatron_lora_on_a_mixture_of_experts_model_is_refused_with_the_reason(tmp_path, fresh_ranks):
+    moe = str(save_tiny_moe(tmp_path / "moe", "qwen3_moe"))
+    config = megatron_config(moe, 1, 1, "actor_rollout_ref.model.lora.rank=4")
+    with pytest.raises(WorkerError, match="LoRA on a mixture-of-experts model .adapters on the experts are not in rlvr"):
+        local_group(MegatronActorRolloutRefWorker, config, "actor_rollout_ref")
