@@ -1,7 +1,9 @@
 """Merging a checkpoint of the Megatron workers: one ``megatron_tp<t>_pp<p>.pt`` per tensor-parallel rank
 ``t`` and pipeline stage ``p`` (:mod:`rlvr.workers.megatron.checkpoint`), joined into Hugging Face
 tensors by the same rules that cut them (:mod:`rlvr.workers.megatron.hf_mapping`: slicing and
-concatenation only, so the join is exact). Pure torch: megatron-core need not be installed."""
+concatenation only, so the join is exact); a LoRA actor's adapters are merged into their weights
+(``W_t + (alpha / r) B_t A``, :mod:`rlvr.workers.megatron.lora_layout`). Pure torch: megatron-core
+need not be installed."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 from rlvr.model_merger.base import BaseModelMerger, MergeError
 from rlvr.workers.megatron.hf_mapping import LlamaShape, all_stage_rules
+from rlvr.workers.megatron.lora_layout import merge_shard_adapters
 
 __all__ = ["MegatronModelMerger"]
 
@@ -60,6 +63,9 @@ class MegatronModelMerger(BaseModelMerger):
         value = self.config.is_value_model
         prefix = "backbone." if value else "model."
         shape = LlamaShape.from_hf_config(self.model_config, tp)
+        for shard in shards.values():  # a LoRA actor's adapters merged into their weights
+            if shard.get("lora_scale") is not None:
+                shard["model"] = merge_shard_adapters(shard["model"], shape, tp, shard["lora_scale"])
         state: dict[str, torch.Tensor] = {}
         for stage, name, rule in all_stage_rules(shape, pp, prefix, lm_head=not value):
             ranks = range(tp) if rule.tensor_parallel else range(1)

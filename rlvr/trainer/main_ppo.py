@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from rlvr.trainer.config import (check_config, check_names, help_config, list_presets, load_config, use_reference,
                                  validate_config)
 from rlvr.trainer.config.async_checks import rollout_apart
-from rlvr.trainer.config.validate import uses_user_code
+from rlvr.trainer.config.validate import reference_in_actor, uses_user_code
 from rlvr.trainer.config.builtin_names import BUILTIN_NAMES
 from rlvr.trainer.graceful_stop import StopNow
 from rlvr.trainer.config.validate_models import uses_reward_model
@@ -69,7 +69,7 @@ def build_role_worker_mapping(cfg: DictConfig) -> tuple[dict[Role, type], dict[R
     role_worker_mapping: dict[Role, type] = {Role.ActorRollout: _worker_classes(strategy_of(cfg, "actor"))[0]}
     if cfg.critic.enable:
         role_worker_mapping[Role.Critic] = _worker_classes(strategy_of(cfg, "critic"))[1]
-    if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0:
+    if use_reference(cfg) and not reference_in_actor(cfg):
         role_worker_mapping[Role.RefPolicy] = _worker_classes(strategy_of(cfg, "ref"))[0]
     pool_of_role = {role: GLOBAL_POOL for role in role_worker_mapping}
     if rollout_apart(cfg):  # a rollout-only worker: no training backend

@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from rlvr.trainer.config.async_checks import rollout_apart, rollout_world_size
-from rlvr.trainer.config.validate import use_reference, world_size
+from rlvr.trainer.config.validate import reference_in_actor, use_reference, world_size
 from rlvr.trainer.config.validate_models import frozen_model_notes
 from rlvr.workers.megatron.layout import context_parallel_size, data_parallel_size, megatron_sizes, strategy_of
 
@@ -23,7 +23,7 @@ def _algorithm(cfg: DictConfig) -> str:
     if not use_reference(cfg):
         reference, kl = "none", "none"
     else:
-        reference = "the actor with its LoRA adapters off" if cfg.actor_rollout_ref.model.lora_rank > 0 else "a frozen copy"
+        reference = "the actor with its LoRA adapters off" if reference_in_actor(cfg) else "a frozen copy"
         kl = " and ".join(([f"in the loss ({actor.kl_loss_type}, coef {actor.kl_loss_coef:g})"] if actor.use_kl_loss
                            else []) + ([f"in the reward ({algo.kl_penalty}, coef {algo.kl_ctrl.kl_coef:g})"]
                                        if algo.use_kl_in_reward else []))
@@ -61,7 +61,7 @@ def _updates(cfg: DictConfig, role: str, section: Any, dynamic_bsz: bool, token_
 def _placement(cfg: DictConfig) -> str:
     apart = rollout_apart(cfg)
     roles = ["actor"] if apart else ["actor", "rollout"]
-    if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0:
+    if use_reference(cfg) and not reference_in_actor(cfg):
         roles.append("reference")
     if cfg.critic.enable:
         roles.append("critic")

@@ -65,3 +65,15 @@ def test_megatron_ppo_with_a_critic_and_a_reference_trains(run):
                                        "trainer.val_before_train": False, "actor_rollout_ref.actor.use_kl_loss": True}
                ).metrics_history
     assert rows[-2]["critic/vf_loss"] > 0 and rows[-2]["actor/kl_loss"] >= 0 and rows[-2]["critic/grad_norm"] > 0
+
+
+def test_megatron_lora_grpo_trains_the_adapters_against_the_actors_base(run, tiny_model_dir, tiny_data, tmp_path):
+    lora = {"actor_rollout_ref.model.lora.rank": 4, "actor_rollout_ref.model.lora.alpha": 8,
+            "actor_rollout_ref.actor.use_kl_loss": True, "actor_rollout_ref.actor.optim.lr": 0.01}
+    mapping, _ = build_role_worker_mapping(tiny_config(tiny_model_dir, tiny_data, tmp_path, **MEGATRON, **lora))
+    assert Role.RefPolicy not in mapping  # the reference is the actor's stage with its adapters off
+    rows = run("lora", **lora, **{"trainer.report": False, "trainer.val_before_train": False,
+                                  "trainer.total_training_steps": 2}).metrics_history
+    rows = [row for row in rows if "actor/kl_loss" in row]  # the training steps (not the final validation)
+    assert [row["step"] for row in rows] == [1, 2] and all(row["actor/grad_norm"] > 0 for row in rows)
+    assert rows[0]["actor/kl_loss"] < 1e-6 < rows[1]["actor/kl_loss"]  # the actor starts as the base model, then moves

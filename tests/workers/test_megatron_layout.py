@@ -3,7 +3,10 @@ megatron-core needed: the check must work where it is not installed)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+from omegaconf import OmegaConf
 
 from rlvr.trainer.config import check_config, load_config
 from rlvr.utils.errors import ConfigError
@@ -54,7 +57,7 @@ def test_the_config_check_names_the_key(monkeypatch):
         ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4",):
             ("actor_rollout_ref.ref.megatron.tensor_model_parallel_size",
              r"\(4, 1, 1, 4\) differ from the actor's \(2, 1, 1, 2\)"),
-        ("actor_rollout_ref.model.lora_rank=8",): ("actor_rollout_ref.model.lora_rank", "LoRA is not available"),
+        ("actor_rollout_ref.model.lora_rank=8",): ("actor_rollout_ref.model.lora_rank", "FSDP engines' .peft. LoRA"),
         ("actor_rollout_ref.actor.megatron.context_parallel_size=4",):
             ("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", "tensor_model_parallel_size=2 x "
                                                                              "context_parallel_size=4"),
@@ -71,6 +74,56 @@ def test_the_config_check_names_the_key(monkeypatch):
         with pytest.raises(ConfigError, match=message) as err:
             check_megatron_config(_config(*MEGATRON_ACTOR, *overrides), ["actor", "ref"])
         assert err.value.key == key
+
+
+LORA = "actor_rollout_ref.model.lora"
+
+
+def _with(cfg, **updates):
+    """A copy of ``cfg`` with dotted-key ``updates`` (``__`` for dots): cheaper than loading a config."""
+    out = copy.deepcopy(cfg)
+    for key, value in updates.items():
+        OmegaConf.update(out, key.replace("__", "."), value, merge=False)
+    return out
+
+
+def test_megatron_lora_runs_on_a_megatron_actor_and_the_rest_is_refused_with_its_reason(monkeypatch):
+    monkeypatch.setattr(layout, "megatron_installed", lambda: True)
+    cfg = _config(*MEGATRON_ACTOR, f"{LORA}.rank=16", f"{LORA}.alpha=32")
+    check_megatron_config(cfg, ["actor"])
+    assert layout.megatron_lora(cfg) and not layout.megatron_lora(_with(cfg, **{f"{LORA}.rank": 0}))
+    lora = LORA.replace(".", "__")
+    for extra in ({f"{lora}__type": "canonical_lora",
+                   f"{lora}__target_modules": ["linear_q", "linear_v", "linear_fc1_up"]},
+                  {f"{lora}__target_modules": [], f"{lora}__exclude_modules": ["linear_fc2"], f"{lora}__dropout": 0.1,
+                   f"{lora}__dropout_position": "post", f"{lora}__lora_A_init_method": "kaiming",
+                   f"{lora}__dtype": "float32"},
+                  {f"{lora}__target_modules": ["*.layers.0.*.linear_qkv"]}):
+        check_megatron_config(_with(cfg, **extra), ["actor"])
+    cases = [  # (key, value): (the key the error names, its message)
+        (("actor_rollout_ref.actor.strategy", "fsdp2"),
+         (f"{LORA}.rank", "Megatron engine's LoRA .verl ignores it with FSDP.; with strategy=fsdp/fsdp2 set model.lora_rank")),
+        ((f"{LORA}.type", "dora"), (f"{LORA}.type", r"type=dora: weight-decomposed LoRA \(DoRA\) is not in rlvr")),
+        ((f"{LORA}.type", "vlm_lora"), (f"{LORA}.type", "vision-language models is not in rlvr")),
+        (("critic.model.lora.rank", 4), ("critic.model.lora.rank", "Megatron LoRA is for the actor")),
+        (("actor_rollout_ref.actor.megatron.override_transformer_config", {"sequence_parallel": True}),
+            ("actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel",
+             "LoRA with sequence_parallel is not in rlvr")),
+        ((f"{LORA}.type", "canonical_lora"),
+         (LORA, "'linear_qkv' .a type=lora name.: type=canonical_lora takes linear_q")),
+        ((f"{LORA}.target_modules", ["linear_q"]), (LORA, "'linear_q' .a type=canonical_lora name.: type=lora takes")),
+        ((f"{LORA}.exclude_modules", ["linear_fc2"]), (LORA, r"exclude_modules needs target_modules=\[\]")),
+        ((f"{LORA}.target_modules", []), (LORA, "target_modules is empty")),
+        ((f"{LORA}.dropout_position", "middle"), (LORA, "dropout_position='middle': pre or post")),
+        ((f"{LORA}.lora_B_init_method", "orthogonal"),
+         (LORA, "lora_B_init_method='orthogonal': one of xavier, kaiming")),
+        ((f"{LORA}.dropout", 1.0), (LORA, r"dropout=1.0: must be in \[0, 1\)")),
+        ((f"{LORA}.dtype", "int8"), (LORA, "dtype='int8'")),
+    ]
+    for (path, value), (key, message) in cases:
+        with pytest.raises(ConfigError, match=message) as err:
+            check_megatron_config(_with(cfg, **{path.replace(".", "__"): value}), ["actor"])
+        assert err.value.key == key, path
 
 
 def test_megatron_without_megatron_core_says_how_to_install(monkeypatch):

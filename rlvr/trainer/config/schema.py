@@ -63,6 +63,23 @@ class DataConfig:
 
 # ---------------------------------------------------------------------------------- model / optim
 @dataclass
+class MegatronLoraConfig:
+    """verl's ``model.lora``: LoRA adapters of a strategy=megatron actor (rlvr.workers.megatron.lora).
+    The FSDP engines' LoRA is ``model.lora_rank`` / ``lora_alpha`` / ``target_modules`` (peft)."""
+
+    rank: int = _f(0, "LoRA rank of the Megatron actor's adapters; 0 = no adapters (the actor only: strategy=megatron)")
+    alpha: float = _f(32, "the adapters' output is scaled by alpha / rank")
+    type: str = _f("lora", "lora (one adapter on each fused layer: linear_qkv, linear_fc1) | canonical_lora (one on each of q, k, v, gate, up, as peft places them)")
+    dropout: float = _f(0.0, "dropout probability on the adapters (training only)")
+    dropout_position: str = _f("pre", "where the dropout is: pre (the adapter's input) | post (its output)")
+    target_modules: list = _f(["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"], "adapted Megatron layers: linear_qkv, linear_proj, linear_fc1, linear_fc2 (type=canonical_lora: linear_q, linear_k, linear_v, linear_proj, linear_fc1_gate, linear_fc1_up, linear_fc2), or globs of full names such as '*.layers.0.*.linear_qkv' (the layer index in the whole model)")
+    exclude_modules: list = _f([], "with target_modules=[]: every layer of the type except these")
+    lora_A_init_method: str = _f("xavier", "initial A: xavier (normal) | kaiming (uniform) | normal (std 0.2) | zero")
+    lora_B_init_method: str = _f("zero", "initial B: the same choices; zero starts from the base model exactly")
+    dtype: Optional[str] = _f(None, "dtype of the adapters' parameters: float32 | bfloat16 | float16 (None = the model's)")
+
+
+@dataclass
 class ModelConfig:
     path: str = _f("smollm2-135m-instruct", "hub id, local directory, .gguf file or 'smollm2-135m-instruct' (embedded)")
     tokenizer_path: Optional[str] = _f(None, "tokenizer location if different from path")
@@ -80,6 +97,7 @@ class ModelConfig:
     exclude_modules: Any = _f(None, "LoRA: module names (or a regex) left without adapters")
     override_config: dict = _f({}, "values that replace the model config's own (e.g. attention_dropout: 0.0), given to from_pretrained; an MoE model's {output_router_logits: true, router_aux_loss_coef: 0.01} puts its routers' load-balancing loss into the actor's loss")
     external_lib: Any = _f(None, "verl's key: a module (or .py file, or a list) of your own imported before the model is built; rlvr imports it like trainer.user_modules")
+    lora: MegatronLoraConfig = _sub(MegatronLoraConfig, "verl's Megatron LoRA section (strategy=megatron actor; the FSDP engines use lora_rank)")
 
 
 @dataclass

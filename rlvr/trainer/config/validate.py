@@ -44,7 +44,7 @@ from rlvr.trainer.config.validate_verl import check_verl_settings, rejection_ban
 from rlvr.utils.errors import VLLM_MISSING, ConfigError
 from rlvr.utils.registry import Registry, RegistryKeyError
 from rlvr.utils.user_code import is_object_path
-from rlvr.workers.megatron.layout import check_megatron_config, data_parallel_size
+from rlvr.workers.megatron.layout import check_megatron_config, data_parallel_size, megatron_lora
 
 PYTHON_TOOL = "rlvr.agent.tools.python_interpreter.PythonInterpreterTool"
 
@@ -65,6 +65,12 @@ def world_size(cfg: DictConfig) -> int:
 def use_reference(cfg: DictConfig) -> bool:
     """A reference policy exists only for a KL term (in the loss or in the reward)."""
     return bool(cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward)
+
+
+def reference_in_actor(cfg: DictConfig) -> bool:
+    """The reference is the actor's model with its LoRA adapters off, not a model of its own: a
+    reference with LoRA (the FSDP engines' ``model.lora_rank`` or Megatron's ``model.lora.rank``)."""
+    return use_reference(cfg) and (cfg.actor_rollout_ref.model.lora_rank > 0 or megatron_lora(cfg))
 
 
 def _require(condition: bool, key: str, message: str) -> None:
@@ -541,7 +547,7 @@ def check_config(cfg: DictConfig, require_data_files: bool = True, estimator_nee
     _check_actor(cfg)
     _check_critic(cfg)
     check_moe(cfg)
-    roles = ["actor", *(["ref"] if use_reference(cfg) and cfg.actor_rollout_ref.model.lora_rank == 0 else []),
+    roles = ["actor", *(["ref"] if use_reference(cfg) and not reference_in_actor(cfg) else []),
              *(["critic"] if cfg.critic.enable else [])]
     check_megatron_config(cfg, roles)
     _check_reward(cfg)

@@ -164,9 +164,16 @@ RULES: tuple[Rule, ...] = (
     _refused("*.model.mtp.*", "multi-token prediction (MTP) heads are not in rlvr; set model.mtp.enable=false",
              gate=("*.model.mtp.enable", (False,))),
     _same("actor_rollout_ref.rollout.mtp", "the rollout follows model.mtp (refused when enabled)"),
-    _refused("*.model.lora.*", "Megatron-Bridge LoRA is not in rlvr; rlvr's LoRA is model.lora_rank / "
-             "lora_alpha / target_modules (peft, FSDP engine): set model.lora.rank=0 and use those",
+    _note("*.model.lora.merge", "rlvr's rollout engines always take the merged weights W + (alpha/rank) B A (the "
+          "model the adapters give; verl's false sends the adapters to vLLM instead, the same model)", (True,),
+          gate=("*.model.lora.rank", (0,))),
+    _note("*.model.lora.a2a_experimental", "an all-to-all communication switch of Megatron-Bridge's adapters on "
+          "expert layers (rlvr adapts dense layers)", (False,), gate=("*.model.lora.rank", (0,))),
+    _refused("*.model.lora.adapter_path", "rlvr starts Megatron LoRA adapters fresh; to continue a run, resume its "
+             "rlvr checkpoint (trainer.resume_mode), or merge the adapters into the model first", (None,),
              gate=("*.model.lora.rank", (0,))),
+    _same("*.model.lora.freeze_*", "read only by Megatron-Bridge's vlm_lora type (refused); with lora and "
+          "canonical_lora the base model is frozen and only the adapters train, whatever the value"),
     _note("*.model.use_liger", "Liger kernels are a library rlvr does not use (the same math in "
           "transformers' modules; model.use_fused_kernels fuses the log-prob head)", (False,)),
     _note("*.model.use_shm", "rlvr loads the model from its path; a copy in /dev/shm only speeds up loading",

@@ -67,6 +67,7 @@ from rlvr.trainer.async_schedule.placement import ROLLOUT_GROUP, start_rollout_g
 from rlvr.trainer.checkpoint import RunCheckpoints
 from rlvr.trainer.config import to_config, use_reference, validate_config, world_size
 from rlvr.trainer.config.async_checks import rollout_apart
+from rlvr.trainer.config.validate import reference_in_actor
 from rlvr.trainer.data import StatefulBatchIterator, collate_fn as default_collate_fn
 from rlvr.trainer.data import create_rl_dataset, create_rl_sampler
 from rlvr.trainer.generations import REWARD_EXTRA_INFO, dump_batch
@@ -186,7 +187,7 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
         self.reward_fn, self.val_reward_fn = reward_fn, val_reward_fn
         self.device_name = device_name or _resolve_device(self.config.trainer.device)
         self.use_reference = use_reference(self.config)
-        self.ref_in_actor = self.use_reference and self.config.actor_rollout_ref.model.lora_rank > 0
+        self.ref_in_actor = reference_in_actor(self.config)
         self.use_critic = bool(self.config.critic.enable)
         self.rollout_apart = rollout_apart(self.config)
         self.rollout_correction = rollout_correction_config(self.config)

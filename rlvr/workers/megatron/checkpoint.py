@@ -8,7 +8,9 @@ renamed. With expert parallelism the ranks of one stage hold different experts: 
 holds those experts (expert-data-parallel rank 0). Nothing is gathered, so a checkpoint costs each rank its own shard, and it loads into the
 same tensor x pipeline layout (any data-parallel size); another layout is refused with the sizes
 it was written with. ``export_hf`` gathers the full weights to write a Hugging Face folder, which
-starts a run of any strategy and layout.
+starts a run of any strategy and layout. A LoRA actor's shards hold its frozen weights and its
+adapters (``...adapter.A_<part>`` / ``B_<part>``) with ``lora_scale``; its export (and
+``rlvr.model_merger``) gives the merged weights.
 """
 
 from __future__ import annotations
@@ -47,6 +49,12 @@ def _layout(module: nn.Module, parallel: MegatronParallel) -> dict[str, int]:
     return sizes
 
 
+def _lora_scale(module: nn.Module) -> float | None:
+    """``alpha / r`` of the module's LoRA adapters (what ``rlvr.model_merger`` merges with); None without."""
+    adapters = getattr(module, "lora_adapters", {})
+    return next(iter(adapters.values())).spec.scale if adapters else None
+
+
 def save_megatron_state(path: str | os.PathLike, module: nn.Module, optimizer: torch.optim.Optimizer | None,
                         scheduler: Any, parallel: MegatronParallel) -> None:
     """Write this rank's shard of the model, optimizer and scheduler states into the folder ``path``
@@ -59,6 +67,7 @@ def save_megatron_state(path: str | os.PathLike, module: nn.Module, optimizer: t
             "model": {name: param.detach().cpu() for name, param in module.named_parameters()},
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
+            "lora_scale": _lora_scale(module),
         }, _file(Path(path), module, parallel))
     dist.barrier()
 

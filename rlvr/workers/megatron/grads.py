@@ -11,7 +11,8 @@ After the micro-batches of a mini-batch have been accumulated, :func:`clip_grad_
 2. with tied embeddings over several pipeline stages, sums the gradient of the embedding (first
    stage) and of its copy in the LM head (last stage), so both copies take the same step;
 3. computes the global norm over all ranks, counting every weight once: tensor-parallel slices on
-   every rank, replicated weights (norms, the value head) on tensor-parallel rank 0 only, the tied
+   every rank, replicated weights (norms, the value head, LoRA's replicated ``A``/``B``) on
+   tensor-parallel rank 0 only, the tied
    head's copy not at all, each expert's slices on the ranks of one expert-data-parallel copy;
 4. scales the gradients by ``min(1, max_norm / (norm + 1e-6))``, like ``torch.nn.utils.clip_grad_norm_``.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rlvr.workers.megatron.lora import lora_rules
 from rlvr.workers.megatron.model import MegatronStage
 
 __all__ = ["clip_grad_norm"]
@@ -49,7 +51,8 @@ def clip_grad_norm(model: MegatronStage, max_norm: float) -> float:
     nothing is clipped). A collective over every rank of the model."""
     p = model.parallel
     named = [(name, param.grad) for name, param in model.named_parameters() if param.grad is not None]
-    is_expert = {name: model.rules[name].expert is not None for name, _ in named}
+    rules = {**model.rules, **lora_rules(model)}  # frozen weights have no gradient; adapters do
+    is_expert = {name: rules[name].expert is not None for name, _ in named}
     if p.dp_cp_group is not None:  # summed over context-parallel peers, averaged over data-parallel ones
         _average_over_data_parallel([g for n, g in named if not is_expert[n]], p.dp, p.dp_cp_group)
     if p.dp_group is not None:  # experts: summed over the ranks holding the same ones, divided by dp
@@ -64,7 +67,7 @@ def clip_grad_norm(model: MegatronStage, max_norm: float) -> float:
     for name, grad in named:
         if is_expert[name]:
             expert_squares += grad.double().square().sum()
-        elif (model.rules[name].tensor_parallel or p.tp_rank == 0) and not (tied_copy and name == TIED_HEAD):
+        elif (rules[name].tensor_parallel or p.tp_rank == 0) and not (tied_copy and name == TIED_HEAD):
             squares += grad.double().square().sum()
     if p.mp_group is not None:
         dist.all_reduce(squares, group=p.mp_group)

@@ -13,12 +13,13 @@ import math
 from typing import TYPE_CHECKING
 
 from rlvr.utils.errors import ConfigError
+from rlvr.workers.megatron.lora_spec import LoraSpec
 
 if TYPE_CHECKING:
     from rlvr.trainer.config.schema import RefMegatronConfig
 
 __all__ = ["MEGATRON_INSTALL", "megatron_installed", "strategy_of", "megatron_sizes", "context_parallel_size",
-           "expert_sizes", "data_parallel_size", "check_megatron_config"]
+           "expert_sizes", "data_parallel_size", "check_megatron_config", "check_megatron_lora", "megatron_lora"]
 
 MEGATRON_INSTALL = "pip install 'rlvr[megatron]' (or `make setup-megatron` in a clone)"
 """How to install the Megatron backend, for error messages."""
@@ -108,8 +109,8 @@ def _check_role(cfg, role: str) -> None:
     model, model_key = ((cfg.critic.model, "critic.model") if role == "critic"
                         else (cfg.actor_rollout_ref.model, "actor_rollout_ref.model"))
     if model.lora_rank > 0:
-        raise ConfigError(f"{model_key}.lora_rank", "LoRA is not available with strategy=megatron; train all "
-                          "weights (lora_rank=0) or use strategy=fsdp2")
+        raise ConfigError(f"{model_key}.lora_rank", "model.lora_rank is the FSDP engines' (peft) LoRA; with "
+                          "strategy=megatron set model.lora.rank (and lora.alpha, lora.target_modules) instead")
     t = cfg.trainer
     workers = t.nnodes * t.n_gpus_per_node
     if t.backend == "ray" and workers % (tp * cp * pp):
@@ -148,10 +149,43 @@ def _check_experts(cfg, role: str, key: str) -> None:
                           "token budgets give them different ones. Use micro-batches by count")
 
 
+def megatron_lora(cfg) -> bool:
+    """Whether the actor trains Megatron LoRA adapters (``actor_rollout_ref.model.lora.rank > 0``)."""
+    return cfg.actor_rollout_ref.model.lora.rank > 0
+
+
+def check_megatron_lora(cfg) -> None:
+    """Raise :class:`ConfigError` for ``model.lora`` settings rlvr does not run: on a role that is not a
+    Megatron actor, sequence parallelism, types other than lora / canonical_lora, bad values."""
+    if cfg.critic.model.lora.rank > 0:
+        raise ConfigError("critic.model.lora.rank", "Megatron LoRA is for the actor; the critic trains all its weights "
+                          "(set critic.model.lora.rank=0; FSDP critics have critic.model.lora_rank)")
+    if not megatron_lora(cfg):
+        return
+    key = "actor_rollout_ref.model.lora"
+    if strategy_of(cfg, "actor") != "megatron":
+        raise ConfigError(f"{key}.rank", "model.lora is the Megatron engine's LoRA (verl ignores it with FSDP); with "
+                          "strategy=fsdp/fsdp2 set model.lora_rank, lora_alpha and target_modules instead")
+    lora = cfg.actor_rollout_ref.model.lora
+    if lora.type in ("dora", "vlm_lora"):
+        what = "weight-decomposed LoRA (DoRA)" if lora.type == "dora" else "LoRA of vision-language models"
+        raise ConfigError(f"{key}.type", f"type={lora.type}: {what} is not in rlvr's Megatron engine; use lora or "
+                          "canonical_lora")
+    overrides = dict(cfg.actor_rollout_ref.actor.megatron.override_transformer_config)
+    if overrides.get("sequence_parallel"):
+        raise ConfigError("actor_rollout_ref.actor.megatron.override_transformer_config.sequence_parallel",
+                          "LoRA with sequence_parallel is not in rlvr (its adapters run on whole sequences); "
+                          "leave sequence_parallel off")
+    problems = LoraSpec.from_config(lora).problems()
+    if problems:
+        raise ConfigError(key, "; ".join(problems))
+
+
 def check_megatron_config(cfg, roles: list[str]) -> None:
     """Raise :class:`ConfigError` when a role of ``roles`` (the model roles the run starts) uses
-    Megatron without megatron-core, with LoRA, with sizes that do not
-    fit the workers, or with sizes other than another Megatron role of the same processes."""
+    Megatron without megatron-core, with sizes that do not fit the workers, or with sizes other than
+    another Megatron role of the same processes; and for ``model.lora`` settings rlvr does not run."""
+    check_megatron_lora(cfg)
     megatron_roles = [role for role in roles if strategy_of(cfg, role) == "megatron"]
     for role in megatron_roles:
         _check_role(cfg, role)

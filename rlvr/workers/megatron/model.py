@@ -19,6 +19,8 @@ only this rank's positions of every (padded) sequence and attends over the keys 
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
+
 import torch
 import torch.nn.functional as F
 from megatron.core.models.gpt.gpt_model import GPTModel
@@ -28,6 +30,7 @@ from transformers import PretrainedConfig
 
 from rlvr.workers.megatron.context_parallel import ContextParallelAttention
 from rlvr.workers.megatron.hf_mapping import SUPPORTED_MODEL_TYPES, LlamaShape, Rule, stage_layers, stage_rules
+from rlvr.workers.megatron.lora import adapters_disabled
 from rlvr.workers.megatron.moe import MegatronRouterTap, is_moe, layer_spec, moe_config_fields, moe_problems
 from rlvr.workers.megatron.parallel import MegatronParallel
 from rlvr.workers.megatron.pipeline import receive_forward, send_forward
@@ -144,6 +147,11 @@ class MegatronStage(nn.Module):
             f"gpt.{name}": rule for name, rule in stage_rules(self.shape, parallel.pp, parallel.pp_rank, prefix,
                                                                 lm_head, parallel.ep_rank).items()
         }
+
+    def disable_adapter(self) -> AbstractContextManager[None]:
+        """A block in which the stage runs without its LoRA adapters (peft's name; the reference of a
+        LoRA run, :func:`~rlvr.workers.megatron.lora.adapters_disabled`)."""
+        return adapters_disabled(self)
 
     def _rotary(self, position_ids: torch.Tensor) -> torch.Tensor:
         """``[s, b, 1, head_dim]`` rotary angles of ``position_ids [b, s]`` (HF's ``cat(freqs, freqs)``)."""

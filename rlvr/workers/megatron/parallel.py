@@ -183,12 +183,16 @@ def init_megatron_parallel(tp: int, pp: int, device: str, seed: int, timeout_s: 
 
 
 def broadcast_rng_state(parallel: MegatronParallel) -> None:
-    """Give every rank that shares the data (context-parallel and model-parallel peers) the CPU RNG
-    state of its model's first rank, so that random choices made on the data (the mini-batch shuffle)
-    agree across them: context-parallel rank 0's state to its group, then model-parallel rank 0's."""
+    """Give every rank that shares the data (context-parallel and model-parallel peers) the CPU (and
+    CUDA) RNG state of its model's first rank, so that random choices made on the data (the mini-batch
+    shuffle, LoRA's dropout masks) agree across them: context-parallel rank 0's state to its group,
+    then model-parallel rank 0's."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     for group in (parallel.cp_group, parallel.mp_group):
         if group is None:
             continue
-        state = [torch.get_rng_state()]
+        state = [torch.get_rng_state(), torch.cuda.get_rng_state() if cuda else None]
         dist.broadcast_object_list(state, src=dist.get_global_rank(group, 0), group=group)
         torch.set_rng_state(state[0])
+        if cuda:
+            torch.cuda.set_rng_state(state[1])

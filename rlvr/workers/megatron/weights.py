@@ -3,7 +3,8 @@
 :func:`load_hf_state` copies this rank's slices of a Hugging Face state dict into the stage.
 :func:`gather_hf_weights` yields the full HF tensors, one megatron parameter at a time: the
 tensor-parallel slices are all-gathered within the stage, then the stage's tensors are broadcast
-over the pipeline, so every rank gets every tensor (a collective: all ranks iterate in step). The
+over the pipeline, so every rank gets every tensor (a collective: all ranks iterate in step); a
+LoRA-adapted weight is given merged, ``W + (alpha / r) B A`` (:mod:`~rlvr.workers.megatron.lora`). The
 rollout engines' weight sync, ``export_hf`` and ``get_actor_weights`` read it.
 """
 
@@ -17,6 +18,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from rlvr.workers.megatron.hf_mapping import all_stage_rules, shard_state
+from rlvr.workers.megatron.lora import merged_shard
 from rlvr.workers.megatron.model import MegatronPolicy, MegatronStage, MegatronValueModel, check_supported
 from rlvr.workers.megatron.parallel import MegatronParallel
 from rlvr.workers.models import CriticModel
@@ -59,8 +61,8 @@ def _stage_tensors(model: MegatronStage, params: dict, name: str, rule) -> list[
     expert's: expert-tensor-parallel) all-gathered, an expert's then broadcast from the
     expert-parallel rank that holds it. None on the ranks of other stages."""
     p = model.parallel
-    if rule.expert is None:
-        local = params[f"gpt.{name}"].detach()
+    if rule.expert is None:  # a LoRA-adapted weight's shard with its adapter merged in
+        local = merged_shard(model, f"gpt.{name}", params[f"gpt.{name}"].detach())
         return rule.unshard(_all_gather(local, p.tp, p.tp_group) if rule.tensor_parallel else [local])
     tensors = None
     if rule.owner == p.ep_rank:

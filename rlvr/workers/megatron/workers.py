@@ -19,6 +19,9 @@ batches and gets the same outputs; ``main_ppo`` picks the classes from ``strateg
   never reused as ``old_log_probs``: the HF replica and the Megatron model agree to about 1e-5,
   not exactly.
 - Checkpoints: one shard per model-parallel rank (:mod:`~rlvr.workers.megatron.checkpoint`).
+- LoRA (``actor_rollout_ref.model.lora.rank > 0``): the actor's weights are frozen and adapters
+  train (:mod:`~rlvr.workers.megatron.lora`); the weight sync and the export take the merged
+  weights; the reference is the actor's stage with the adapters disabled.
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ from rlvr.workers.megatron.actor import MegatronPPOActor, MegatronPPOCritic
 from rlvr.workers.megatron.checkpoint import export_megatron_hf, load_megatron_state, save_megatron_state
 from rlvr.workers.fsdp import compute_dtype
 from rlvr.workers.megatron.dist_checkpoint import load_dist_checkpoint
-from rlvr.workers.megatron.layout import (context_parallel_size, data_parallel_size, expert_sizes, megatron_section,
-                                          megatron_sizes)
+from rlvr.workers.megatron.layout import (context_parallel_size, data_parallel_size, expert_sizes, megatron_lora,
+                                          megatron_section, megatron_sizes)
 from rlvr.workers.megatron.local_ranks import attach_local_ranks, helper_rank, on_every_rank
+from rlvr.workers.megatron.lora import apply_lora
+from rlvr.workers.megatron.lora_spec import LoraSpec
 from rlvr.workers.megatron.model import transformer_overrides
 from rlvr.workers.megatron.parallel import MegatronParallel, init_megatron_parallel
 from rlvr.workers.megatron.weights import gather_hf_weights, policy_from_hf, value_model_from_hf
@@ -91,6 +96,7 @@ def _join(worker) -> MegatronParallel:
     parallel = init_megatron_parallel(tp, pp, worker.device, seed, float(worker.config.trainer.call_timeout_s),
                                       context_parallel_size(worker.config, worker.megatron_role), ep, etp)
     set_seed(seed)
+    worker.megatron_seed = seed  # also the seed of LoRA adapters' initial values
     return parallel
 
 
@@ -100,6 +106,14 @@ def _load_dist_checkpoint(module, megatron: RefMegatronConfig, prefix: str = "mo
     config = module.backbone.config if prefix == "backbone." else module.config
     load_dist_checkpoint(module, megatron.dist_checkpointing_path, config, megatron.dist_checkpointing_prefix,
                          prefix, lm_head)
+
+
+def _load_merged(hf: PreTrainedModel, module) -> None:
+    """Copy the stage's gathered weights (adapters merged) into the HF model (collective)."""
+    state = hf.state_dict()
+    with torch.no_grad():
+        for name, tensor in gather_hf_weights(module):
+            state[name].copy_(tensor)
 
 
 class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
@@ -138,7 +152,13 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
         if megatron.use_dist_checkpointing:  # the policy and the rollout's replica start from it; the
             self._hf_source = None  # reference reloads the HF weights unless its own section says so too
             _load_dist_checkpoint(hf, megatron)
-        module = policy_from_hf(hf, self.parallel, transformer_overrides(megatron, cfg.model)).to(self.device)
+        module = policy_from_hf(hf, self.parallel, transformer_overrides(megatron, cfg.model))
+        if megatron_lora(self.config):  # the weights freeze; the adapters train
+            spec = LoraSpec.from_config(cfg.model.lora, self.megatron_seed)
+            apply_lora(module, spec)
+            if spec.b_init != "zero":  # the adapters change the model from the start: the rollout's replica too
+                _load_merged(hf, module)
+        module = module.to(self.device)
         if self._is_rollout and helper_rank() is None:
             self._rollout_replica = hf.to(self.device)
         optimizer = build_optimizer(module, cfg.actor.optim)
@@ -158,6 +178,14 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
             super()._init_rollout(cfg)
 
     def _init_ref(self, cfg) -> None:
+        """The reference: a frozen policy of its own or, when this worker's actor trains LoRA adapters,
+        the actor's stage with its adapters disabled (the base weights, shared)."""
+        self._ref_shares_actor = self._is_actor and megatron_lora(self.config)
+        if self._ref_shares_actor:
+            self.ref = MegatronPPOActor(cfg.actor, self.actor_module, None, mini_batch_size=1,
+                                        log_prob_micro_batch_size=cfg.ref.log_prob_micro_batch_size_per_gpu,
+                                        compute_dtype=compute_dtype(cfg.actor.megatron, self.actor_module))
+            return
         overrides = transformer_overrides(cfg.ref.megatron, cfg.model)
         hf = self._hf_model(cfg)
         if cfg.ref.megatron.use_dist_checkpointing:
