@@ -51,15 +51,17 @@ def _plot(path: Path, title: str, left: dict[str, tuple[list[int], list[float]]]
         ax.plot(steps, values, color="tab:red", label=label)
     ax.set_xlabel("step")
     ax.set_ylabel(left_label)
-    other = ax.twinx() if right else None
+    # a second axis only beside left-hand series: alone, the right-hand ones take the main axis
+    other = (ax.twinx() if left else ax) if right else None
     for i, (label, (steps, values)) in enumerate(right.items()):
         other.plot(steps, values, marker="o", markersize=3, color=("tab:blue", "tab:green", "tab:purple")[i % 3],
                    label=label)
     if other is not None:
         other.set_ylabel(right_label)
         other.set_ylim(0, 1.02)
-    handles = [h for a in (ax, other) if a is not None for h in a.get_legend_handles_labels()[0]]
-    labels = [lbl for a in (ax, other) if a is not None for lbl in a.get_legend_handles_labels()[1]]
+    axes = [ax] if other in (None, ax) else [ax, other]
+    handles = [h for a in axes for h in a.get_legend_handles_labels()[0]]
+    labels = [lbl for a in axes for lbl in a.get_legend_handles_labels()[1]]
     ax.legend(handles, labels, fontsize=7, loc="lower right")
     ax.set_title(title)
     ax.grid(alpha=0.3)
