@@ -21,7 +21,8 @@ pytestmark = pytest.mark.megatron
 pytest.importorskip("megatron.core")
 
 from megatron_lora_ranks import TEMPERATURE, batch, ppo_loss, run_rank, spec  # noqa: E402
-from test_megatron_workers import max_diff, megatron_config, training_batch  # noqa: E402
+from test_megatron_workers import (assert_export_is, assert_rollout_follows_the_actor, max_diff,  # noqa: E402
+                                   megatron_config, training_batch)
 
 from rlvr.model_merger import main as merge_main  # noqa: E402
 from rlvr.utils.errors import WorkerError  # noqa: E402
@@ -181,15 +182,10 @@ def test_megatron_lora_worker_trains_only_the_adapters_against_the_base_referenc
     assert max_diff(moved, old, mask) > 1e-4
 
     # the rollout's replica gets the merged weights: its sampling log-probs are the actor's
-    fresh = mega.generate_sequences(prompt_batch())
-    fresh.meta_info["temperature"] = 1.0
-    rescored = mega.compute_log_prob(fresh).batch["old_log_probs"]
-    assert max_diff(rescored, fresh.batch["rollout_log_probs"], fresh.batch["response_mask"].bool()) < 1e-5
+    assert_rollout_follows_the_actor(mega)
 
     # the export and the merged checkpoint are the merged weights; a checkpoint resumes the adapters
-    mega.export_hf(str(tmp_path / "hf"))
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
-    assert all(torch.equal(exported[k], after[k]) for k in after)
+    assert_export_is(mega, after, tmp_path / "hf")
     mega.save_checkpoint(str(tmp_path / "ckpt"))
     assert merge_main(["merge", "--backend", "megatron", "--tie-word-embedding", "--local_dir", str(tmp_path / "ckpt"),
                        "--target_dir", str(tmp_path / "merged")]) == 0

@@ -103,15 +103,25 @@ def test_megatron_actor_matches_fsdp(model_dir, tp, pp, tmp_path):
     # the rollout's replica follows the gathered shards: same greedy text, sampling log-probs agree
     greedy = prompt_batch(validate=True)
     assert torch.equal(fsdp.generate_sequences(greedy).batch["responses"], mega.generate_sequences(greedy).batch["responses"])
+    assert_rollout_follows_the_actor(mega)
+
+    # the export is a plain Hugging Face folder with the gathered weights
+    assert_export_is(mega, after, tmp_path / "hf")
+
+
+def assert_rollout_follows_the_actor(mega) -> None:
+    """The rollout replica's sampling log-probs equal the actor's recomputed ones (fp32, 1e-5)."""
     fresh = mega.generate_sequences(prompt_batch())
     fresh.meta_info["temperature"] = 1.0
     rescored = mega.compute_log_prob(fresh).batch["old_log_probs"]
     assert max_diff(rescored, fresh.batch["rollout_log_probs"], fresh.batch["response_mask"].bool()) < 1e-5
 
-    # the export is a plain Hugging Face folder with the gathered weights
-    mega.export_hf(str(tmp_path / "hf"))
-    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").state_dict()
-    assert all(torch.equal(exported[k], after[k]) for k in after)
+
+def assert_export_is(mega, weights: dict, folder) -> None:
+    """``export_hf`` into ``folder`` gives a Hugging Face model with exactly ``weights``."""
+    mega.export_hf(str(folder))
+    exported = AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    assert all(torch.equal(exported[k], weights[k]) for k in weights)
 
 
 def test_megatron_checkpoint_resumes_exactly(model_dir, tmp_path):
