@@ -43,10 +43,11 @@ def test_the_readme_is_short_and_answers_the_first_questions_in_order():
     assert "[the numbers](#the-numbers)" in intro  # the numbers are pointed to from the first paragraph
 
 
-def test_the_headline_table_has_the_five_results_each_linked_to_its_measurement():
+def test_the_headline_table_has_the_seven_results_each_linked_to_its_measurement():
     rows = [line for line in _section(README, "The numbers").splitlines() if line.startswith("| ")][1:]
     assert [row.split(" | ")[0].lstrip("| ").split(",")[0].split(" (")[0] for row in rows] == [
-        "main job", "tool job", "vision job", "CPU against TRL 1.16", "GPU against TRL 1.16"]
+        "main job", "tool job", "vision job", "reward-model job", "distillation job", "CPU against TRL 1.16",
+        "GPU against TRL 1.16"]
     for row in rows:
         assert re.search(r"\]\(docs/[\w/]+\.md(#[\w-]+)?\)", row), row
 
