@@ -29,10 +29,11 @@ import zlib
 import torch
 
 from rlvr.workers.megatron.hf_mapping import LlamaShape, Rule, _split
-from rlvr.workers.megatron.lora_spec import LoraSpec
+from rlvr.workers.megatron.lora_spec import ROW_PARALLEL, LoraSpec
 
 __all__ = ["part_shapes", "full_adapter", "shard_part", "unshard_part", "fuse", "shard_delta", "init_tensor",
            "merge_shard_adapters"]
+
 
 def part_shapes(shape: LlamaShape, hidden: int, ffn: int, module: str, part: str) -> tuple[int, int]:
     """``(out, in)`` of the full HF weight a part adapts (a fused part: the HF weights stacked)."""
@@ -83,7 +84,7 @@ def shard_part(shape: LlamaShape, module: str, part: str, a: torch.Tensor, b: to
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rank ``rank``'s ``(A, B)`` of a full part: a column layer's ``A`` whole and ``B``'s rows cut like the
     weight's rows (a fused ``B`` by the weight's own rule); a row layer's ``A`` columns cut, ``B`` whole."""
-    if module in ("linear_proj", "linear_fc2"):
+    if module in ROW_PARALLEL:
         return _split(a, tp, 1)[rank].clone(), b.clone()
     if part == "fused":
         return a.clone(), _fused_rule(shape, module).shard(_hf_rows(shape, module, b), tp, rank)
@@ -93,7 +94,7 @@ def shard_part(shape: LlamaShape, module: str, part: str, a: torch.Tensor, b: to
 def unshard_part(shape: LlamaShape, module: str, part: str, a_shards: list[torch.Tensor],
                  b_shards: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """The full ``(A, B)`` of a part from every tensor-parallel rank's (inverse of :func:`shard_part`)."""
-    if module in ("linear_proj", "linear_fc2"):
+    if module in ROW_PARALLEL:
         return torch.cat(a_shards, dim=1), b_shards[0]
     if part == "fused":
         return a_shards[0], torch.cat(_fused_rule(shape, module).unshard(b_shards))
@@ -123,7 +124,7 @@ def shard_delta(shape: LlamaShape, tp: int, module: str, adapters: dict[str, tup
     """``scale * B @ A`` of one rank's adapters, float32, shaped like the rank's weight shard
     (``[out / tp, in]`` column, ``[out, in / tp]`` row); ``adapters``: part -> ``(A, B)``."""
     deltas = {part: b.float() @ a.float() for part, (a, b) in adapters.items()}
-    if module in ("linear_proj", "linear_fc2"):
+    if module in ROW_PARALLEL:
         return scale * deltas["fused"]
     return scale * fuse(shape, tp, module, {p: t.T for p, t in deltas.items()}).T
 

@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-__all__ = ["LoraSpec", "Site", "FUSED_TARGETS", "CANONICAL_TARGETS", "INIT_METHODS", "LORA_TYPES", "layer_sites"]
+__all__ = ["LoraSpec", "Site", "ROW_PARALLEL", "FUSED_TARGETS", "CANONICAL_TARGETS", "INIT_METHODS", "LORA_TYPES", "layer_sites"]
 
 LORA_TYPES = ("lora", "canonical_lora")
 """verl's ``model.lora.type`` values rlvr runs (``dora``, ``vlm_lora`` are refused)."""
 
+ROW_PARALLEL = ("linear_proj", "linear_fc2")
+"""The row-parallel layers (``A`` cut over the ranks, ``B`` whole); the others are column parallel."""
 FUSED_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
 """``type=lora`` targets (verl's default ``target_modules``)."""
 CANONICAL_TARGETS = ("linear_q", "linear_k", "linear_v", "linear_proj", "linear_fc1_gate", "linear_fc1_up",
@@ -125,7 +127,7 @@ class Site:
     @property
     def column(self) -> bool:
         """Column parallel (``linear_qkv``, ``linear_fc1``); else row parallel."""
-        return self.module in ("linear_qkv", "linear_fc1")
+        return self.module not in ROW_PARALLEL
 
 
 def _matches(name: str, full: str, patterns: tuple[str, ...]) -> bool:
@@ -138,7 +140,7 @@ def layer_sites(spec: LoraSpec, layer: int, local: int) -> list[Site]:
     for module in FUSED_TARGETS:
         path = f"decoder.layers.{local}.{_SUBMODULE[module]}.{module}"
         full = f"decoder.layers.{layer}.{_SUBMODULE[module]}"
-        if spec.kind == "lora" or module in ("linear_proj", "linear_fc2"):
+        if spec.kind == "lora" or module in ROW_PARALLEL:
             names = [(module, "fused")]
         else:
             names = list(_PARTS[module])
