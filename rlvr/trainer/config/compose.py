@@ -7,7 +7,8 @@ verl's defaults (``--config-path DIR --config-name NAME`` with ``defaults: [ppo_
 config groups such as ``model_engine=megatron``). rlvr hands both to hydra-core itself:
 
 - :func:`parse_overrides` parses the command line with Hydra's own grammar (``OverridesParser``);
-- :func:`compose` composes with Hydra's ``compose`` API. rlvr's configs are registered in Hydra's
+- :func:`compose` composes with Hydra's ``compose`` API (or, for ``ppo_trainer`` with plain
+  overrides, the same steps without it: :func:`compose_default`). rlvr's configs are registered in Hydra's
   ``ConfigStore`` (always on the search path, whatever ``hydra.searchpath`` a user's YAML names):
   ``rlvr_base`` (the schema's defaults, a preset on top), ``ppo_trainer`` and
   ``ppo_megatron_trainer`` and the ``model_engine`` group (the YAML files in ``hydra/`` next to this
@@ -18,6 +19,7 @@ The composed config is plain (untyped); :mod:`rlvr.trainer.config.loader` types 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from collections.abc import Sequence
@@ -133,7 +135,9 @@ def resolve_config_dir(config_path: str | None) -> Path | None:
 
 def compose(base: dict, config_name: str | None, config_dir: Path | None, overrides: Sequence[str]) -> DictConfig:
     """Compose ``config_name`` (default ``ppo_trainer``) from ``config_dir`` (or rlvr's configs)
-    with Hydra, ``base`` as ``rlvr_base``, and apply ``overrides``.
+    with Hydra, ``base`` as ``rlvr_base``, and apply ``overrides``. ``ppo_trainer`` without a config
+    folder and with plain overrides (most loads) is built the same way without Hydra's compose
+    (:func:`compose_default`).
 
     Returns:
         the composed plain config (no ``hydra`` node).
@@ -142,11 +146,20 @@ def compose(base: dict, config_name: str | None, config_dir: Path | None, overri
         ConfigError: a config that is not found, a config group option that does not exist, or an
             override Hydra cannot apply, with Hydra's reason.
     """
+    name = (config_name or DEFAULT_CONFIG_NAME).removesuffix(".yaml").removesuffix(".yml")
+    if config_dir is None and name == DEFAULT_CONFIG_NAME:
+        plain = compose_default(base, overrides)
+        if plain is not None:
+            return plain
+    return compose_with_hydra(base, name, config_dir, overrides)
+
+
+def compose_with_hydra(base: dict, name: str, config_dir: Path | None, overrides: Sequence[str]) -> DictConfig:
+    """:func:`compose` by Hydra's ``compose`` API (``name`` without its ``.yaml``)."""
     hydra = _hydra()
     from hydra.errors import HydraException, MissingConfigException
 
     _store(base)
-    name = (config_name or DEFAULT_CONFIG_NAME).removesuffix(".yaml").removesuffix(".yml")
     try:
         with warnings.catch_warnings():
             _quiet()
@@ -161,6 +174,42 @@ def compose(base: dict, config_name: str | None, config_dir: Path | None, overri
                           f"{f' (and the YAML files in {config_dir})' if config_dir else ''}") from None
     except HydraException as err:
         raise ConfigError(_failed_key(err), _first_line(err)) from None
+
+
+@functools.cache
+def _default_groups() -> dict:
+    """The config group options ``ppo_trainer.yaml``'s defaults list picks (``model_engine: dp``), merged:
+    what Hydra puts on top of ``rlvr_base`` when the command line picks no group."""
+    chosen = OmegaConf.create()
+    for entry in OmegaConf.load(CONFIG_DIR / f"{DEFAULT_CONFIG_NAME}.yaml").defaults:
+        if isinstance(entry, DictConfig):
+            for group, option in entry.items():
+                chosen = OmegaConf.merge(chosen, OmegaConf.load(CONFIG_DIR / str(group) / f"{option}.yaml"))
+    return OmegaConf.to_container(chosen)
+
+
+def compose_default(base: dict, overrides: Sequence[str]) -> DictConfig | None:
+    """What :func:`compose` returns for ``ppo_trainer`` without a config folder, built without Hydra's
+    compose (about 0.3 s a load, most of a test's config load), or None when the overrides need
+    Hydra: a config group, a package, ``+key`` (Hydra checks the key is new), ``~key`` or list
+    appends. Each override's value is Hydra's own parse (:func:`parse_overrides`) and is set as Hydra
+    sets it: ``key=value`` merged onto an existing key of the struct config, ``++key=value`` added or
+    merged. An override Hydra would refuse returns None too, so that Hydra's own error is raised.
+
+    ``tests/trainer/config/test_compose_default.py`` holds it equal to Hydra's compose."""
+    parsed = parse_overrides(overrides)
+    if any(o.package is not None or o.key_or_group in GROUPS or o.key_or_group.startswith("hydra.")
+           or o.type.name not in ("CHANGE", "FORCE_ADD") for o in parsed):
+        return None
+    cfg = OmegaConf.merge(OmegaConf.create(base), _default_groups())  # merge copies the cached dict
+    OmegaConf.set_struct(cfg, True)
+    for override in parsed:
+        try:
+            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True,
+                             force_add=override.is_force_add())
+        except Exception:  # noqa: BLE001 - Hydra composes again and raises its own error
+            return None
+    return cfg
 
 
 def _first_line(err: Exception) -> str:
