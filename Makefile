@@ -19,7 +19,7 @@ PYTEST_ARGS ?=
 PYTEST_WORKERS ?= 2
 XDIST := -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: setup setup-vllm setup-megatron train train-tools train-moe train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
+.PHONY: setup setup-vllm setup-megatron train train-tools train-moe moe-summary train-vision train-rm train-distill test test-slow test-all test-vllm test-megatron bench bench-guard hooks bench-faults bench-long bench-async gpu-rehearsal docs docs-serve docs-reference clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -85,6 +85,10 @@ MOE_REPLAY ?= R3
 train-moe: setup data/arith/test.jsonl runs/moe/model/config.json
 	$(PY) -m rlvr.trainer.main_ppo --preset moe_job actor_rollout_ref.actor.fsdp_config.router_replay.mode=$(MOE_REPLAY) \
 		trainer.experiment_name=moe_$(MOE_REPLAY) trainer.default_local_dir=runs/moe/$(MOE_REPLAY) $(ARGS)
+
+# after both runs: runs/moe/R3/summary.md and moe_replay.png (accuracy and mismatch, R3 against none)
+moe-summary: setup
+	$(PY) -m rlvr.data_prep.model_jobs_summary moe runs/moe/R3 --baseline runs/moe/disabled
 
 # a reward model: preference pairs (right vs wrong sums) from the main job's own samples, a score head
 # on the embedded SmolLM2-135M trained on them (Bradley-Terry), then GRPO with it as the only reward

@@ -12,10 +12,15 @@ experts of every token (``rollout.enable_rollout_routing_replay``). On the rollo
   trainer routing by itself (``before``) and replaying the rollout's experts (``after``, R3). The gap
   that remains after replay is the bf16 arithmetic alone.
 
+With ``--model`` the model is a saved MoE (the MoE job's upcycled SmolLM2, or a checkpoint of its
+run exported to HF) and the prompts are the chat prompts of ``--data`` (the job's held-out questions),
+sampled at temperature 1 like the job's rollout.
+
 Usage::
 
     python -m benchmarks.bench_moe_replay --arch qwen3_moe --json moe_replay.json
     python -m benchmarks.bench_moe_replay --arch mixtral --hidden 128 --layers 4 --experts 16
+    python -m benchmarks.bench_moe_replay --model runs/moe/model --data data/arith/test.jsonl --response-len 20
 """
 
 from __future__ import annotations
@@ -24,12 +29,14 @@ import argparse
 import copy
 import json
 import sys
+from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RlvrConfig
+from rlvr.utils.model import load_causal_lm, load_tokenizer
 from rlvr.utils.testing import tiny_tokenizer
 from rlvr.utils.tiny_moe import TINY_MOE_ARCHS, tiny_moe_lm
 from rlvr.utils.torch_functional import compute_position_ids
@@ -50,6 +57,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--response-len", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", help="a saved Hugging Face MoE model folder with its tokenizer (instead of a "
+                        "tiny random --arch model)")
+    parser.add_argument("--data", default="data/arith/test.jsonl", help="with --model: JSONL rows whose 'prompt' "
+                        "is a chat; the first --prompts rows are used")
     parser.add_argument("--json", help="write the results here")
     return parser.parse_args(argv)
 
@@ -68,6 +79,21 @@ def _prompts(count: int, seed: int) -> DataProto:
                                         "position_ids": compute_position_ids(mask)})
 
 
+def _chat_prompts(path: str, count: int, tokenizer) -> DataProto:
+    """The first ``count`` chat prompts of the JSONL ``path`` through the tokenizer's chat template, left-padded."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()[:count]]
+    texts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows]
+    encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    width = max(len(ids) for ids in encoded)
+    ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros(len(encoded), width, dtype=torch.long)
+    for row, tokens in enumerate(encoded):
+        ids[row, width - len(tokens):] = torch.tensor(tokens)
+        mask[row, width - len(tokens):] = 1
+    return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask,
+                                        "position_ids": compute_position_ids(mask)})
+
+
 def _actor(model: torch.nn.Module, mode: str) -> DataParallelPPOActor:
     config = OmegaConf.structured(RlvrConfig).actor_rollout_ref.actor
     return DataParallelPPOActor(config, model, None, mini_batch_size=1, log_prob_micro_batch_size=16, world_size=1,
@@ -81,13 +107,23 @@ def _gap(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor) -> dict[str, floa
 
 def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
-    model = tiny_moe_lm(args.arch, seed=args.seed, hidden_size=args.hidden, num_hidden_layers=args.layers,
-                        num_experts=args.experts, top_k=args.top_k, expert_size=args.hidden // 2)
+    if args.model:
+        model, tokenizer = load_causal_lm(args.model).eval(), load_tokenizer(args.model)
+        prompts = _chat_prompts(args.data, args.prompts, tokenizer)
+        config = model.config
+        described = {"path": args.model, "arch": config.model_type, "layers": config.num_hidden_layers,
+                     "experts": getattr(config, "num_local_experts", getattr(config, "num_experts", None)),
+                     "top_k": config.num_experts_per_tok, "data": args.data}
+    else:
+        model = tiny_moe_lm(args.arch, seed=args.seed, hidden_size=args.hidden, num_hidden_layers=args.layers,
+                            num_experts=args.experts, top_k=args.top_k, expert_size=args.hidden // 2)
+        tokenizer, prompts = tiny_tokenizer(), _prompts(args.prompts, args.seed)
+        described = {"arch": args.arch, "hidden": args.hidden, "layers": args.layers, "experts": args.experts,
+                     "top_k": args.top_k}
     rollout_cfg = OmegaConf.structured(RlvrConfig).actor_rollout_ref.rollout
     rollout_cfg.response_length, rollout_cfg.enable_rollout_routing_replay = args.response_len, True
-    engine = HFRollout(rollout_cfg, copy.deepcopy(model).to(torch.bfloat16), tiny_tokenizer(), "cpu", seed=args.seed,
+    engine = HFRollout(rollout_cfg, copy.deepcopy(model).to(torch.bfloat16), tokenizer, "cpu", seed=args.seed,
                        owns_module=True)
-    prompts = _prompts(args.prompts, args.seed)
     prompts.meta_info["n"] = args.samples
     out = engine.generate_sequences(prompts)
     out.meta_info["temperature"] = 1.0
@@ -101,8 +137,7 @@ def run(args: argparse.Namespace) -> dict:
     differs = (theirs.sort(-1).values != ours.sort(-1).values).any(-1)  # [B, R, layers]
     rollout_lp = out.batch["rollout_log_probs"]
     return {
-        "model": {"arch": args.arch, "hidden": args.hidden, "layers": args.layers, "experts": args.experts,
-                  "top_k": args.top_k},
+        "model": described,
         "rows": int(response.shape[0]), "response_tokens": int(response.sum()), "compared_tokens": int(known.sum()),
         "rollout": "hf engine, bfloat16", "trainer": "actor, float32",
         "topk_differs": float(differs[known].float().mean()),

@@ -1,9 +1,10 @@
-"""Summaries of the two model-based jobs: a learned reward model as the only reward (``make train-rm``)
-and on-policy distillation (``make train-distill``), each a ``summary.md`` / ``summary.json`` and a
-plot in its run folder::
+"""Summaries of the model jobs: a learned reward model as the only reward (``make train-rm``),
+on-policy distillation (``make train-distill``) and the MoE job's two runs (``make train-moe``), each
+a ``summary.md`` / ``summary.json`` and a plot in its run folder::
 
     python -m rlvr.data_prep.model_jobs_summary rm runs/rlvr/rm_job --rm-summary runs/rlvr/rm_model/rm_summary.json
     python -m rlvr.data_prep.model_jobs_summary distill runs/rlvr/distill_job --baseline runs/rlvr/main_job
+    python -m rlvr.data_prep.model_jobs_summary moe runs/moe/R3 --baseline runs/moe/disabled
 
 - **rm**: the reward model's held-out pair accuracy (from the RM trainer), the policy's held-out
   greedy accuracy measured by the rule (``val/acc``) before and after, and the reward model's mean
@@ -13,6 +14,10 @@ plot in its run folder::
   main job's run), the teacher's accuracy (the main job's final ``val/acc``: the teacher is its
   exported model), and the first step at which each run came within 5 points of it
   (``distill_vs_grpo.png``).
+- **moe**: the MoE job with rollout routing replay (R3) beside the same run without it: held-out
+  accuracy by step, and the rollout/training mismatch of each step, ``|log p_rollout - log p_actor|``
+  over the response tokens (mean and max, ``training/rollout_log_probs_diff_*``): its mean over the
+  run's steps and its largest value (``moe_replay.png``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from typing import Any
 from rlvr.trainer.report import metric_series
 from rlvr.trainer.tracking import read_metrics
 
-__all__ = ["rm_summary", "distill_summary", "first_step_within", "main"]
+__all__ = ["rm_summary", "distill_summary", "moe_summary", "first_step_within", "main"]
 
 WITHIN_POINTS = 5.0
 
@@ -47,8 +52,8 @@ def _plot(path: Path, title: str, left: dict[str, tuple[list[int], list[float]]]
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    for label, (steps, values) in left.items():
-        ax.plot(steps, values, color="tab:red", label=label)
+    for i, (label, (steps, values)) in enumerate(left.items()):
+        ax.plot(steps, values, color=("tab:red", "tab:orange")[i % 2], label=label)
     ax.set_xlabel("step")
     ax.set_ylabel(left_label)
     # a second axis only beside left-hand series: alone, the right-hand ones take the main axis
@@ -125,6 +130,49 @@ def distill_summary(run_dir: str | Path, baseline_dir: str | Path) -> dict[str, 
     return result
 
 
+MISMATCH_MEAN, MISMATCH_MAX = "training/rollout_log_probs_diff_mean", "training/rollout_log_probs_diff_max"
+
+
+def _mismatch(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's per-step mismatch: the steps' mean ``|Δ log p|`` averaged and their largest max."""
+    means = metric_series(rows, MISMATCH_MEAN).get(MISMATCH_MEAN, ([], []))
+    maxes = metric_series(rows, MISMATCH_MAX).get(MISMATCH_MAX, ([], []))
+    if not means[1]:
+        raise ValueError(f"no {MISMATCH_MEAN} in the run's metrics: the MoE job logs it every step")
+    steps = [row for row in rows if "timing_s/step" in row]
+    return {"val_acc_by_step": _val_curve(rows), "mismatch_mean": sum(means[1]) / len(means[1]),
+            "mismatch_max": max(maxes[1]), "mismatch_mean_by_step": dict(zip(*means)),
+            "steps": len(steps), "s_per_step": sum(row["timing_s/step"] for row in steps) / max(1, len(steps))}
+
+
+def moe_summary(run_dir: str | Path, baseline_dir: str | Path) -> dict[str, Any]:
+    """Summarise the MoE job's run with routing replay against the run without it (module docstring)."""
+    run_dir, baseline_dir = Path(run_dir), Path(baseline_dir)
+    replay, plain = _mismatch(read_metrics(run_dir / "metrics.jsonl")), _mismatch(read_metrics(baseline_dir / "metrics.jsonl"))
+    _plot(run_dir / "moe_replay.png", "MoE job: routing replay (R3) against none",
+          {"mean |Δlog p| rollout vs actor, R3": _series(replay["mismatch_mean_by_step"]),
+           "mean |Δlog p| rollout vs actor, no replay": _series(plain["mismatch_mean_by_step"])},
+          {"held-out accuracy, R3": _series(replay["val_acc_by_step"]),
+           "held-out accuracy, no replay": _series(plain["val_acc_by_step"])},
+          "mean |Δ log p| per step", "held-out greedy accuracy")
+    result = {"replay": replay, "no_replay": plain,
+              "mismatch_mean_ratio": replay["mismatch_mean"] / plain["mismatch_mean"],
+              "mismatch_max_ratio": replay["mismatch_max"] / plain["mismatch_max"]}
+    (run_dir / "summary.json").write_text(json.dumps(result, indent=1) + "\n")
+    rows = [f"| {name} | {run['val_acc_by_step']} | {run['mismatch_mean']:.4f} | {run['mismatch_max']:.3f} | "
+            f"{run['s_per_step']:.0f} |" for name, run in (("R3", replay), ("no replay", plain))]
+    (run_dir / "summary.md").write_text("\n".join([
+        "# The MoE job: rollout routing replay (R3) against none", "",
+        "| run | held-out accuracy by step | mean \\|Δlog p\\| | max \\|Δlog p\\| | s/step |", "|---|---|---|---|---|",
+        *rows, "", f"R3 / none: mean mismatch x{result['mismatch_mean_ratio']:.2f}, "
+        f"max x{result['mismatch_max_ratio']:.2f}", "", "![routing replay](moe_replay.png)", ""]))
+    return result
+
+
+def _series(curve: dict) -> tuple[list[int], list[float]]:
+    return [int(step) for step in curve], [float(value) for value in curve.values()]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="job", required=True)
@@ -134,8 +182,12 @@ def main(argv: list[str] | None = None) -> None:
     distill = sub.add_parser("distill", help="on-policy distillation")
     distill.add_argument("run")
     distill.add_argument("--baseline", default="runs/rlvr/main_job")
+    moe = sub.add_parser("moe", help="the MoE job: routing replay against none")
+    moe.add_argument("run", help="the run with router_replay.mode=R3")
+    moe.add_argument("--baseline", default="runs/moe/disabled", help="the run without routing replay")
     args = parser.parse_args(argv)
-    result = rm_summary(args.run, args.rm_summary) if args.job == "rm" else distill_summary(args.run, args.baseline)
+    result = (rm_summary(args.run, args.rm_summary) if args.job == "rm" else
+              distill_summary(args.run, args.baseline) if args.job == "distill" else moe_summary(args.run, args.baseline))
     print(json.dumps(result, indent=1))
 
 

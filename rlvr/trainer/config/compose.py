@@ -190,7 +190,7 @@ def _default_groups() -> dict:
 
 def compose_default(base: dict, overrides: Sequence[str]) -> DictConfig | None:
     """What :func:`compose` returns for ``ppo_trainer`` without a config folder, built without Hydra's
-    compose (about 0.3 s a load, most of a test's config load), or None when the overrides need
+    compose (it saves about 0.1 s of a 0.45 s config load), or None when the overrides need
     Hydra: a config group, a package, ``+key`` (Hydra checks the key is new), ``~key`` or list
     appends. Each override's value is Hydra's own parse (:func:`parse_overrides`) and is set as Hydra
     sets it: ``key=value`` merged onto an existing key of the struct config, ``++key=value`` added or
