@@ -39,7 +39,7 @@ from rlvr.trainer.config.schema import RlvrConfig
 from rlvr.utils.model import load_causal_lm, load_tokenizer
 from rlvr.utils.testing import tiny_tokenizer
 from rlvr.utils.tiny_moe import TINY_MOE_ARCHS, tiny_moe_lm
-from rlvr.utils.torch_functional import compute_position_ids
+from rlvr.utils.torch_functional import compute_position_ids, left_pad
 from rlvr.workers.actor.dp_actor import DataParallelPPOActor
 from rlvr.workers.moe.layout import ROUTED_EXPERTS
 from rlvr.workers.rollout import HFRollout
@@ -84,12 +84,7 @@ def _chat_prompts(path: str, count: int, tokenizer) -> DataProto:
     rows = [json.loads(line) for line in Path(path).read_text().splitlines()[:count]]
     texts = [tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False) for row in rows]
     encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-    width = max(len(ids) for ids in encoded)
-    ids = torch.full((len(encoded), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(encoded), width, dtype=torch.long)
-    for row, tokens in enumerate(encoded):
-        ids[row, width - len(tokens):] = torch.tensor(tokens)
-        mask[row, width - len(tokens):] = 1
+    ids, mask = left_pad(encoded, max(len(tokens) for tokens in encoded), tokenizer.pad_token_id)
     return DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask,
                                         "position_ids": compute_position_ids(mask)})
 

@@ -216,12 +216,7 @@ def rollout_config(response_length: int = 64, prompt_length: int = 64, **multi_t
 
 def prompt_batch(tokenizer, prompt_ids: list[list[int]], non_tensors: dict | None = None, **meta) -> DataProto:
     """Left-padded prompts as an engine input."""
-    width = max(len(p) for p in prompt_ids)
-    ids = torch.full((len(prompt_ids), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros(len(prompt_ids), width, dtype=torch.long)
-    for i, row in enumerate(prompt_ids):
-        ids[i, width - len(row):] = torch.tensor(row)
-        mask[i, width - len(row):] = 1
+    ids, mask = left_pad(prompt_ids, max(len(p) for p in prompt_ids), tokenizer.pad_token_id)
     tensors = {"input_ids": ids, "attention_mask": mask, "position_ids": compute_position_ids(mask)}
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors or {}, meta_info=meta)
 
