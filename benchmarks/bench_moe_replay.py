@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.config.schema import RlvrConfig
+from rlvr.trainer.ppo.metric_utils import infer_moe_num_experts
 from rlvr.utils.model import load_causal_lm, load_tokenizer
 from rlvr.utils.testing import tiny_tokenizer
 from rlvr.utils.tiny_moe import TINY_MOE_ARCHS, tiny_moe_lm
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> dict:
         prompts = _chat_prompts(args.data, args.prompts, tokenizer)
         config = model.config
         described = {"path": args.model, "arch": config.model_type, "layers": config.num_hidden_layers,
-                     "experts": getattr(config, "num_local_experts", getattr(config, "num_experts", None)),
+                     "experts": infer_moe_num_experts(config),
                      "top_k": config.num_experts_per_tok, "data": args.data}
     else:
         model = tiny_moe_lm(args.arch, seed=args.seed, hidden_size=args.hidden, num_hidden_layers=args.layers,

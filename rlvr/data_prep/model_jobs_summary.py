@@ -39,6 +39,16 @@ def _val_curve(rows: list[dict[str, Any]]) -> dict[int, float]:
     return {int(row["step"]): float(row["val/acc"]) for row in rows if "val/acc" in row}
 
 
+def _step_seconds(rows: list[dict[str, Any]]) -> list[float]:
+    """Each training step's wall time (``timing_s/step``), in order."""
+    return [float(row["timing_s/step"]) for row in rows if "timing_s/step" in row]
+
+
+def _series(curve: dict) -> tuple[list[int], list[float]]:
+    """``{step: value}`` as the ``(steps, values)`` a plot takes."""
+    return [int(step) for step in curve], [float(value) for value in curve.values()]
+
+
 def first_step_within(curve: dict[int, float], target: float, points: float = WITHIN_POINTS) -> int | None:
     """The first step whose accuracy is at most ``points`` (percentage points) below ``target``."""
     return next((step for step, acc in sorted(curve.items()) if 100 * (target - acc) <= points), None)
@@ -81,18 +91,18 @@ def rm_summary(run_dir: str | Path, rm_summary_file: str | Path) -> dict[str, An
     rows = read_metrics(run_dir / "metrics.jsonl")
     rm = json.loads(Path(rm_summary_file).read_text())
     val = _val_curve(rows)
-    steps = [row for row in rows if "timing_s/step" in row]
+    step_seconds = _step_seconds(rows)
     rm_score = metric_series(rows, "reward/*/reward_model/mean_score")
     rule = {"rule's accuracy of the samples (train/acc)": metric_series(rows, "train/acc")["train/acc"],
-            "held-out greedy accuracy by the rule (val/acc)": (list(val), list(val.values()))}
+            "held-out greedy accuracy by the rule (val/acc)": _series(val)}
     _plot(run_dir / "rm_vs_rule.png", "reward model's score (the reward) beside the rule's accuracy",
           {f"reward model's mean score ({key.split('/')[1]})": curve for key, curve in rm_score.items()}, rule,
           "reward-model score", "accuracy by the rule")
     first, last = min(val), max(val)
     result = {"rm_val_pair_accuracy": rm["val_pair_accuracy_after"], "rm_val_pair_accuracy_untrained": rm["val_pair_accuracy_before"],
               "rm_train_pairs": rm["train_pairs"], "val_acc_before": val[first], "val_acc_after": val[last],
-              "gain_points": 100 * (val[last] - val[first]), "steps": len(steps),
-              "train_s": sum(row["timing_s/step"] for row in steps), "val_acc_by_step": val,
+              "gain_points": 100 * (val[last] - val[first]), "steps": len(step_seconds),
+              "train_s": sum(step_seconds), "val_acc_by_step": val,
               "rm_score_first_last": {k: (v[1][0], v[1][-1]) for k, v in rm_score.items()},
               "train_acc_first_last": (rule["rule's accuracy of the samples (train/acc)"][1][0],
                                        rule["rule's accuracy of the samples (train/acc)"][1][-1])}
@@ -115,8 +125,8 @@ def distill_summary(run_dir: str | Path, baseline_dir: str | Path) -> dict[str, 
     student, grpo = _val_curve(read_metrics(run_dir / "metrics.jsonl")), _val_curve(read_metrics(baseline_dir / "metrics.jsonl"))
     teacher = grpo[max(grpo)]
     _plot(run_dir / "distill_vs_grpo.png", f"held-out accuracy; teacher {100 * teacher:.0f}%", {},
-          {"distillation + GRPO (student)": (list(student), list(student.values())),
-           "GRPO alone (the teacher's run)": (list(grpo), list(grpo.values()))}, "", "held-out greedy accuracy")
+          {"distillation + GRPO (student)": _series(student), "GRPO alone (the teacher's run)": _series(grpo)},
+          "", "held-out greedy accuracy")
     result = {"teacher_acc": teacher, "student_by_step": student, "grpo_by_step": grpo,
               "student_first_within_5": first_step_within(student, teacher),
               "grpo_first_within_5": first_step_within(grpo, teacher)}
@@ -139,10 +149,10 @@ def _mismatch(rows: list[dict[str, Any]]) -> dict[str, Any]:
     maxes = metric_series(rows, MISMATCH_MAX).get(MISMATCH_MAX, ([], []))
     if not means[1]:
         raise ValueError(f"no {MISMATCH_MEAN} in the run's metrics: the MoE job logs it every step")
-    steps = [row for row in rows if "timing_s/step" in row]
+    step_seconds = _step_seconds(rows)
     return {"val_acc_by_step": _val_curve(rows), "mismatch_mean": sum(means[1]) / len(means[1]),
             "mismatch_max": max(maxes[1]), "mismatch_mean_by_step": dict(zip(*means)),
-            "steps": len(steps), "s_per_step": sum(row["timing_s/step"] for row in steps) / max(1, len(steps))}
+            "steps": len(step_seconds), "s_per_step": sum(step_seconds) / max(1, len(step_seconds))}
 
 
 def moe_summary(run_dir: str | Path, baseline_dir: str | Path) -> dict[str, Any]:
@@ -167,10 +177,6 @@ def moe_summary(run_dir: str | Path, baseline_dir: str | Path) -> dict[str, Any]
         *rows, "", f"R3 / none: mean mismatch x{result['mismatch_mean_ratio']:.2f}, "
         f"max x{result['mismatch_max_ratio']:.2f}", "", "![routing replay](moe_replay.png)", ""]))
     return result
-
-
-def _series(curve: dict) -> tuple[list[int], list[float]]:
-    return [int(step) for step in curve], [float(value) for value in curve.values()]
 
 
 def main(argv: list[str] | None = None) -> None:
