@@ -17,6 +17,7 @@ teacher with bf16 weights, SFT with bf16 parameters); on the CPU rehearsal
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 
 import pytest
 import torch
@@ -27,7 +28,12 @@ from rlvr.trainer.config import load_config
 from rlvr.trainer.config.sft_check import load_sft_config
 from rlvr.trainer.data.sft_dataset import MultiTurnSFTDataset, collate_sft_batch
 from rlvr.trainer.sft_trainer import worker_config
-from rlvr.utils.testing import forward_log_probs, save_tiny_model, save_tiny_reward_model, tiny_tokenizer
+from rlvr.utils.testing import (
+    forward_log_probs,
+    save_tiny_model,
+    save_tiny_reward_model,
+    tiny_tokenizer,
+)
 from rlvr.utils.tiny_moe import save_tiny_moe
 from rlvr.workers.engine_workers import ActorRolloutRefWorker
 from rlvr.workers.moe.actor_routing import ActorRouting
@@ -37,7 +43,12 @@ from rlvr.workers.sft_worker import SFTWorker
 from rlvr.workers.teacher import TeacherWorker
 from tests.trainer.ppo.distillation_reference import estimator
 from tests.trainer.sft_helpers import write_conversations
-from tests.workers.model_worker_utils import local_group, make_config, prompt_batch, with_advantages
+from tests.workers.model_worker_utils import (
+    local_group,
+    make_config,
+    prompt_batch,
+    with_advantages,
+)
 from tests.workers.rm_batches import QUESTIONS, chat_rollout_batch, rm_expected_text
 
 pytestmark = pytest.mark.gpu
@@ -128,7 +139,7 @@ def test_moe_actor_step_with_and_without_routing_replay(moe_dir, gpu_device, gpu
     out = group.generate_sequences(prompt_batch(n=2))
     out.meta_info["temperature"] = 1.0
     response = out.batch["response_mask"].bool()
-    assert (ROUTED_EXPERTS in out.batch.keys()) == replay
+    assert (ROUTED_EXPERTS in out.batch.keys()) == replay  # noqa: SIM118 - a TensorDict has no `in`
     log = ReplayLog(monkeypatch)
     old = group.compute_log_prob(out).batch["old_log_probs"]
     assert bool(torch.isfinite(old[response]).all())
@@ -270,4 +281,4 @@ def test_sft_steps_start_at_the_direct_cross_entropy_and_go_down(sft_files, gpu_
         losses.append(metrics.meta_info["metrics"]["train/loss"][0])
     assert all(math.isfinite(loss) for loss in losses), losses
     assert_close(losses[0], direct, gpu_dtype)
-    assert all(b < a for a, b in zip(losses, losses[1:])), losses
+    assert all(b < a for a, b in pairwise(losses)), losses
