@@ -114,22 +114,35 @@ def test_only_the_named_steps_run(tmp_path, monkeypatch):
 
 
 def test_a_step_that_is_not_run_by_default_runs_only_when_named(tmp_path, monkeypatch):
+    """On the GPU the default call runs the ``by_default`` steps; the CPU rehearsal runs the
+    ``rehearsed`` ones; either runs any step named in ``--steps``."""
     monkeypatch.setattr(gpu_checks, "STEPS", _steps(
         Step("a", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"]),
-        Step("extra", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"], by_default=False)))
-    assert [r["step"] for r in run_all(_context(tmp_path), budget_s=60.0, only=None, min_step_s=1.0)] == ["a"]
-    assert [r["step"] for r in run_all(_context(tmp_path), budget_s=60.0, only={"extra"}, min_step_s=1.0)] == ["extra"]
+        Step("done_before", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"], by_default=False),
+        Step("long", "g", (5, 5), lambda ctx, result: ["json.tool", "--help"], rehearsed=False)))
+    cpu = _context(tmp_path)
+    gpu = Context(device="cuda", size="tiny", out=tmp_path / "gpu", work=tmp_path / "gw", bench=tmp_path / "bench",
+                  simulate=False)
+    assert [r["step"] for r in run_all(cpu, budget_s=60.0, only=None, min_step_s=1.0)] == ["a", "done_before"]
+    assert [r["step"] for r in run_all(gpu, budget_s=60.0, only=None, min_step_s=1.0)] == ["a", "long"]
+    assert [r["step"] for r in run_all(cpu, budget_s=60.0, only={"long"}, min_step_s=1.0)] == ["long"]
+
+
+def test_the_default_gpu_call_runs_issue_47s_checks_the_most_valuable_first():
+    default = [s.name for s in gpu_checks.STEPS if s.by_default]
+    assert default == ["decode_profile", "trl", "weight_push", "trl_1_5b", "make_model", "async", "gpu_tests"]
+    assert all(s.group.startswith("29.") for s in gpu_checks.STEPS if not s.by_default)
 
 
 def test_the_async_step_runs_the_three_schedules_on_the_bundle(tmp_path):
     step = next(s for s in gpu_checks.STEPS if s.name == "async")
-    assert not step.by_default
+    assert step.by_default and not step.rehearsed  # in the GPU call (issue #47, check 3), not in the rehearsal
     ctx = gpu_checks.Context(device="cuda", size="smollm2-135m", out=tmp_path, work=tmp_path / "w",
                              bench=tmp_path / "b", simulate=False)
     argv = step.command(ctx, ctx.work / "async.json")
     assert argv[0] == "benchmarks.bench_async"
     options = dict(zip(argv[1:11:2], argv[2:12:2]))
-    assert options == {"--steps": "12", "--seeds": "1", "--test-freq": "12", "--tool-steps": "0",
+    assert options == {"--steps": "8", "--seeds": "1", "--test-freq": "8", "--tool-steps": "0",
                        "--calibration-steps": "0"}
     overrides = argv[argv.index("--override") + 1:]
     assert f"actor_rollout_ref.model.path={ctx.model_dir}" in overrides and "trainer.device=cuda" in overrides
