@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -107,7 +107,7 @@ class PushChild:
         self.device = device
         self.process: subprocess.Popen | None = None
 
-    def __enter__(self) -> PushChild:
+    def __enter__(self) -> Self:
         mine, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self.process = subprocess.Popen([sys.executable, "-c", _CHILD_CODE, str(theirs.fileno())],

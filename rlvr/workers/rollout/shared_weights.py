@@ -9,9 +9,13 @@ asynchronous step. Here the trainer copies the weights into one shared-memory se
 process maps the segment and copies the tensors into its engine.
 
 The trainer writes the segment again at its next push, so a handle is only valid until then: the
-rollout reads it during the ``update_weights`` call that brought it (the trainer waits for that call
-before it pushes again), and weights that must wait for the end of a generation are copied out of
-the segment first (:func:`rlvr.workers.rollout.partial.WeightInbox.deliver`).
+rollout reads it during the ``update_weights`` call that brought it (the push runs in the background,
+and the trainer waits for that call's reply before it pushes again:
+:class:`rlvr.trainer.async_schedule.weight_push.BackgroundPush`), and weights that must wait for the
+end of a generation are copied out of the segment first
+(:func:`rlvr.workers.rollout.partial.WeightInbox.deliver`, which takes any :class:`WeightsHandle`).
+The layout (:func:`plan`) and the views (:func:`tensor_views`) serve the CUDA IPC push too
+(:mod:`rlvr.workers.rollout.cuda_ipc_weights`), whose buffer lives on the GPU.
 
 Cleanup: the writer unlinks its segment on :meth:`SharedWeightsWriter.close`, when it is garbage
 collected or at interpreter exit (``weakref.finalize``), and (Python's resource tracker) when the

@@ -113,7 +113,7 @@ def test_the_reader_opens_a_buffer_once_per_layout():
     opened = []
 
     def counting_share(tensor):
-        fn, args = fake_share(tensor)
+        _, args = fake_share(tensor)
         return _count_rebuild, (args[0],)
 
     _COUNT.clear()
