@@ -338,8 +338,8 @@ class ActorRolloutRefWorker(TrainingWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update_weights(self, weights=None, version: int | None = None) -> dict[str, float]:
         """Load weights into the rollout engine in place: ``(name, tensor)`` pairs, a state dict (names
-        of the policy's parameters) or a ``SharedWeights`` handle (the local backend's push through
-        shared memory) as weights ``version`` (None = the engine's version + 1),
+        of the policy's parameters) or a handle (the local backend's push through shared memory or
+        CUDA IPC: ``rlvr.workers.rollout.shared_weights.WeightsHandle``) as weights ``version`` (None = the engine's version + 1),
         or ``weights=None`` to sync the actor's current weights in-process (the trainer's
         ``update_weights`` stage after every actor update). When the rollout shares the actor's
         module (hybrid, one rank), given weights change the actor too. Weights that arrive while
@@ -473,14 +473,18 @@ class ActorRolloutRefWorker(TrainingWorker):
         export_hf_model(path, self.actor_module, self.tokenizer, self.rank, self.world_size, self.processor)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def get_actor_weights(self) -> dict[str, torch.Tensor]:
+    def get_actor_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
         """The actor's full weights (LoRA merged, plain HF names) on rank 0, ``{}`` on the others;
-        what a separate rollout worker's ``update_weights`` takes."""
+        what a separate rollout worker's ``update_weights`` takes. A CPU copy, or with ``on_device``
+        the tensors where they are (one rank: the actor's own parameters on its GPU, for a CUDA IPC
+        push that copies them on the device before the next update; several ranks gather to the CPU)."""
         self._require(self._is_actor, "get_actor_weights", "actor")
         self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
         state = full_state_dict(self.actor_module, self.world_size)
         if self.rank == 0 and self.config.actor_rollout_ref.model.lora_rank > 0:
             state = merge_lora(state, self.actor_module)
+        if on_device:
+            return {name: tensor.detach() for name, tensor in state.items()}
         return {name: tensor.detach().to("cpu", copy=True) for name, tensor in state.items()}  # not the live weights
 
     def _extra_rng_state(self) -> dict:

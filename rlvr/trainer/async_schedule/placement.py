@@ -14,12 +14,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from rlvr.single_controller import ClassWithInitArgs, WorkerGroup, get_worker_group_cls
 from rlvr.trainer.ppo.utils import Role
 
-__all__ = ["ROLLOUT_POOL", "ROLLOUT_GROUP", "rollout_pool_spec", "rollout_pool_backends", "start_rollout_group"]
+__all__ = ["ROLLOUT_POOL", "ROLLOUT_GROUP", "rollout_pool_spec", "rollout_pool_backends", "start_rollout_group",
+           "local_rollout_device"]
 
 ROLLOUT_POOL = "rollout_pool"
 ROLLOUT_GROUP = "rollout"
@@ -38,6 +40,14 @@ def rollout_pool_spec(cfg: DictConfig) -> dict[str, list[int]]:
 def rollout_pool_backends(cfg: DictConfig) -> dict[str, str]:
     """The rollout pool's backend where it is not the trainer's: a child process on the local backend."""
     return {ROLLOUT_POOL: "process"} if cfg.trainer.backend == "local" else {}
+
+
+def local_rollout_device(cfg: DictConfig) -> str:
+    """The device of the local backend's rollout child: ``cuda:0`` on a CUDA run (the child is rank 0
+    of its group and sees every GPU, so it picks device 0, as the driver's actor does), else ``cpu``."""
+    device = cfg.trainer.device
+    on_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    return "cuda:0" if on_cuda else "cpu"
 
 
 def start_rollout_group(cfg: DictConfig, pools: Any, worker_cls: type,

@@ -10,7 +10,12 @@ groups into a :class:`~rlvr.trainer.async_schedule.buffer.SampleBuffer`, as far 
 workers (:meth:`AsyncRollout.after_update`; every ``trigger_parameter_sync_step`` updates), which
 take them between generations, or in the middle of one with ``partial_rollout``. On Ray the weights
 travel through the object store (nodes need no shared filesystem); locally the rollout is a child
-process that receives them over a socket.
+process that gets a handle over a socket: to a CUDA buffer on the same GPU (CUDA IPC) or to a
+shared-memory segment (:mod:`~rlvr.trainer.async_schedule.weight_push`). A push runs in the
+background: the trainer goes on once the weights are copied and the call is on its way, and waits
+for the rollout's reply before the next push, a generation of the rollouter, a validation, a
+checkpoint and the end (``async/weight_push_s``: the trainer's blocking time;
+``async/weight_push_confirm_s``: until the rollout confirmed).
 
 Off-policy correction, by default when samples can be stale (``compute_prox_log_prob``): decoupled
 PPO (Hilton et al. 2022, arXiv:2110.00641; AReaL, Fu et al. 2025, arXiv:2505.24298): the engine's
@@ -44,12 +49,13 @@ from omegaconf import DictConfig
 
 from rlvr.protocol import DataProto
 from rlvr.trainer.async_schedule.buffer import SampleBuffer
+from rlvr.trainer.async_schedule.placement import local_rollout_device
 from rlvr.trainer.async_schedule.prompts import PromptSource
 from rlvr.trainer.async_schedule.versions import check_staleness_bound, sample_staleness, staleness_metrics
+from rlvr.trainer.async_schedule.weight_push import WAIT_MARGIN_S, BackgroundPush, WeightPacker
 from rlvr.trainer.config.async_checks import decoupled_ppo, prox_from_update_blockers, staleness_bound
 from rlvr.utils import core_lending
 from rlvr.utils.core_lending import ROLLOUT, TRAINER, CoreLending
-from rlvr.workers.rollout.shared_weights import SharedWeightsWriter
 from rlvr.workers.worker_utils import cpu_thread_share, cpu_workers
 
 __all__ = ["AsyncRollout", "decoupled_ppo", "prox_log_prob_from_update", "rollout_correction_config"]
@@ -89,12 +95,13 @@ class AsyncRollout:
         generate: generates a batch of repeated prompts on the rollout workers (the trainer's
             ``_generate``); called from the rollouter thread.
         rollout_group: returns the rollout worker group (a ``RestartableGroup``).
-        actor_weights: returns the actor's full weights (the trainer's actor group).
+        actor_weights: ``actor_weights(on_device)`` returns the actor's full weights (the trainer's
+            actor group): on the actor's device when ``on_device`` (for CUDA IPC), else on the CPU.
         rollout_name: the rollout worker group's name, for messages.
     """
 
     def __init__(self, config: DictConfig, train_iter: Any, generate: Callable[[DataProto], DataProto],
-                 rollout_group: Callable[[], Any], actor_weights: Callable[[], dict], rollout_name: str) -> None:
+                 rollout_group: Callable[[], Any], actor_weights: Callable[[bool], dict], rollout_name: str) -> None:
         a = config.async_training
         self.n = int(config.actor_rollout_ref.rollout.n)
         self.bound = staleness_bound(config)
@@ -107,12 +114,13 @@ class AsyncRollout:
         self.buffer = SampleBuffer(self.batch_size, self.bound, a.staleness_policy == "drop", rollout_name)
         self._generate, self._rollout_group, self._actor_weights = generate, rollout_group, actor_weights
         self._weights: tuple[Any, int] | None = None  # the last push: (weights, their object ref or handle; version)
-        self._shared_weights = SharedWeightsWriter()
+        self._packer = WeightPacker(self.on_ray, local_rollout_device(config))
+        self._push = BackgroundPush(self.push_timeout_s, rollout_name)
         self._gen_metrics: list[dict] = []
         self._metrics_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.last_push_s = 0.0
+        self.last_push_s = 0.0  # the trainer's blocking time in the last push
         self.lending = self._lend_idle_cores(config)
 
     @staticmethod
@@ -137,12 +145,17 @@ class AsyncRollout:
         self.start()
         try:
             yield
+            self._push.wait("the end of the run")
         finally:
             self.stop()
 
     def start(self) -> None:
         """Send the actor's current weights to the rollout and start the rollouter thread."""
         self._join_previous()
+        if not self._push.discard(self.push_timeout_s + WAIT_MARGIN_S):  # a push of the failed attempt
+            raise RuntimeError(f"the weight push of the previous attempt did not end within "
+                               f"{self.push_timeout_s + WAIT_MARGIN_S:.0f} s after its workers were shut down; cannot "
+                               "push again safely")
         self.buffer.reset(self.buffer.version)
         self.push_weights(self.buffer.version)
         self.buffer.weights_sent()
@@ -158,9 +171,10 @@ class AsyncRollout:
             self._thread.join(timeout=1.0)
 
     def close(self) -> None:
-        """Release the shared memory of the weight pushes (the end of the run; a later push would
-        make a new segment) and the core-lending flags."""
-        self._shared_weights.close()
+        """Release the buffers of the weight pushes, after the push in flight (the end of the run; a
+        later push would make new ones) and the core-lending flags."""
+        self._push.discard(self.push_timeout_s + WAIT_MARGIN_S)
+        self._packer.close()
         if self.lending is not None:
             core_lending.install(None)
             os.environ.pop(core_lending.ENV_VAR, None)
@@ -179,6 +193,7 @@ class AsyncRollout:
         """Draw, generate and buffer batches as long as the admission rule allows."""
         try:
             while self._rollout_waits(self.buffer.wait_for_admission):
+                self._push.wait("a generation")  # the rollout holds the weights last pushed
                 prompts = self.prompts.take(self.batch_size)
                 start = time.perf_counter()
                 output = self._generate(prompts.repeat(self.n, interleave=True))
@@ -242,7 +257,8 @@ class AsyncRollout:
                 metrics.setdefault(name, []).extend(value if isinstance(value, list) else [value])
         metrics.update(staleness_metrics(versions, mask, version, self.bound))
         metrics.update(self.buffer.take_counters())
-        metrics.update({"async/weight_push_s": self.last_push_s, "async/policy_version": float(version)})
+        metrics.update({"async/weight_push_s": self.last_push_s, "async/policy_version": float(version),
+                        "async/weight_push_confirm_s": self._push.last_confirm_s})
         if self.lending is not None:
             metrics.update(self.lending.take_lent_share("trainer"))
         batch.meta_info.update(metrics=metrics, policy_version=version)
@@ -263,23 +279,24 @@ class AsyncRollout:
         if self.buffer.pushed != self.buffer.version:
             self.push_weights(self.buffer.version)
             self.buffer.weights_sent()
+        self._push.wait("a validation")
 
     def push_weights(self, version: int) -> None:
-        """Send the actor's weights to every rollout worker as ``version`` (timed: ``async/weight_push_s``).
+        """Send the actor's weights to every rollout worker as ``version``, in the background: it
+        returns once they are copied into the push's buffer (on a GPU: the copies enqueued) and the
+        call is on its way (timed: ``async/weight_push_s``; the confirmation:
+        ``async/weight_push_confirm_s``). The previous push is waited for first: its buffer is
+        written again here.
 
         Raises:
-            WorkerTimeoutError: a rollout worker took them not within ``weight_sync_timeout_s``.
+            WorkerTimeoutError: a rollout worker took the previous push not within ``weight_sync_timeout_s``.
         """
         start = time.perf_counter()
-        weights = self._actor_weights()
-        if self.on_ray:  # one copy in the object store for every rollout worker, on any node
-            import ray
-
-            weights = ray.put(weights)
-        else:  # the local backend's rollout process: through shared memory, not the pipe
-            weights = self._shared_weights.pack(weights)
+        self._push.wait("the next weight push")
+        weights = self._packer.pack(self._actor_weights(self._packer.wants_device_weights))
         self._weights = (weights, version)
-        self.resend_weights(self._rollout_group())
+        group = self._rollout_group()
+        self._push.start(lambda: self.resend_weights(group), version, start)
         self.last_push_s = time.perf_counter() - start
 
     def resend_weights(self, group: Any) -> None:
@@ -289,7 +306,9 @@ class AsyncRollout:
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
-        """The data position, the unfinished prompts and the policy version (see :class:`PromptSource`)."""
+        """The data position, the unfinished prompts and the policy version (see :class:`PromptSource`);
+        a checkpoint: the push in flight is confirmed first."""
+        self._push.wait("a checkpoint")
         return {**self.prompts.state_dict(), "policy_version": self.buffer.version}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -221,7 +221,8 @@ class RayPPOTrainer(ValidationMixin, DriverStateMixin, FrozenRolesMixin):
         self.rollout_wg: Any = None  # the group that generates: the actor's, or a rollout group apart
         self.async_rollout = AsyncRollout(
             self.config, self.train_iter, lambda batch: self._generate(batch, validate=False), lambda: self.rollout_wg,
-            lambda: self.actor_rollout_wg.get_actor_weights()[0], ROLLOUT_GROUP) if self.rollout_apart else None
+            lambda on_device: self.actor_rollout_wg.get_actor_weights(on_device=on_device)[0], ROLLOUT_GROUP
+        ) if self.rollout_apart else None
 
     # ------------------------------------------------------------------ setup
     def _check_roles(self) -> None:

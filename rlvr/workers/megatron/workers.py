@@ -277,8 +277,10 @@ class MegatronActorRolloutRefWorker(ActorRolloutRefWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @on_every_rank
-    def get_actor_weights(self) -> dict[str, torch.Tensor]:
-        """The actor's full weights (HF names, a tied head under both names) on rank 0, ``{}`` elsewhere."""
+    def get_actor_weights(self, on_device: bool = False) -> dict[str, torch.Tensor]:
+        """The actor's full weights (HF names, a tied head under both names) on rank 0, ``{}`` elsewhere;
+        always gathered to the CPU (``on_device`` is accepted for the trainer's call and not honoured:
+        a Megatron actor's push goes through host memory)."""
         self._require(self._is_actor, "get_actor_weights", "actor")
         self.actor_placement.place(params=True, optimizer=self.actor_placement.optimizer_on_device)
         state = {name: tensor.detach().to("cpu", copy=True) for name, tensor in gather_hf_weights(self.actor_module)}

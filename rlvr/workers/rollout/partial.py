@@ -30,7 +30,7 @@ import torch
 from rlvr.protocol import DataProto
 from rlvr.utils.torch_functional import compute_position_ids, left_pad
 from rlvr.workers.rollout.base import RolloutEngine, Weights, response_tensors
-from rlvr.workers.rollout.shared_weights import SharedWeights
+from rlvr.workers.rollout.shared_weights import WeightsHandle
 
 __all__ = ["WeightInbox", "PartialRollout"]
 
@@ -59,19 +59,21 @@ class WeightInbox:
         self._generating = False
         self.last_interrupted_rows = 0
 
-    def deliver(self, weights: Weights | SharedWeights, version: int) -> dict[str, float]:
+    def deliver(self, weights: Weights | WeightsHandle, version: int) -> dict[str, float]:
         """Take weights ``version``: loaded now when the engine is idle, else kept for later (a
         newer delivery replaces an older one that is still waiting) and, with partial rollouts,
-        the running generation is interrupted. Weights in shared memory are read during this call
-        (kept for later: copied out first; the trainer overwrites the segment at its next push).
-        Returns the engine's seconds per sync stage when the weights loaded now, else ``{}``."""
+        the running generation is interrupted. Weights behind a handle (shared memory, CUDA IPC)
+        are read during this call (kept for later: copied out first; the trainer overwrites its
+        buffer at its next push). Returns the engine's seconds per sync stage when the weights
+        loaded now, else ``{}``."""
+        handle = isinstance(weights, WeightsHandle)
         with self._lock:
             if not self._generating:
-                if isinstance(weights, SharedWeights):
+                if handle:
                     with weights.tensors() as views:
                         return self._load(views, version)
                 return self._load(weights, version)
-            self._pending = (weights.copy() if isinstance(weights, SharedWeights) else weights, version)
+            self._pending = (weights.copy() if handle else weights, version)
             if self.interrupt is not None:
                 self.interrupt.set()
             return {}

@@ -9,9 +9,13 @@ asynchronous step. Here the trainer copies the weights into one shared-memory se
 process maps the segment and copies the tensors into its engine.
 
 The trainer writes the segment again at its next push, so a handle is only valid until then: the
-rollout reads it during the ``update_weights`` call that brought it (the trainer waits for that call
-before it pushes again), and weights that must wait for the end of a generation are copied out of
-the segment first (:func:`rlvr.workers.rollout.partial.WeightInbox.deliver`).
+rollout reads it during the ``update_weights`` call that brought it (the push runs in the background,
+and the trainer waits for that call's reply before it pushes again:
+:class:`rlvr.trainer.async_schedule.weight_push.BackgroundPush`), and weights that must wait for the
+end of a generation are copied out of the segment first
+(:func:`rlvr.workers.rollout.partial.WeightInbox.deliver`, which takes any :class:`WeightsHandle`).
+The layout (:func:`plan`) and the views (:func:`tensor_views`) serve the CUDA IPC push too
+(:mod:`rlvr.workers.rollout.cuda_ipc_weights`), whose buffer lives on the GPU.
 
 Cleanup: the writer unlinks its segment on :meth:`SharedWeightsWriter.close`, when it is garbage
 collected or at interpreter exit (``weakref.finalize``), and (Python's resource tracker) when the
@@ -32,10 +36,12 @@ import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from multiprocessing import resource_tracker, shared_memory
+from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["SharedWeights", "SharedWeightsWriter", "SHM_DIR", "remove_orphans"]
+__all__ = ["SharedWeights", "SharedWeightsWriter", "WeightsHandle", "SHM_DIR", "remove_orphans", "layout_of", "plan",
+           "tensor_views"]
 
 SHM_DIR = "/dev/shm"
 PREFIX = "rlvr_w_"
@@ -46,6 +52,20 @@ HEADROOM = 256 << 20
 """Bytes that must stay free in ``SHM_DIR`` beside the segment; with less, weights go by value."""
 _CREATED: set[str] = set()
 """Segments this process made (and still has)."""
+
+
+@runtime_checkable
+class WeightsHandle(Protocol):
+    """Weights that stay in the trainer's buffer and travel as a handle: :class:`SharedWeights`, or
+    :class:`~rlvr.workers.rollout.cuda_ipc_weights.CudaIpcWeights` (valid until the next push)."""
+
+    def tensors(self) -> contextlib.AbstractContextManager[dict[str, torch.Tensor]]:
+        """Views of the buffer, valid inside the block only."""
+        ...
+
+    def copy(self) -> dict[str, torch.Tensor]:
+        """Private copies of the tensors (weights that outlive the pushing call)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -67,7 +87,7 @@ class SharedWeights:
         shm = _attach(self.segment)
         views = {}
         try:
-            views = _views(shm.buf, self.entries)
+            views = _segment_views(shm.buf, self.entries)
             yield views
         finally:
             views.clear()
@@ -92,10 +112,10 @@ class SharedWeightsWriter:
         """Copy ``weights`` (CPU tensors) into the segment (created, or re-created when the names,
         shapes or dtypes change) and return its handle; ``weights`` themselves when ``SHM_DIR`` has
         too little room (they then travel by value, as before)."""
-        layout = tuple((name, tuple(t.shape), t.dtype) for name, t in weights.items())
+        layout = layout_of(weights)
         if layout != self._layout:
             self.close()
-            entries, size = _plan(layout)
+            entries, size = plan(layout)
             if shutil.disk_usage(SHM_DIR).free < size + HEADROOM:
                 return weights
             remove_orphans()
@@ -104,7 +124,7 @@ class SharedWeightsWriter:
             _CREATED.add(self._shm.name)
             self._release = weakref.finalize(self, _release, self._shm)  # also at interpreter exit
             self._layout, self._entries = layout, entries
-        targets = _views(self._shm.buf, self._entries)
+        targets = _segment_views(self._shm.buf, self._entries)
         for target, tensor in zip(targets.values(), weights.values()):
             target.copy_(tensor.detach())
         targets.clear()  # the segment can only be unmapped once no view of it is left
@@ -117,24 +137,38 @@ class SharedWeightsWriter:
         self._shm, self._release, self._layout, self._entries = None, None, None, ()
 
 
-def _views(buf: memoryview, entries: tuple) -> dict[str, torch.Tensor]:
-    """The tensors of ``entries`` as views of ``buf`` (an empty tensor has no bytes to view)."""
-    views = {}
-    for name, offset, shape, dtype in entries:
-        dt, count = getattr(torch, dtype), math.prod(shape)
-        views[name] = (torch.frombuffer(buf, dtype=dt, count=count, offset=offset).view(shape) if count
-                       else torch.empty(shape, dtype=dt))
-    return views
+def layout_of(weights: Mapping[str, torch.Tensor]) -> tuple:
+    """``(name, shape, dtype)`` of every tensor: a buffer laid out for one layout serves every push of it."""
+    return tuple((name, tuple(t.shape), t.dtype) for name, t in weights.items())
 
 
-def _plan(layout: tuple) -> tuple[tuple, int]:
-    """Byte offsets of the tensors of ``layout`` in one segment, each aligned to ``ALIGN``."""
+def plan(layout: tuple) -> tuple[tuple, int]:
+    """Byte offsets of the tensors of ``layout`` in one flat buffer, each aligned to ``ALIGN``.
+
+    Returns ``(entries, size)``: ``(name, offset, shape, dtype name)`` per tensor and the bytes needed.
+    """
     entries, offset = [], 0
     for name, shape, dtype in layout:
         offset = -(-offset // ALIGN) * ALIGN
         entries.append((name, offset, shape, str(dtype).removeprefix("torch.")))
         offset += math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     return tuple(entries), offset
+
+
+def tensor_views(flat: torch.Tensor, entries: tuple) -> dict[str, torch.Tensor]:
+    """The tensors of ``entries`` as views of ``flat`` (a 1-D ``uint8`` tensor ``[size]`` on any
+    device: the shared-memory segment, or the CUDA buffer of :mod:`rlvr.workers.rollout.cuda_ipc_weights`)."""
+    views = {}
+    for name, offset, shape, dtype in entries:
+        dt = getattr(torch, dtype)
+        nbytes = math.prod(shape) * torch.empty((), dtype=dt).element_size()
+        views[name] = flat[offset:offset + nbytes].view(dt).view(shape)
+    return views
+
+
+def _segment_views(buf: memoryview, entries: tuple) -> dict[str, torch.Tensor]:
+    """:func:`tensor_views` of a mapped segment (the views hold it mapped until they are dropped)."""
+    return tensor_views(torch.frombuffer(buf, dtype=torch.uint8), entries)
 
 
 def remove_orphans() -> list[str]:
