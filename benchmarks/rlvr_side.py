@@ -93,6 +93,7 @@ def run_config(work: Workload, model_dir: str, max_prompt_len: int, seed: int, l
         f"actor_rollout_ref.model.path={model_dir}",
         f"actor_rollout_ref.model.dtype={work.dtype}",
         "actor_rollout_ref.model.attn_implementation=sdpa",
+        f"data.train_batch_size={work.prompts}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={work.prompts}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={work.sequences}",
         f"actor_rollout_ref.actor.optim.lr={lr}",
