@@ -65,3 +65,15 @@ def test_trl_micro_batch_must_divide_the_batch():
     with pytest.raises(SystemExit, match="--trl-micro-batch"):
         workload_from(args)
     assert workload_from(parse_args(["--size", "qwen2.5-1.5b"])).trl_micro_batch == 64
+
+
+def test_make_model_writes_a_qwen2_model_with_the_larger_vocab(tmp_path):
+    from transformers import AutoConfig
+
+    from benchmarks.gpu_steps import main, parse_args
+
+    assert main(["make-model", "--size", "tiny-qwen2", "--out", str(tmp_path)]) == 0
+    cfg = AutoConfig.from_pretrained(tmp_path)
+    assert (cfg.model_type, cfg.vocab_size, cfg.hidden_size) == ("qwen2", 151936, 64)
+    assert (tmp_path / "tokenizer.json").exists()
+    assert parse_args(["make-model", "--size", "qwen2.5-1.5b", "--out", "x"]).size == "qwen2.5-1.5b"
