@@ -90,22 +90,23 @@ N = 1,543,714,304 parameters (embedding 151936 x 1536 = 233.4M, tied with the LM
   master weights another 6.2 GB: still under 25 GB.)
 - rlvr's static KV cache for 256 rows x ~300 tokens, kept between steps: 28 layers x 2 x 2 KV
   heads x 128 x 2 B = 28.7 KB per token, 2.2 GB.
-- Activations without checkpointing, per token and layer (bf16): the saved inputs of the norms,
-  q/k/v/o projections and the MLP: about 7h + 4I + 2 x 256 = 47,104 values = 94 KB, x 28 layers =
-  2.6 MB per token. The 135M run measured about 0.7 of that formula (34.2 GiB at 75,776 tokens),
-  so 1.8-2.6 MB per token here.
+- Activations without checkpointing, per token and layer (bf16, sdpa): 108 KB, measured on CPU with
+  saved-tensor hooks on two layers of this shape (the norms' fp32 upcasts included); x 28 layers =
+  3.0 MB per token at most. The same measure gives 26 KB for the 135M shape, whose GPU run peaked
+  at 34.2 GiB for 75,776 tokens, about 0.6 of it: so 1.9-3.0 MB per token here.
 - Logits: the whole batch (256 x 256 response tokens x 151936) would be 19.9 GB in bf16 and 39.8 GB
   in fp32, each copy (log-softmax, its gradient) as much again: hence micro-batches.
   rlvr never forms them: its fused head runs about 1 GiB of fp32 logits at a time, forward and
   backward. TRL forms them per micro-batch: 64 x 256 x 151936 x 2 B = 5.0 GB, with its gradient
   and the log-softmax (its Triton kernel on GPU, else row by row) at most about 3 such copies, 15 GB.
-- Micro-batches, the same on both sides: 64 sequences (about 64 x 296 = 18,944 tokens), 4 per
-  optimizer step. rlvr: rlvr_token_budget = 64 x 304 padded tokens (rows x longest row; prompts
-  are 35-40 tokens, so 64 rows of up to 304 fit); TRL: per_device_train_batch_size = 64 with
-  gradient_accumulation_steps = 4 (it still generates all 256 sequences in one call).
-  Activations 18,944 x 1.8-2.6 MB = 34-49 GB.
-- Peak: rlvr 12.3 + 2.2 + 34-49 + 1-2 (head chunk) = 50-66 GB; TRL 12.3 + 34-49 + 15 = 61-76 GB.
-  The 256 x 296 tokens in one micro-batch would need 136-197 GB of activations: too much.
+- Micro-batches, the same on both sides: 64 sequences (64 x 296 = 18,944 tokens: prompts are at
+  most 40 tokens), 4 per optimizer step. rlvr: rlvr_token_budget = 64 x 304 padded tokens (rows x
+  longest row); TRL: per_device_train_batch_size = 64 with gradient_accumulation_steps = 4 (it still
+  generates all 256 sequences in one call). Activations 18,944 x 1.9-3.0 MB = 36-57 GB.
+- Peak: rlvr 12.3 + 2.2 + 36-57 + 2 (head chunk) = 53-74 GB; TRL 12.3 + 36-57 + 15 = 63-84 GB. In
+  the benchmark's one process each side's peak also holds the other side's weights and AdamW
+  states (9-12 GB): at most about 96 GB of 141. The whole batch in one micro-batch would need
+  144-227 GB of activations.
 Neither side uses gradient checkpointing.
 """
 

@@ -7,7 +7,14 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from benchmarks.decode_floor import kv_bytes_per_token
-from benchmarks.model_flops import FlopShape, decoder_params, flop_shape, peak_tflops, step_flops, utilisation
+from benchmarks.model_flops import (
+    FlopShape,
+    decoder_params,
+    flop_shape,
+    peak_tflops,
+    step_flops,
+    utilisation,
+)
 from benchmarks.workload import WORKLOADS, model_config
 
 
