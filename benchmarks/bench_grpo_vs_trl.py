@@ -19,7 +19,7 @@ GPU, the decode time against the weights-plus-KV-cache read floor. ``--json`` wr
 The update's model FLOPs utilisation (:mod:`benchmarks.model_flops`): ``update_tflops`` and
 ``update_mfu`` of rlvr's update stage, and of TRL's update (its step less the generation part,
 ``_generate_and_score_completions``), against the GPU's dense bf16 peak (``--peak-tflops``
-overrides it; on CPU the MFU is null unless it is given).
+overrides it; on CPU the MFU is null unless it is given), in ``rlvr`` and ``trl`` of the results.
 
 ``--bypass`` runs rlvr with ``algorithm.rollout_correction.bypass_mode=true`` (no old-log-prob
 forward); ``--bypass-steps N`` keeps the default and adds N rlvr steps in bypass mode after the
@@ -41,8 +41,20 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from benchmarks.decode_floor import decode_report
-from benchmarks.model_flops import decoder_params, flop_shape, peak_tflops, step_flops, utilisation
-from benchmarks.workload import WORKLOADS, json_main, model_config, peak_rss_bytes, Workload
+from benchmarks.model_flops import (
+    decoder_params,
+    flop_shape,
+    peak_tflops,
+    step_flops,
+    utilisation,
+)
+from benchmarks.workload import (
+    WORKLOADS,
+    Workload,
+    json_main,
+    model_config,
+    peak_rss_bytes,
+)
 
 GIB = 1024**3
 
@@ -206,7 +218,10 @@ def run(args: argparse.Namespace) -> dict:
 
     flops = batch_flops(config, tokenizer, work, total)
     results = summarise(args, work, device, rlvr_steps, rlvr_resident, trl_steps)
-    results.update(update_utilisation(args, config, device, flops, rlvr_steps, trl_steps))
+    utilisation_of = update_utilisation(args, config, device, flops, rlvr_steps, trl_steps)
+    results.update(peak_tflops=utilisation_of.pop("peak_tflops"), params=utilisation_of.pop("params"))
+    for side, fields in utilisation_of.items():
+        results[side].update(fields)
     if bypass_steps:
         results["rlvr_bypass"] = _bypass_summary(bypass_steps)
     if "trl" in results:
@@ -237,8 +252,9 @@ def batch_flops(config, tokenizer, work: Workload, total: int) -> list[float]:
 
 def update_utilisation(args, config, device: torch.device, flops: list[float], rlvr_steps: list,
                        trl_steps: list) -> dict:
-    """``update_flops`` / ``update_tflops`` / ``update_mfu`` of each side (medians over the measured
-    steps: FLOPs of the batch over the update's seconds) and the peak they are taken against."""
+    """``{side: {update_flops, median_update_s, update_tflops, update_mfu}}`` (the median FLOPs of
+    the measured steps' batches over their median update seconds), the peak they are taken against
+    (``peak_tflops``) and the model's ``params``."""
     peak = peak_tflops(device, args.peak_tflops)
     out: dict = {"peak_tflops": peak, "params": sum(decoder_params(config))}
     sides = {"rlvr": [(s.stages["update"], flops[i]) for i, s in enumerate(rlvr_steps)],
@@ -247,16 +263,16 @@ def update_utilisation(args, config, device: torch.device, flops: list[float], r
         measured = pairs[args.warmup:]
         if not measured:
             continue
-        stats = [utilisation(f, sec, peak) for sec, f in measured]
-        side = {"update_flops": _median([f for _, f in measured]), "update_s": _median([sec for sec, _ in measured]),
-                "update_tflops": _median([x["tflops"] for x in stats]),
-                "update_mfu": _median([x["mfu"] for x in stats]) if peak else None}
+        flops_median, seconds = _median([f for _, f in measured]), _median([sec for sec, _ in measured])
+        rate = utilisation(flops_median, seconds, peak)
+        side = {"update_flops": flops_median, "median_update_s": seconds, "update_tflops": rate["tflops"],
+                "update_mfu": rate["mfu"]}
         if name == "trl":
             side["update_time"] = "step less _generate_and_score_completions (generation, reward, advantages)"
-        out[f"{name}_update"] = side
+        out[name] = side
         mfu = f"{side['update_mfu']:.1%}" if peak else f"n/a (no peak known for {device}; pass --peak-tflops)"
-        print(f"{name} update: {side['update_flops'] / 1e12:.1f} TFLOP in {side['update_s']:.2f} s = "
-              f"{side['update_tflops']:.1f} TFLOPS, MFU {mfu}", flush=True)
+        print(f"{name} update: {side['update_flops'] / 1e12:.3g} TFLOP in {side['median_update_s']:.2f} s = "
+              f"{side['update_tflops']:.3g} TFLOPS, MFU {mfu}", flush=True)
     return out
 
 
