@@ -21,14 +21,16 @@ from benchmarks.workload import Workload, sync
 
 
 def weight_bytes(module: torch.nn.Module) -> int:
-    """Bytes of the parameters (tied ones once): what one decode step reads at least."""
+    """Bytes of the parameters (tied ones once, biases included): what one decode step reads at least
+    (the LM head over the whole vocabulary, of which the embedding lookup reads only a row)."""
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 def kv_bytes_per_token(module: torch.nn.Module) -> int:
-    """Bytes of keys plus values of one token over all layers."""
+    """Bytes of keys plus values of one token over all layers (a Qwen2 config has no ``head_dim``:
+    hidden size over query heads)."""
     cfg = module.config.get_text_config(decoder=True)
-    head_dim = cfg.head_dim
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     element = next(module.parameters()).element_size()
     return cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * element
 

@@ -1,8 +1,9 @@
 """Two small steps of ``benchmarks/gpu_checks.py`` that no other benchmark covers.
 
-``make-model``: write the workload's random-init model (float32, the SmolLM2 architecture on GPU)
-and the tokenizer to a folder, for the main-job steps (the real SmolLM2 weights cannot travel to
-the GPU machine: the GGUF file is 98 MB, the carried tree at most 64 MiB).
+``make-model``: write the workload's random-init model (float32; the SmolLM2 architecture, or
+Qwen2.5-1.5B's shape with ``--size qwen2.5-1.5b``: 6.2 GB in float32) and the tokenizer to a
+folder, for the main-job steps (the real weights cannot travel to the GPU machine: SmolLM2's GGUF
+file is 98 MB, the carried tree at most 64 MiB).
 
 ``logprobs``: the HF engine's sampled-token log-probs against the actor's recomputed ones
 (``actor.use_rollout_log_probs=false``, so the actor always runs its own forward), with the model
@@ -13,6 +14,7 @@ precision's own, reported for the rollout correction to act on.
 Usage::
 
     python -m benchmarks.gpu_steps make-model --size smollm2-135m --out /tmp/model
+    python -m benchmarks.gpu_steps make-model --size qwen2.5-1.5b --out /tmp/qwen
     python -m benchmarks.gpu_steps logprobs --size smollm2-135m --json logprobs.json
 """
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import psutil
 import torch
-from transformers import LlamaConfig
+from transformers import LlamaConfig, PretrainedConfig, Qwen2Config
 
 _LETTERS = re.compile(r"[A-Za-z]")
 
@@ -40,6 +40,13 @@ class Workload:
     samples: int = field(metadata={"help": "responses sampled per prompt (GRPO group size)"})
     response_len: int = field(metadata={"help": "generated tokens per response (forced, no early stop)"})
     dtype: str = field(default="float32", metadata={"help": "compute dtype: float32 | bfloat16"})
+    architecture: str = field(default="llama", metadata={"help": "model family of model_config: llama | qwen2"})
+    vocab_size: int | None = field(default=None, metadata={
+        "help": "model vocabulary (None: the tokenizer's length; larger: ids the tokenizer lacks, as in Qwen)"})
+    rlvr_token_budget: int | None = field(default=None, metadata={
+        "help": "rlvr's padded tokens per training micro-batch on GPU (None: 40960)"})
+    trl_micro_batch: int | None = field(default=None, metadata={
+        "help": "TRL per_device_train_batch_size (None: all sequences in one; else gradient accumulation)"})
 
     @property
     def sequences(self) -> int:
@@ -58,14 +65,74 @@ WORKLOADS = {
         num_key_value_heads=3, intermediate_size=1536, prompts=32, samples=8, response_len=256,
         dtype="bfloat16",
     ),
+    # A Qwen2-architecture micro model whose vocabulary (Qwen's 151936) exceeds the tokenizer's: the
+    # CPU rehearsal of qwen2.5-1.5b (biases, GQA, sampled ids the tokenizer cannot decode).
+    "tiny-qwen2": Workload(
+        name="tiny-qwen2", hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=256, prompts=8, samples=8, response_len=64, architecture="qwen2", vocab_size=151936,
+    ),
+    # Qwen2.5-1.5B's shape (random init), the realistic size of issue 47; memory in QWEN_1P5B_MEMORY.
+    "qwen2.5-1.5b": Workload(
+        name="qwen2.5-1.5b", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, intermediate_size=8960, prompts=32, samples=8, response_len=256,
+        dtype="bfloat16", architecture="qwen2", vocab_size=151936, rlvr_token_budget=64 * 304,
+        trl_micro_batch=64,
+    ),
 }
+
+QWEN_1P5B_MEMORY = """Memory of the qwen2.5-1.5b workload on one H200 (141 GB), per side, bf16 throughout.
+
+N = 1,543,714,304 parameters (embedding 151936 x 1536 = 233.4M, tied with the LM head; 28 layers of
+46.80M: q/k/v with bias 3.15M, o 2.36M, MLP 3 x 1536 x 8960 = 41.29M, two norms).
+- Weights 2N = 3.1 GB, gradients 2N = 3.1 GB, AdamW m and v 4N = 6.2 GB: both sides keep the
+  parameters in bf16 (rlvr: model.dtype=bfloat16 without fsdp_config.dtype; TRL: loaded in bf16),
+  so torch's AdamW keeps its states in bf16 too: 12.3 GB. (fp32 states would add 6.2 GB, fp32
+  master weights another 6.2 GB: still under 25 GB.)
+- rlvr's static KV cache for 256 rows x ~300 tokens, kept between steps: 28 layers x 2 x 2 KV
+  heads x 128 x 2 B = 28.7 KB per token, 2.2 GB.
+- Activations without checkpointing, per token and layer (bf16, sdpa): 108 KB, measured on CPU with
+  saved-tensor hooks on two layers of this shape (the norms' fp32 upcasts included); x 28 layers =
+  3.0 MB per token at most. The same measure gives 26 KB for the 135M shape, whose GPU run peaked
+  at 34.2 GiB for 75,776 tokens, about 0.6 of it: so 1.9-3.0 MB per token here.
+- Logits: the whole batch (256 x 256 response tokens x 151936) would be 19.9 GB in bf16 and 39.8 GB
+  in fp32, each copy (log-softmax, its gradient) as much again: hence micro-batches.
+  rlvr never forms them: its fused head runs about 1 GiB of fp32 logits at a time, forward and
+  backward. TRL forms them per micro-batch: 64 x 256 x 151936 x 2 B = 5.0 GB, with its gradient
+  and the log-softmax (its Triton kernel on GPU, else row by row) at most about 3 such copies, 15 GB.
+- Micro-batches, the same on both sides: 64 sequences (64 x 296 = 18,944 tokens: prompts are at
+  most 40 tokens), 4 per optimizer step. rlvr: rlvr_token_budget = 64 x 304 padded tokens (rows x
+  longest row); TRL: per_device_train_batch_size = 64 with gradient_accumulation_steps = 4 (it still
+  generates all 256 sequences in one call). Activations 18,944 x 1.9-3.0 MB = 36-57 GB.
+- Peak: rlvr 12.3 + 2.2 + 36-57 + 2 (head chunk) = 53-74 GB; TRL 12.3 + 36-57 + 15 = 63-84 GB. In
+  the benchmark's one process each side's peak also holds the other side's weights and AdamW
+  states (9-12 GB): at most about 96 GB of 141. The whole batch in one micro-batch would need
+  144-227 GB of activations.
+Neither side uses gradient checkpointing.
+"""
 
 
 def model_config(work: Workload, vocab_size: int, pad_token_id: int, bos_token_id: int,
-                 eos_token_id: int) -> LlamaConfig:
-    """The Llama config of the workload (SmolLM2 family settings: tied embeddings, rope 1e5)."""
+                 eos_token_id: int) -> PretrainedConfig:
+    """The model config of the workload: ``work.architecture`` picks the family.
+
+    ``llama``: SmolLM2 family settings (tied embeddings, rope 1e5). ``qwen2``: Qwen2.5 settings
+    (q/k/v biases, rope 1e6, RMS eps 1e-6, tied embeddings, no sliding window). ``vocab_size`` is
+    the tokenizer's length; ``work.vocab_size``, when set, replaces it (Qwen's embedding has more
+    rows than its tokenizer has tokens).
+    """
+    if work.architecture == "qwen2":
+        return Qwen2Config(
+            vocab_size=work.vocab_size or vocab_size, hidden_size=work.hidden_size,
+            intermediate_size=work.intermediate_size, num_hidden_layers=work.num_hidden_layers,
+            num_attention_heads=work.num_attention_heads, num_key_value_heads=work.num_key_value_heads,
+            max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+            hidden_act="silu", use_sliding_window=False,
+            pad_token_id=pad_token_id, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+        )
+    if work.architecture != "llama":
+        raise ValueError(f"workload {work.name}: architecture must be llama or qwen2, got {work.architecture!r}")
     return LlamaConfig(
-        vocab_size=vocab_size, hidden_size=work.hidden_size, intermediate_size=work.intermediate_size,
+        vocab_size=work.vocab_size or vocab_size, hidden_size=work.hidden_size, intermediate_size=work.intermediate_size,
         num_hidden_layers=work.num_hidden_layers, num_attention_heads=work.num_attention_heads,
         num_key_value_heads=work.num_key_value_heads, max_position_embeddings=2048,
         rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True, hidden_act="silu",
