@@ -37,6 +37,9 @@ SMALL = ["--prompts", "2", "--samples", "2", "--response-len", "6"]
 """The rehearsal's batch: 2 prompts x 2 samples x 6 tokens."""
 LARGE_SIZE = {True: "qwen2.5-1.5b", False: "tiny-qwen2"}
 """The realistic size of check 47.2 on the GPU, and its tiny stand-in of the same architecture on CPU."""
+BYPASS = ("--bypass-steps", "2")
+"""After the measured steps, 2 more rlvr steps with the rollout's log-probs as the old ones
+(``algorithm.rollout_correction.bypass_mode``): the step with and without the old-log-prob pass."""
 ASYNC_STEPS = 8
 """Steps of each schedule in the ``async`` step on the GPU (12 did not fit its time limit on 2026-11-27)."""
 
@@ -79,6 +82,8 @@ class Step:
     """False: on the GPU, runs only when named in ``--steps`` (done before, or too long for the call)."""
     rehearsed: bool = True
     """False: the CPU rehearsal leaves it out unless named (a test checks its command instead)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment variables of the step's process."""
 
 
 def _small(ctx: Context) -> list[str]:
@@ -183,9 +188,10 @@ def _fp8_train(ctx: Context, result: Path) -> list[str]:
 
 STEPS = (
     Step("decode_profile", "47.1 decode", (120, 300), _decode_profile),
-    Step("trl", "47.1 decode", (180, 400), lambda ctx, result: _trl(ctx, result, ctx.size, "--bypass")),
+    Step("trl", "47.1 decode", (180, 400), lambda ctx, result: _trl(ctx, result, ctx.size, *BYPASS)),
     Step("weight_push", "47.3 IPC push", (60, 120), _weight_push),
-    Step("trl_1_5b", "47.2 1.5B", (240, 400), lambda ctx, result: _trl(ctx, result, LARGE_SIZE[ctx.gpu], "--bypass")),
+    Step("trl_1_5b", "47.2 1.5B", (300, 400), lambda ctx, result: _trl(ctx, result, LARGE_SIZE[ctx.gpu], *BYPASS),
+         env=(("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)),
     Step("make_model", "47.3 IPC push", (60, 120), _make_model),
     Step("async", "47.3 IPC push", (300, 400), _async, rehearsed=False),
     Step("gpu_tests", "47.4 roles", (150, 300), _gpu_tests),
@@ -207,8 +213,16 @@ TRAINER_KEYS = ("timing_s/step", "timing_s/gen", "timing_s/old_log_prob", "timin
 
 
 def _trl_note(result: dict) -> str:
+    """Step times and their ratio, the step in bypass mode, the update's MFU on each side."""
     note = (f"rlvr {result['rlvr']['median_s']:.2f} s, TRL {result['trl']['median_s']:.2f} s, "
             f"ratio {result['ratio_rlvr_over_trl']:.3f}")
+    if "rlvr_bypass" in result:
+        note += f"; bypass {result['rlvr_bypass']['median_s']:.2f} s"
+    mfu = {side: result[side].get("update_mfu") for side in ("rlvr", "trl")}
+    if all(value is not None for value in mfu.values()):
+        note += f"; update MFU rlvr {mfu['rlvr']:.1%}, TRL {mfu['trl']:.1%}"
+    if "decode" in result:
+        note += f"; decode {result['decode']['decode_over_floor']:.1f}x its floor"
     return note
 
 
@@ -218,6 +232,10 @@ def summary_note(record: dict) -> str:
     step = record["step"]
     if step in ("trl", "trl_1_5b") and "ratio_rlvr_over_trl" in result:
         return _trl_note(result)
+    if step == "weight_push" and "median_confirm_s" in result:
+        return (f"{result['path']}: blocking {result['median_blocking_s']:.4f} s, confirmed "
+                f"{result['median_confirm_s']:.4f} s, {result['bytes'] / 1e6:.0f} MB, "
+                f"bit-identical {result['all_bit_identical']}")
     if step == "fp8_rollout" and "fp8_speedup" in result:
         return (f"fp8 speed-up {result['fp8_speedup']:.2f}x, |dlogp| vs actor max "
                 f"{result['log_prob_gap']['fp8_vs_actor_same_dtype']['max']:.3g}")

@@ -124,7 +124,7 @@ def run_step(step: Step, ctx: Context, timeout_s: float) -> dict:
         return {**record, "status": "skipped", "reason": command}
     argv = [sys.executable, "-m", "benchmarks.gpu_checks", "--exec", *command]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "RLVR_GPU_SIM": "1" if ctx.simulate else "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **dict(step.env)}
     if not ctx.gpu:  # the rehearsal: the GPU tests that can run on CPU do (tests/gpu/conftest.py)
         env["RLVR_GPU_TESTS_DEVICE"] = "cpu"
     start = time.perf_counter()
