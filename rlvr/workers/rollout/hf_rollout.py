@@ -289,7 +289,7 @@ class HFRollout:
                 done |= torch.isin(tokens, eos)
             if stop:
                 done |= self._stopped_by_string(responses, step, active & ~done, stop)
-            if step == response_len - 1 or (can_stop and step % every == every - 1 and bool(done.all())):
+            if step == response_len - 1 or (can_stop and step % every == every - 1 and self._all_stopped(done)):
                 break
             if rng_before is not None and step % every == every - 1:
                 rng_before.clear()  # the check found rows running: the end lies after this step
@@ -302,6 +302,12 @@ class HFRollout:
             if last + 1 in rng_before:
                 self.generator.set_state(rng_before[last + 1])
         return cut
+
+    @staticmethod
+    def _all_stopped(done: torch.Tensor) -> bool:
+        """Whether every row of ``done`` ``[b]`` has stopped: a device read-back (a host sync on GPU);
+        its own method so that ``benchmarks/profile_decode.py`` can time it."""
+        return bool(done.all())
 
     def _generate(self, prompt: dict, settings: CallSettings, interrupt) -> tuple[dict[str, torch.Tensor], list[int]]:
         """Decode one micro-batch of prompts ``[b, P]`` (and their images) for up to
