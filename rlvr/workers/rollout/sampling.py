@@ -136,7 +136,7 @@ def _inverse_cdf_pick(weights: torch.Tensor, uniform: torch.Tensor,
     rounding of a 49K-entry sum would move the tail tokens' interval boundaries by more than their
     probabilities.
     """
-    rows, vocab = weights.shape
+    vocab = weights.shape[1]
     if block_sums is None:
         block_sums = _block_sums(weights)
     block_cdf = block_sums.cumsum(dim=-1)
