@@ -160,7 +160,15 @@ def summarise(prof, steps: int, on_device: bool) -> dict:
             "top_ops": top, "top_ops_by": "self device time" if on_device else "self CPU time", "split": split}
 
 
+def _write(results: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+
+
 def run(args: argparse.Namespace) -> dict:
+    """Build, warm up, time, profile; the timings are written to ``--json`` before the profiled call
+    (and kept, with ``profile_error``, if profiling fails)."""
     device = torch.device(args.device)
     compiled = device.type == "cuda" if args.compile is None else args.compile
     changes = {"prompts": args.prompts, "samples": args.samples, "response_len": args.response_len}
@@ -174,7 +182,7 @@ def run(args: argparse.Namespace) -> dict:
     engine = HFRollout(config, model, tokenizer, device, seed=args.seed, owns_module=False)
     steps = count_steps(engine)
     start = time.perf_counter()
-    engine.generate_sequences(prompts)  # warm-up (compiles)
+    engine.generate_sequences(prompts)  # warm-up (compiles; CUDA graphs are recorded here)
     warmup_s = time.perf_counter() - start
     steps[0] = 0
     sync(device)
@@ -182,33 +190,45 @@ def run(args: argparse.Namespace) -> dict:
     engine.generate_sequences(prompts)
     sync(device)
     wall = time.perf_counter() - start
-    decode_steps = steps[0]
+    decode_steps = max(steps[0], 1)
     prefill = prefill_seconds(model, prompts.batch["input_ids"], prompts.batch["attention_mask"],
                               prompts.batch["position_ids"], device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with labelled_loop(engine, compiled), profile(activities=activities) as prof:
-        engine.generate_sequences(prompts)
-        sync(device)
-    if args.trace:
-        prof.export_chrome_trace(args.trace)
     floor = floor_seconds(weight_bytes(model), kv_bytes_per_token(model), work.sequences, prompt_len, decode_steps,
                           args.hbm_bytes_per_s)
     decode_s = max(wall - prefill, 0.0)
     results = {"workload": dataclasses.asdict(work), "device": str(device), "compile": compiled,
                "static_cache": bool(config.static_cache),
                "eos_check": not args.ignore_eos, "stop_check_every": hf_rollout.stop_check_interval(device, False),
-               "rows": work.sequences, "prompt_len": prompt_len, "warmup_s": warmup_s, "decode_steps": decode_steps,
+               "rows": work.sequences, "prompt_len": prompt_len, "warmup_s": warmup_s, "decode_steps": steps[0],
                "wall_s": wall, "prefill_s": prefill, "decode_s": decode_s,
-               "ms_per_step": decode_s / max(decode_steps, 1) * 1e3, "read_floor_s": floor,
-               "bandwidth_bytes_per_s": args.hbm_bytes_per_s, "decode_over_floor": decode_s / floor,
-               **summarise(prof, max(decode_steps, 1), device.type == "cuda")}
-    print(f"{work.name} on {device} ({'compiled' if compiled else 'eager'}), {work.sequences} rows: {decode_steps} "
+               "ms_per_step": decode_s / decode_steps * 1e3, "read_floor_s": floor,
+               "bandwidth_bytes_per_s": args.hbm_bytes_per_s, "decode_over_floor": decode_s / floor}
+    print(f"{work.name} on {device} ({'compiled' if compiled else 'eager'}), {work.sequences} rows: {steps[0]} "
           f"decode steps in {decode_s:.3f} s = {results['ms_per_step']:.2f} ms/step, read floor {floor * 1e3:.1f} ms, "
-          f"{results['decode_over_floor']:.1f}x the floor", flush=True)
-    print(json.dumps({k: results[k] for k in ("launches_per_step", "syncs", "split")}, indent=1), flush=True)
-    for op in results["top_ops"]:
-        print(f"  {op['total_ms']:9.2f} ms {op['count']:7d}x  {op['name'][:100]}")
+          f"{results['decode_over_floor']:.1f}x the floor (warm-up call {warmup_s:.1f} s)", flush=True)
+    _write(results, args.json)
+    try:
+        results |= profiled(engine, prompts, device, compiled, decode_steps, args.trace)
+    except Exception as exc:  # keep the timings: the profile is the second half of the answer
+        results["profile_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"profiling failed: {results['profile_error']}", flush=True)
     return results
+
+
+def profiled(engine: HFRollout, prompts, device: torch.device, compiled: bool, steps: int, trace: str | None) -> dict:
+    """One generation under ``torch.profiler`` with the loop's parts labelled; its :func:`summarise`."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with labelled_loop(engine, compiled), profile(activities=activities) as prof:
+        engine.generate_sequences(prompts)
+        sync(device)
+    if trace:
+        prof.export_chrome_trace(trace)
+    summary = summarise(prof, steps, device.type == "cuda")
+    print(json.dumps({k: summary[k] for k in ("launches_per_step", "syncs", "split")}, indent=1), flush=True)
+    print(f"top {TOP} by {summary['top_ops_by']}:")
+    for op in summary["top_ops"]:
+        print(f"  {op['total_ms']:9.2f} ms {op['count']:7d}x  {op['name'][:100]}", flush=True)
+    return summary
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ def test_profile_of_a_tiny_decode_writes_a_sane_summary(tmp_path, static):
             "--no-compile", "--json", str(out), "--trace", str(tmp_path / "trace.json")] + ["--static-cache"] * static
     assert main(argv) == 0
     result = json.loads(out.read_text())
+    assert "profile_error" not in result
     assert result["rows"] == 4 and result["compile"] is False and result["eos_check"] is True
     assert result["static_cache"] is static
     assert result["decode_steps"] == 5  # random weights: no EOS, one decoder step per token after the first
@@ -44,3 +45,18 @@ def test_profile_of_a_tiny_decode_writes_a_sane_summary(tmp_path, static):
     assert static_decode.sample_with_uniform.__module__ == "rlvr.workers.rollout.sampling"
     assert "_all_stopped" not in vars(HFRollout) or isinstance(vars(HFRollout)["_all_stopped"], staticmethod)
     assert torch.is_grad_enabled()
+
+
+def test_a_failed_profile_keeps_the_timings(tmp_path, monkeypatch):
+    import benchmarks.profile_decode as profile_decode
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no profiler here")
+
+    monkeypatch.setattr(profile_decode, "summarise", broken)
+    out = tmp_path / "profile.json"
+    assert main(["--size", "tiny", "--device", "cpu", "--prompts", "1", "--samples", "2", "--response-len", "3",
+                 "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["profile_error"] == "RuntimeError: no profiler here"
+    assert result["decode_steps"] == 2 and result["ms_per_step"] > 0 and "top_ops" not in result
