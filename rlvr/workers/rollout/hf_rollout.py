@@ -3,14 +3,19 @@
 Each step runs the model on the last token with the KV cache, through a decoder of
 :mod:`~rlvr.workers.rollout.static_decode` (a growing transformers cache by default; a
 preallocated static cache with ``rollout.static_cache``, its step compiled with ``rollout.compile``:
-the GPU fast path), samples the next token with :func:`~rlvr.workers.rollout.sampling.sample_tokens`
-from a seeded ``torch.Generator`` and records its exact log-prob. With the growing cache, a prompt
+the GPU fast path), samples the next token from a seeded ``torch.Generator`` and records its exact
+log-prob: the first token with :func:`~rlvr.workers.rollout.sampling.sample_tokens` on the prefill's
+logits, every later one by the decoder's ``sample_step`` (model step and sampling in one compiled
+function, one CUDA graph, with ``rollout.compile``) from the uniform numbers of
+:func:`~rlvr.workers.rollout.sampling.draw_uniform`, drawn eagerly. With the growing cache, a prompt
 that occurs several times in a batch (``n`` times, as the trainer sends it) is prefilled once and its
 cache rows indexed out to every occurrence (the same token ids with other images are another
 prompt). Rows with images (``multi_modal_inputs``, see :mod:`rlvr.utils.multimodal`) pass them to the
 prefill; for an M-RoPE model the tokens after the prompt go on from its 3-D positions. A row stops at an EOS id (unless ``ignore_eos``) or when
 its text ends a stop string; the loop ends when all rows have stopped or after ``response_length``
-tokens.
+tokens; on CUDA whether all rows have stopped is read back every :data:`STOP_CHECK_EVERY` steps only
+(the generator is rewound over the draws of the steps run past the end, so the results and the
+generator's state are those of an every-step check).
 Finished rows keep running through the model (static batch) but their tokens become padding.
 With ``rollout.enable_rollout_routing_replay`` (a mixture-of-experts policy) the output carries
 ``routed_experts [B, P+R, layers, k]``, the experts every token was sent to
