@@ -3,14 +3,19 @@
 Each step runs the model on the last token with the KV cache, through a decoder of
 :mod:`~rlvr.workers.rollout.static_decode` (a growing transformers cache by default; a
 preallocated static cache with ``rollout.static_cache``, its step compiled with ``rollout.compile``:
-the GPU fast path), samples the next token with :func:`~rlvr.workers.rollout.sampling.sample_tokens`
-from a seeded ``torch.Generator`` and records its exact log-prob. With the growing cache, a prompt
+the GPU fast path), samples the next token from a seeded ``torch.Generator`` and records its exact
+log-prob: the first token with :func:`~rlvr.workers.rollout.sampling.sample_tokens` on the prefill's
+logits, every later one by the decoder's ``sample_step`` (model step and sampling in one compiled
+function, one CUDA graph, with ``rollout.compile``) from the uniform numbers of
+:func:`~rlvr.workers.rollout.sampling.draw_uniform`, drawn eagerly. With the growing cache, a prompt
 that occurs several times in a batch (``n`` times, as the trainer sends it) is prefilled once and its
 cache rows indexed out to every occurrence (the same token ids with other images are another
 prompt). Rows with images (``multi_modal_inputs``, see :mod:`rlvr.utils.multimodal`) pass them to the
 prefill; for an M-RoPE model the tokens after the prompt go on from its 3-D positions. A row stops at an EOS id (unless ``ignore_eos``) or when
 its text ends a stop string; the loop ends when all rows have stopped or after ``response_length``
-tokens.
+tokens; on CUDA whether all rows have stopped is read back every :data:`STOP_CHECK_EVERY` steps only
+(the generator is rewound over the draws of the steps run past the end, so the results and the
+generator's state are those of an every-step check).
 Finished rows keep running through the model (static batch) but their tokens become padding.
 With ``rollout.enable_rollout_routing_replay`` (a mixture-of-experts policy) the output carries
 ``routed_experts [B, P+R, layers, k]``, the experts every token was sent to
@@ -41,12 +46,27 @@ from rlvr.workers.rollout.base import (
     CallSettings, Weights, as_named_tensors, call_settings, register_rollout_engine, response_tensors,
 )
 from rlvr.workers.rollout.fp8 import rollout_fp8_weights
-from rlvr.workers.rollout.sampling import sample_tokens
+from rlvr.workers.rollout.sampling import draw_uniform, sample_tokens
 from rlvr.workers.rollout.static_decode import DynamicCacheDecoder, StaticCacheDecoder
 
 __all__ = ["HFRollout"]
 
 _PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+
+STOP_CHECK_EVERY = 8
+"""Decode steps between two reads of "has every row stopped?" on CUDA. The read (``bool(done.all())``)
+waits for the GPU to finish every queued step, so the host cannot queue the next one meanwhile: done
+every step it leaves the GPU idle for a launch latency per token. Checked every 8 steps, a call runs
+at most 7 steps past its last row's end (their tokens are padding, their random draws are undone),
+about 3% of a 256-token response, and the host stays ahead of the GPU. On CPU a read costs nothing
+while an extra step costs a full forward, so there it stays 1 (and stop strings, decoded on the host
+every step, keep 1 too)."""
+
+
+def stop_check_interval(device: torch.device, stop_strings: bool) -> int:
+    """Decode steps between two "has every row stopped?" reads: :data:`STOP_CHECK_EVERY` on CUDA,
+    1 on other devices or with stop strings (see :data:`STOP_CHECK_EVERY`)."""
+    return STOP_CHECK_EVERY if device.type == "cuda" and not stop_strings else 1
 
 
 @register_rollout_engine("hf")
@@ -236,12 +256,69 @@ class HFRollout:
             logits, offsets = logits[row_of_prompt], offsets[row_of_prompt]
         return logits, offsets
 
+    def _decode(self, logits: torch.Tensor, next_pos: torch.Tensor, settings: CallSettings, interrupt,
+                routes: RouteRecorder | None, out: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> list[int]:
+        """The sampling loop: the first token from the prefill's ``logits`` ``[b, vocab]``, then one
+        :meth:`sample_step` of the decoder per token (model step and sampling, one CUDA graph when
+        compiled) from position ``next_pos`` ``[b]`` on. Fills ``out = (responses, log_probs,
+        response_mask)`` (each ``[b, R]``, pre-filled with padding) in place; returns the rows cut short
+        by ``interrupt``.
+
+        Whether every row has stopped is read back every :data:`STOP_CHECK_EVERY` steps on CUDA (every
+        step on CPU and with stop strings); the extra steps of finished rows only write padding, and
+        the generator is rewound to where an every-step check would have left it.
+        """
+        responses, log_probs, response_mask = out
+        params, pad_id, stop = settings.sampling, settings.pad_id, settings.stop
+        rows, response_len = responses.shape
+        done = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        eos = torch.tensor(settings.eos_ids, device=self.device)
+        can_stop = not self.config.ignore_eos or bool(stop)  # else no device read-back per step
+        every = stop_check_interval(self.device, bool(stop))
+        rng_before: dict[int, torch.Tensor] | None = {} if every > 1 and can_stop and not params.greedy else None
+        cut: list[int] = []
+        tokens, token_log_probs = sample_tokens(logits, params, self.generator)
+        for step in range(response_len):
+            if step:
+                if rng_before is not None:
+                    rng_before[step] = self.generator.get_state()
+                uniform = draw_uniform(rows, params, self.generator, self.device)
+                tokens, token_log_probs = self.decoder.sample_step(tokens, next_pos + step - 1, params, uniform)
+                if routes is not None:
+                    routes.step(step - 1)
+            active = ~done
+            responses[:, step] = torch.where(active, tokens, pad_id)
+            log_probs[:, step] = torch.where(active, token_log_probs, 0.0)
+            response_mask[:, step] = active.to(response_mask.dtype)
+            if not self.config.ignore_eos:
+                done |= torch.isin(tokens, eos)
+            if stop:
+                done |= self._stopped_by_string(responses, step, active & ~done, stop)
+            if step == response_len - 1 or (can_stop and step % every == every - 1 and self._all_stopped(done)):
+                break
+            if rng_before is not None and step % every == every - 1:
+                rng_before.clear()  # the check found rows running: the end lies after this step
+            if interrupt is not None and interrupt.is_set():
+                cut = (~done).nonzero().flatten().tolist()
+                break
+            core_lending.fit_threads()  # the trainer's cores, while it waits for samples
+        if rng_before and bool(done.all()):
+            last = int(response_mask.sum(dim=1).max()) - 1  # the step after which every row had stopped
+            if last + 1 in rng_before:
+                self.generator.set_state(rng_before[last + 1])
+        return cut
+
+    @staticmethod
+    def _all_stopped(done: torch.Tensor) -> bool:
+        """Whether every row of ``done`` ``[b]`` has stopped: a device read-back (a host sync on GPU);
+        its own method so that ``benchmarks/profile_decode.py`` can time it."""
+        return bool(done.all())
+
     def _generate(self, prompt: dict, settings: CallSettings, interrupt) -> tuple[dict[str, torch.Tensor], list[int]]:
         """Decode one micro-batch of prompts ``[b, P]`` (and their images) for up to
         ``settings.response_length`` tokens; returns the output tensors (CPU) and the rows cut short
         because ``interrupt`` (a ``threading.Event`` or None) was set."""
         input_ids, attention_mask, position_ids = (prompt[k] for k in _PROMPT_KEYS)
-        params, pad_id, stop = settings.sampling, settings.pad_id, settings.stop
         rows, response_len = input_ids.shape[0], settings.response_length
         start = int(attention_mask.any(dim=0).nonzero()[0])
         if isinstance(self.decoder, StaticCacheDecoder) and input_ids.shape[1] - start + response_len > \
@@ -255,32 +332,10 @@ class HFRollout:
                                                                     response_len)
         logits, offsets = self._prefill(prompt, start, routes)
         next_pos = position_ids[:, -1].to(self.device) + 1 + offsets  # M-RoPE: text after images goes on from them
-        responses = torch.full((rows, response_len), pad_id, dtype=input_ids.dtype, device=self.device)
+        responses = torch.full((rows, response_len), settings.pad_id, dtype=input_ids.dtype, device=self.device)
         log_probs = torch.zeros(rows, response_len, device=self.device)
         response_mask = torch.zeros(rows, response_len, dtype=attention_mask.dtype, device=self.device)
-        done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        eos = torch.tensor(settings.eos_ids, device=self.device)
-        can_stop = not self.config.ignore_eos or bool(stop)  # else no device read-back per step
-        cut: list[int] = []
-        for step in range(response_len):
-            tokens, token_log_probs = sample_tokens(logits, params, self.generator)
-            active = ~done
-            responses[:, step] = torch.where(active, tokens, pad_id)
-            log_probs[:, step] = torch.where(active, token_log_probs, 0.0)
-            response_mask[:, step] = active.to(response_mask.dtype)
-            if not self.config.ignore_eos:
-                done |= torch.isin(tokens, eos)
-            if stop:
-                done |= self._stopped_by_string(responses, step, active & ~done, stop)
-            if step == response_len - 1 or (can_stop and bool(done.all())):
-                break
-            if interrupt is not None and interrupt.is_set():
-                cut = (~done).nonzero().flatten().tolist()
-                break
-            core_lending.fit_threads()  # the trainer's cores, while it waits for samples
-            logits = self.decoder.step(tokens, next_pos + step)
-            if routes is not None:
-                routes.step(step)
+        cut = self._decode(logits, next_pos, settings, interrupt, routes, (responses, log_probs, response_mask))
         self.decoder.finish()
         out = response_tensors(input_ids, attention_mask, position_ids, responses.cpu(), response_mask.cpu(),
                                log_probs.cpu(), self.weights_version)

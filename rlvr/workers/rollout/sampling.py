@@ -10,6 +10,11 @@ in the row's running sum of probabilities, first among blocks of the vocabulary,
 block. This is an exact draw from the categorical distribution, many times faster than
 ``torch.multinomial`` on CPU for a 49K vocabulary (one random number per row instead of one per
 vocabulary entry), and free of host synchronisation on GPU.
+
+The random draw and the arithmetic are split: :func:`draw_uniform` takes the one ``[rows, 1]``
+float64 uniform draw per step from the engine's ``torch.Generator``, and :func:`sample_with_uniform`
+is a pure function of the logits and those numbers, which the compiled decode step fuses with the
+model's forward (:mod:`~rlvr.workers.rollout.static_decode`). :func:`sample_tokens` chains the two.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["SamplingParams", "resolve_sampling", "sample_tokens"]
+__all__ = ["SamplingParams", "draw_uniform", "resolve_sampling", "sample_tokens", "sample_with_uniform"]
 
 
 @dataclass(frozen=True)
@@ -99,9 +104,27 @@ def _block_sums(weights: torch.Tensor) -> torch.Tensor:
     return sums
 
 
+def draw_uniform(rows: int, params: SamplingParams, generator: torch.Generator | None,
+                 device: torch.device | str) -> torch.Tensor | None:
+    """The random numbers of one sampling step: ``[rows, 1]`` float64 ``U[0, 1)`` from ``generator``,
+    or None for greedy decoding (which draws nothing, so the generator does not advance)."""
+    if params.greedy:
+        return None
+    return torch.rand(rows, 1, generator=generator, device=device, dtype=torch.float64)
+
+
 def _inverse_cdf_sample(weights: torch.Tensor, generator: torch.Generator | None,
                         block_sums: torch.Tensor | None = None) -> torch.Tensor:
-    """One token per row of ``weights`` ``[batch, vocab]`` (non-negative, not necessarily normalised).
+    """One token per row of ``weights`` ``[batch, vocab]``, drawing its uniform numbers from
+    ``generator`` (see :func:`_inverse_cdf_pick`)."""
+    uniform = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=torch.float64)
+    return _inverse_cdf_pick(weights, uniform, block_sums)
+
+
+def _inverse_cdf_pick(weights: torch.Tensor, uniform: torch.Tensor,
+                      block_sums: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row of ``weights`` ``[batch, vocab]`` (non-negative, not necessarily normalised)
+    for the uniform numbers ``uniform`` ``[batch, 1]`` float64 in ``[0, 1)``.
 
     Token ``i`` is chosen when ``u * total`` falls in ``[cdf[i-1], cdf[i])`` for ``u ~ U[0, 1)``;
     tokens of weight 0 cover an empty interval and are never chosen. The draw takes two levels: the
@@ -113,19 +136,19 @@ def _inverse_cdf_sample(weights: torch.Tensor, generator: torch.Generator | None
     rounding of a 49K-entry sum would move the tail tokens' interval boundaries by more than their
     probabilities.
     """
-    rows, vocab = weights.shape
+    vocab = weights.shape[1]
     if block_sums is None:
         block_sums = _block_sums(weights)
     block_cdf = block_sums.cumsum(dim=-1)
     total = block_cdf[:, -1:]
-    target = torch.rand(rows, 1, generator=generator, device=weights.device, dtype=torch.float64).mul_(total)
+    target = uniform * total
     # keep u * total strictly below total after rounding, so the last positive token is the largest pick
     target = torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
     block = torch.searchsorted(block_cdf, target, right=True).clamp_(max=block_cdf.shape[1] - 1)
     inside = target - (block_cdf.gather(1, block) - block_sums.gather(1, block))  # [rows, 1]
     columns = (block * BLOCK + torch.arange(BLOCK, device=weights.device)).clamp_(max=vocab - 1)  # [rows, BLOCK]
-    block_weights = weights.gather(1, columns).double()
-    block_weights[columns != block * BLOCK + torch.arange(BLOCK, device=weights.device)] = 0.0  # past the vocabulary
+    past_vocab = columns != block * BLOCK + torch.arange(BLOCK, device=weights.device)
+    block_weights = weights.gather(1, columns).double().masked_fill(past_vocab, 0.0)  # (no boolean indexing: compilable)
     cdf = block_weights.cumsum(dim=-1)
     pick = torch.searchsorted(cdf, inside, right=True)
     # rounding can leave `inside` at or past the block's own running total: take its last positive token
@@ -147,6 +170,17 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
         ``(tokens [batch] int64, log_probs [batch] float32)`` with ``log_probs`` under
         ``softmax(logits / params.log_prob_temperature)``.
     """
+    return sample_with_uniform(logits, params, draw_uniform(logits.shape[0], params, generator, logits.device))
+
+
+def sample_with_uniform(logits: torch.Tensor, params: SamplingParams, uniform: torch.Tensor | None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sample_tokens` for the random numbers ``uniform`` ``[batch, 1]`` of
+    :func:`draw_uniform` (None when greedy): a pure function of its inputs, with no generator, so
+    ``torch.compile`` can put it in the decode step's CUDA graph (it cannot take a custom
+    ``torch.Generator``). ``sample_tokens(logits, params, g)`` equals
+    ``sample_with_uniform(logits, params, draw_uniform(batch, params, g, device))`` bit for bit.
+    """
     scaled = logits.float()
     if params.log_prob_temperature != 1.0:
         scaled = scaled / params.log_prob_temperature
@@ -156,8 +190,11 @@ def sample_tokens(logits: torch.Tensor, params: SamplingParams, generator: torch
     log_norm = peak.squeeze(-1) + block_sums.sum(dim=-1).log().float()
     if params.greedy:
         tokens = scaled.argmax(dim=-1)
-    elif 0 < params.top_k < scaled.shape[-1] or params.top_p < 1.0:
-        tokens = _inverse_cdf_sample(_filter_top_k_top_p(scaled, params.top_k, params.top_p).softmax(dim=-1), generator)
     else:
-        tokens = _inverse_cdf_sample(weights, generator, block_sums)
+        if uniform is None:
+            raise ValueError("sampling (do_sample with temperature > 0) needs the uniform numbers of draw_uniform")
+        if 0 < params.top_k < scaled.shape[-1] or params.top_p < 1.0:
+            tokens = _inverse_cdf_pick(_filter_top_k_top_p(scaled, params.top_k, params.top_p).softmax(dim=-1), uniform)
+        else:
+            tokens = _inverse_cdf_pick(weights, uniform, block_sums)
     return tokens, scaled.gather(-1, tokens[:, None]).squeeze(-1) - log_norm

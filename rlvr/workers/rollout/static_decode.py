@@ -14,9 +14,14 @@ The prompt (prefill) always runs eagerly: its width changes from batch to batch.
 a model on transformers' ``"sdpa"`` attention uses :mod:`~rlvr.workers.rollout.gqa_attention`
 instead (same attention, grouped-query heads without copying the KV cache every step).
 
-Both decoders offer ``prefill(input_ids, attention_mask, position_ids, **image_inputs) -> logits [b, vocab]`` and
-``step(tokens [b], position_ids [b]) -> logits [b, vocab]`` for the sampling loop of
-:class:`~rlvr.workers.rollout.hf_rollout.HFRollout`; ``finish()`` ends a generation call.
+Both decoders offer ``prefill(input_ids, attention_mask, position_ids, **image_inputs) -> logits [b, vocab]``,
+``step(tokens [b], position_ids [b]) -> logits [b, vocab]`` and ``sample_step(tokens, position_ids,
+params, uniform) -> (tokens [b], log_probs [b])``, the step followed by
+:func:`~rlvr.workers.rollout.sampling.sample_with_uniform` (the random numbers ``uniform`` drawn by the
+caller), for the sampling loop of :class:`~rlvr.workers.rollout.hf_rollout.HFRollout`; ``finish()``
+ends a generation call. With ``compile`` the static decoder compiles the model step *and* the
+sampling as one function, so on CUDA one graph replay runs both (only the generator draw, which
+``torch.compile`` cannot take, and the loop's bookkeeping stay eager).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from transformers import StaticCache
 
 from rlvr.workers.kv_cache import select_cache_rows
 from rlvr.workers.rollout.gqa_attention import GROUPED_SDPA
+from rlvr.workers.rollout.sampling import SamplingParams, sample_with_uniform
 
 __all__ = ["DynamicCacheDecoder", "StaticCacheDecoder"]
 
@@ -63,6 +69,12 @@ class DynamicCacheDecoder:
         self._cache = out.past_key_values
         return out.logits[:, -1]
 
+    def sample_step(self, tokens: torch.Tensor, position_ids: torch.Tensor, params: SamplingParams,
+                    uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step`, then the next token of each row: ``(tokens [b], log_probs [b])`` of
+        :func:`~rlvr.workers.rollout.sampling.sample_with_uniform` for the draws ``uniform``."""
+        return sample_with_uniform(self.step(tokens, position_ids), params, uniform)
+
     def select_rows(self, rows: torch.Tensor) -> None:
         """Make row ``i`` of the prefilled cache a copy of its row ``rows[i]`` (``rows`` ``[b']`` long),
         so a prompt that occurs several times in the batch is prefilled once."""
@@ -96,16 +108,25 @@ class StaticCacheDecoder:
         self._mask: torch.Tensor | None = None
         self._compiled = compile
         self._restore_attention: str | None = None
+        self._graphs = compile and next(module.parameters()).is_cuda  # outputs live in CUDA-graph memory
         self._step_fn = self._forward_one
+        self._sample_step_fn = self._forward_and_sample
         if compile:
-            mode = "reduce-overhead" if next(module.parameters()).is_cuda else "default"
+            mode = "reduce-overhead" if self._graphs else "default"
             self._step_fn = torch.compile(self._forward_one, mode=mode, dynamic=False)
+            self._sample_step_fn = torch.compile(self._forward_and_sample, mode=mode, dynamic=False)
 
     def _forward_one(self, tokens: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
                      cache: StaticCache) -> torch.Tensor:
         out = self.module(input_ids=tokens, attention_mask=attention_mask, position_ids=position_ids,
                           past_key_values=cache, use_cache=True)
         return out.logits[:, -1].float()
+
+    def _forward_and_sample(self, tokens: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                            cache: StaticCache, params: SamplingParams, uniform: torch.Tensor | None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One model step and the sampling of its logits: the function compiled into one CUDA graph."""
+        return sample_with_uniform(self._forward_one(tokens, position_ids, attention_mask, cache), params, uniform)
 
     def _use_grouped_attention(self) -> None:
         """Switch an ``"sdpa"`` model to the grouped one-token attention until :meth:`finish`."""
@@ -157,6 +178,24 @@ class StaticCacheDecoder:
         if self._compiled:
             torch.compiler.cudagraph_mark_step_begin()
         return self._step_fn(tokens[:, None], position_ids[:, None], self._mask, self._cache)
+
+    def sample_step(self, tokens: torch.Tensor, position_ids: torch.Tensor, params: SamplingParams,
+                    uniform: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed one token per row (``[b]``) at ``position_ids`` (``[b]``) and sample the next one:
+        ``(tokens [b] int64, log_probs [b] float32)`` of
+        :func:`~rlvr.workers.rollout.sampling.sample_with_uniform` for the draws ``uniform``
+        (``[b, 1]`` float64, None when greedy). With ``compile`` the model step and the sampling are
+        one compiled function (one CUDA graph on GPU, whose outputs are copied out before they are
+        returned, since the next replay overwrites them).
+        """
+        assert self._cache is not None and self._mask is not None, "prefill() must run before sample_step()"
+        if self._compiled:
+            torch.compiler.cudagraph_mark_step_begin()
+        next_tokens, log_probs = self._sample_step_fn(tokens[:, None], position_ids[:, None], self._mask, self._cache,
+                                                      params, uniform)
+        if self._graphs:
+            return next_tokens.clone(), log_probs.clone()
+        return next_tokens, log_probs
 
     def finish(self) -> None:
         """End a call (the model's attention setting is restored); the cache stays allocated for the
