@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# All GPU checks of issue #29 in one device call (benchmarks/gpu_checks.py says what each step does).
-# Before the call, here: bash benchmarks/prepare_gpu_bundle.sh (fills .whl/ and .bench/). The call
-# (docs/PERFORMANCE.md, "GPU"): run(command="bash benchmarks/gpu_checks.sh", carry=[".whl", ".bench"],
-# timeout_s=570). Results land in $OUT as each step ends: results.jsonl, steps.log, summary.md,
-# install.log.
+# The GPU checks in one device call (benchmarks/gpu_check_steps.py says what each step does, in
+# issue #47's order). Before the call, here: bash benchmarks/prepare_gpu_bundle.sh (fills .whl/ and
+# .bench/). The calls (docs/PERFORMANCE.md, "GPU checks"): run(command="bash benchmarks/gpu_checks.sh
+# --budget-s 480", carry=[".whl", ".bench"], timeout_s=540), then the skipped steps by name.
+# Results land in $OUT as each step ends: results.jsonl, steps.log, summary.md, install.log.
 #   bash benchmarks/gpu_checks.sh                 # on the GPU machine ($OUT set there)
 #   bash benchmarks/gpu_checks.sh cpu             # rehearsal here: tiny models, .venv, GPU imports blocked
-# Further arguments go to the driver (e.g. --steps fp8_rollout,fp8_train --budget-s 300).
+# Further arguments go to the driver (e.g. --steps make_model,async,gpu_tests --budget-s 240).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=cuda
