@@ -6,15 +6,24 @@ from __future__ import annotations
 
 import math
 import pickle
-import threading
 
 import pytest
 import torch
 
 from rlvr.workers.rollout import cuda_ipc_weights
 from rlvr.workers.rollout.cuda_ipc_weights import CudaIpcWeights, CudaIpcWeightsWriter
-from rlvr.workers.rollout.partial import WeightInbox
-from rlvr.workers.rollout.shared_weights import ALIGN, SharedWeights, WeightsHandle, layout_of, plan, tensor_views
+from rlvr.workers.rollout.shared_weights import (
+    ALIGN,
+    SharedWeights,
+    WeightsHandle,
+    layout_of,
+    plan,
+    tensor_views,
+)
+from tests.workers.rollout.weight_handles import (
+    check_inbox_reads_idle_and_copies_out_while_generating,
+    weights,
+)
 
 _SHARED: dict[int, torch.Tensor] = {}
 """The stand-in for CUDA IPC: tensors "shared" by id (one process)."""
@@ -54,14 +63,6 @@ def _clean():
     yield
     cuda_ipc_weights.forget_opened()
     _SHARED.clear()
-
-
-def weights(scale: float) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    return {"embed.weight": scale * torch.randn(7, 5, generator=generator),
-            "norm.weight": (scale * torch.randn(3, generator=generator)).to(torch.bfloat16),
-            "steps": torch.tensor(11, dtype=torch.int64), "empty": torch.empty(0, 4),
-            "head.bias": (scale * torch.randn(9, generator=generator)).to(torch.float16)}
 
 
 def assert_same(got: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
@@ -138,41 +139,9 @@ def test_weights_on_several_devices_are_refused_with_the_devices_named():
         writer.pack({"a": torch.ones(2), "b": torch.empty(2, device="meta")})
 
 
-class _Engine:
-    def __init__(self) -> None:
-        self.loaded, self.weights_version = [], 0
-
-    def wake_up(self) -> None:
-        pass
-
-    def sleep(self) -> None:
-        pass
-
-    def update_weights(self, weights, version: int) -> None:
-        self.loaded.append((version, weights["embed.weight"].clone()))
-        self.weights_version = version
-
-
 def test_the_inbox_reads_a_cuda_handle_at_once_when_idle_and_copies_it_out_while_generating():
-    writer, engine = CudaIpcWeightsWriter(share=fake_share, new_event=fake_event), _Engine()
-    inbox = WeightInbox(engine, partial_rollout=False)
-    inside, release = threading.Event(), threading.Event()
-
-    def generate():
-        with inbox.generation(validate=False):
-            inside.set()
-            release.wait(10)
-
-    thread = threading.Thread(target=generate)
-    thread.start()
-    inside.wait(10)
-    assert inbox.deliver(writer.pack(weights(1.0)), version=1) == {}  # generating: copied out, waits
-    writer.pack(weights(5.0))  # the trainer's next push overwrites the buffer
-    release.set()
-    thread.join(10)
-    assert [v for v, _ in engine.loaded] == [1] and torch.equal(engine.loaded[0][1], weights(1.0)["embed.weight"])
-    inbox.deliver(writer.pack(weights(2.0)), version=2)  # idle: read from the buffer at once
-    assert engine.loaded[-1][0] == 2 and torch.equal(engine.loaded[-1][1], weights(2.0)["embed.weight"])
+    check_inbox_reads_idle_and_copies_out_while_generating(
+        CudaIpcWeightsWriter(share=fake_share, new_event=fake_event))
 
 
 def test_plain_weights_are_not_taken_for_a_handle():

@@ -7,26 +7,19 @@ import os
 import pickle
 import subprocess
 import sys
-import threading
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from rlvr.workers.rollout import shared_weights
-from rlvr.workers.rollout.partial import WeightInbox
 from rlvr.workers.rollout.shared_weights import SharedWeights, SharedWeightsWriter
+from tests.workers.rollout.weight_handles import (
+    check_inbox_reads_idle_and_copies_out_while_generating,
+    weights,
+)
 
 pytestmark = pytest.mark.skipif(not os.path.isdir(shared_weights.SHM_DIR), reason="no /dev/shm")
-
-
-def weights(scale: float) -> dict[str, torch.Tensor]:
-    """Odd sizes and every dtype a policy holds (the offsets must stay aligned), an empty tensor and a scalar."""
-    generator = torch.Generator().manual_seed(0)
-    return {"embed.weight": scale * torch.randn(7, 5, generator=generator),
-            "norm.weight": (scale * torch.randn(3, generator=generator)).to(torch.bfloat16),
-            "steps": torch.tensor(11, dtype=torch.int64), "empty": torch.empty(0, 4),
-            "head.bias": (scale * torch.randn(9, generator=generator)).to(torch.float16)}
 
 
 def segment_exists(handle: SharedWeights) -> bool:
@@ -81,44 +74,10 @@ def test_weights_go_by_value_when_shared_memory_has_too_little_room(monkeypatch)
     assert SharedWeightsWriter().pack(given) is given
 
 
-class _Engine:
-    """Records the first parameter of every load (the inbox's engine)."""
-
-    def __init__(self) -> None:
-        self.loaded, self.weights_version = [], 0
-
-    def wake_up(self) -> None:
-        pass
-
-    def sleep(self) -> None:
-        pass
-
-    def update_weights(self, weights, version: int) -> None:
-        self.loaded.append((version, weights["embed.weight"].clone()))
-        self.weights_version = version
-
-
 def test_weights_that_wait_for_a_generation_are_copied_out_before_the_trainer_writes_again():
-    writer, engine = SharedWeightsWriter(), _Engine()
-    inbox = WeightInbox(engine, partial_rollout=False)
-    inside, release = threading.Event(), threading.Event()
-
-    def generate():
-        with inbox.generation(validate=False):
-            inside.set()
-            release.wait(10)
-
+    writer = SharedWeightsWriter()
     try:
-        thread = threading.Thread(target=generate)
-        thread.start()
-        inside.wait(10)
-        assert inbox.deliver(writer.pack(weights(1.0)), version=1) == {}  # generating: it waits
-        writer.pack(weights(5.0))  # the trainer's next push overwrites the segment
-        release.set()
-        thread.join(10)
-        assert [v for v, _ in engine.loaded] == [1] and torch.equal(engine.loaded[0][1], weights(1.0)["embed.weight"])
-        inbox.deliver(writer.pack(weights(2.0)), version=2)  # idle: read from the segment at once
-        assert engine.loaded[-1][0] == 2 and torch.equal(engine.loaded[-1][1], weights(2.0)["embed.weight"])
+        check_inbox_reads_idle_and_copies_out_while_generating(writer)
     finally:
         writer.close()
 
