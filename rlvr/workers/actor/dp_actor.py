@@ -32,12 +32,15 @@ run unpacked.
 
 A mixture-of-experts policy's routers are watched (and, with ``router_replay``, steered) around every
 forward pass (:mod:`rlvr.workers.moe.actor_routing`): routing replay from the batch's ``routed_experts``,
-the load-balancing loss in the policy loss, the expert-load metrics.
+the load-balancing loss in the policy loss, the expert-load metrics. Its prompts are shared as a dense
+policy's are, with the routers following the forward's two segments; a micro-batch that replays routes
+whose rows of one prompt carry different prompt routes runs the plain forward.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 from omegaconf import OmegaConf
@@ -70,13 +73,13 @@ from rlvr.utils.multimodal import MULTI_MODAL_INPUTS, model_inputs, multi_modal_
 from rlvr.utils.torch_functional import DEFAULT_CHUNK_ROWS, entropy_from_logits
 from rlvr.workers.actor.linear_log_probs import linear_token_stats
 from rlvr.workers.actor.packed_log_probs import pack_micro_batch, packed_log_probs
-from rlvr.workers.actor.shared_prompt import shared_prompt_hidden
+from rlvr.workers.actor.shared_prompt import PromptSharing, prompt_sharing, shared_prompt_hidden
 from rlvr.workers.actor.token_stats import logits_token_stats
 from rlvr.workers.batching import micro_batch_indices, prompt_grouped_order, select_batch_keys
 from rlvr.workers.fsdp import clip_grad_norm
 from rlvr.workers.models import unwrap_hf_model
 from rlvr.workers.moe.actor_routing import ActorRouting, ForwardRouting
-from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
+from rlvr.workers.moe.layout import ROUTED_EXPERTS, SharedPromptLayout, TokenLayout
 from rlvr.workers.moe.routers import RoutingTap, router_tap
 from rlvr.workers.optimizer import max_grad_norm
 from rlvr.workers.ppo_update import run_ppo_epochs, update_mini_batch
@@ -123,14 +126,15 @@ def response_logits(module: nn.Module, batch: dict[str, torch.Tensor], temperatu
     return logits
 
 
-def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor], share_prompts: bool = False
+def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor], share_prompts: bool = False,
+                    sharing: PromptSharing | None = None, on_segment: Callable[[int], None] | None = None
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Final hidden states that predict the response tokens, and the LM-head weight.
 
     The same window as :func:`response_logits`, through the model's decoder only (no LM head).
     With ``share_prompts``, each distinct prompt of the batch runs once and its KV cache serves all
-    its responses (:func:`~rlvr.workers.actor.shared_prompt.shared_prompt_hidden`; same values and
-    gradients).
+    its responses (:func:`~rlvr.workers.actor.shared_prompt.shared_prompt_hidden`, with the caller's
+    ``sharing`` plan and ``on_segment`` hook when given; same values and gradients).
 
     Returns:
         ``(hidden [b, r, H], weight [vocab, H])``.
@@ -142,7 +146,8 @@ def response_hidden(module: nn.Module, batch: dict[str, torch.Tensor], share_pro
         window = {key: batch[key][:, start:stop] for key in ("input_ids", "attention_mask", "position_ids")}
         prompt_len = stop - start - num_response
         hidden = shared_prompt_hidden(module, **window, prompt_len=prompt_len, num_response=num_response,
-                                      multi_modal=batch.get(MULTI_MODAL_INPUTS))
+                                      multi_modal=batch.get(MULTI_MODAL_INPUTS), sharing=sharing,
+                                      on_segment=on_segment)
         if hidden is not None:
             return hidden, weight
     # the base model: the decoder of a text model; the decoder with the vision encoder of a VLM
@@ -259,15 +264,13 @@ class DataParallelPPOActor:
 
     def _moe_routing(self, router_replay: str) -> ActorRouting | None:
         """The routing side of a mixture-of-experts policy (None for a dense one); an MoE policy runs
-        every prompt with its responses (no shared prompt forward: the routers' tokens are the rows')
-        and eagerly (the router hooks are Python side effects that torch.compile would not replay)."""
+        eagerly (the router hooks are Python side effects that torch.compile would not replay)."""
         tap = self._router_tap()
         if tap is None:
             if router_replay != "disabled":
                 raise ValueError(f"router_replay.mode={router_replay} replays the experts of a mixture-of-experts "
                                  f"model, but {type(self.module).__name__} has no router rlvr knows; set it to disabled")
             return None
-        self.share_prompts = False
         if self._compiled is not None:
             logger.warning("use_torch_compile: a mixture-of-experts actor's forward runs eagerly (its router hooks "
                            "record and replay routes); set actor_rollout_ref.actor.use_torch_compile=false to silence this")
@@ -275,17 +278,34 @@ class DataParallelPPOActor:
         coef = tap.aux_loss_coef if self.optimizer is not None else 0.0
         return ActorRouting(tap, router_replay, coef, self.sp, self.world_size, self.dp_group)
 
-    def _start_routing(self, batch: dict[str, torch.Tensor], packed: bool) -> PackedBatch | None:
-        """Arm an MoE policy's routers for the forward pass of micro-batch ``batch`` (a packed forward
-        when ``packed``: its packing is returned, for the forward to reuse); None otherwise."""
+    def _start_routing(self, batch: dict[str, torch.Tensor], packed: bool, share: bool = False
+                       ) -> tuple[PackedBatch | None, PromptSharing | None]:
+        """Arm an MoE policy's routers for the forward pass of micro-batch ``batch``: a packed forward
+        when ``packed`` (its packing is returned, for the forward to reuse), a shared-prompt forward
+        when ``share`` and the micro-batch can run one (its plan is returned: prompts to share and,
+        when replaying, equal prompt routes in the rows of each prompt), else the plain forward.
+        ``(None, None)`` for a dense policy."""
         if self.routing is None:
-            return None
+            return None, None
         if packed:
             packing = pack_micro_batch(batch, self.sp)
             self.routing.start(batch, TokenLayout.packed(batch["attention_mask"], packing, self.sp))
-            return packing
-        self.routing.start(batch, TokenLayout.padded(batch["attention_mask"], *response_window(batch)[:2]))
-        return None
+            return packing, None
+        start, stop, num_response = response_window(batch)
+        prompt_stop = stop - num_response
+        sharing = None
+        if share:
+            sharing = prompt_sharing(self.module, batch["input_ids"][:, start:stop],
+                                     batch["attention_mask"][:, start:stop], prompt_stop - start,
+                                     batch.get(MULTI_MODAL_INPUTS))
+        if sharing is not None:
+            layout = SharedPromptLayout.padded(batch["attention_mask"], start, prompt_stop, stop, sharing.first,
+                                               sharing.inverse)
+            if self.routing.can_share(batch, layout):
+                self.routing.start(batch, layout)
+                return None, sharing
+        self.routing.start(batch, TokenLayout.padded(batch["attention_mask"], start, stop))
+        return None, None
 
     def _micro_batches(self, batch: dict[str, torch.Tensor], size: int, use_dynamic_bsz: bool,
                        max_token_len: int) -> list[list[int]]:
@@ -307,8 +327,9 @@ class DataParallelPPOActor:
         """``{"log_probs": [b, R]}`` (float32, 0 past the last response column) and, when asked,
         ``"entropy"`` and ``"sum_pi_squared"`` ``[b, R]`` of each token's (tempered) distribution;
         under autocast in ``compute_dtype`` when set; an MoE policy's routers armed first."""
-        packed = self._start_routing(batch, self.use_remove_padding)
-        args = (batch, temperature, calculate_entropy, entropy_grad, calculate_sum_pi_squared, packed)
+        share = self.share_prompts and not (calculate_entropy and entropy_grad)  # the hidden-state path's
+        packed, sharing = self._start_routing(batch, self.use_remove_padding, share)
+        args = (batch, temperature, calculate_entropy, entropy_grad, calculate_sum_pi_squared, packed, sharing)
         if self.autocast_dtype is None:
             return self._compiled_or_eager(*args)
         with torch.autocast(self.device.type, dtype=self.autocast_dtype):
@@ -329,15 +350,21 @@ class DataParallelPPOActor:
 
     def _forward_in_dtype(self, batch: dict[str, torch.Tensor], temperature: float, calculate_entropy: bool,
                           entropy_grad: bool, calculate_sum_pi_squared: bool = False,
-                          packed: PackedBatch | None = None) -> dict[str, torch.Tensor]:
-        """The forward of :meth:`_forward_stats` (``packed``: the micro-batch's packing, when made already)."""
+                          packed: PackedBatch | None = None, sharing: PromptSharing | None = None
+                          ) -> dict[str, torch.Tensor]:
+        """The forward of :meth:`_forward_stats` (``packed``: the micro-batch's packing, when made
+        already; ``sharing``: an MoE policy's shared-prompt plan, its routers armed for it)."""
         core_lending.check_per_layer(self.module)  # the rollout's cores, while it waits
         if self.use_remove_padding:
             return packed_log_probs(self.module, batch, temperature, calculate_entropy, entropy_grad,
                                     self.chunked_head, self.sp, calculate_sum_pi_squared, self.entropy_chunk, packed)
         response_len = batch["responses"].shape[1]
         if self.chunked_head and not (calculate_entropy and entropy_grad):
-            hidden, weight = response_hidden(self.module, batch, self.share_prompts)
+            if self.routing is None:
+                hidden, weight = response_hidden(self.module, batch, self.share_prompts)
+            else:  # an MoE policy shares prompts only as its routers were armed
+                hidden, weight = response_hidden(self.module, batch, sharing is not None, sharing,
+                                                 self.routing.enter_segment)
             labels = batch["responses"][:, : hidden.shape[1]]
             stats = linear_token_stats(hidden, weight, labels, temperature, with_entropy=calculate_entropy,
                                        with_sum_pi_squared=calculate_sum_pi_squared)
@@ -581,7 +608,7 @@ class DataParallelPPOActor:
         ``[b, R, K]`` (``batch["teacher_topk_ids"]``), all from the micro-batch's full logits
         (float32, 0 past the last response column)."""
         core_lending.check_per_layer(self.module)
-        self._start_routing(batch, packed=False)
+        self._start_routing(batch, packed=False)  # the full-logits path: no shared prompts
         response_len = batch["responses"].shape[1]
         logits = response_logits(self.module, batch, temperature)
         r = logits.shape[1]

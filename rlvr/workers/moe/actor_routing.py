@@ -19,6 +19,13 @@ arms the model's :class:`~rlvr.workers.moe.routers.RouterTap` around every forwa
 - **Expert load**: ``actor/moe_load_entropy/layer_<i>``, the entropy (nats) of the share of the
   mini-batch's top-k choices each expert of MoE layer ``i`` got (``log E`` = perfectly balanced),
   over all real tokens of the global mini-batch.
+- **Shared prompts** (``actor.share_prompt_forward``, where the actor runs each distinct prompt of a
+  micro-batch once: :mod:`rlvr.workers.actor.shared_prompt`): the forward runs in two segments
+  (:class:`~rlvr.workers.moe.layout.SharedPromptLayout`). A prompt token counts in the loss and the
+  load once per row of its prompt, as in the plain forward; recorded routes come out per row; replay
+  sends the prompt's tokens to the experts recorded in one of its rows, and a micro-batch whose rows
+  of one prompt carry different prompt routes runs the plain forward instead
+  (``actor/moe_shared_prompt_fallback`` counts those micro-batches).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import torch
 from rlvr.workers.collectives import all_reduce_sum
 from rlvr.workers.moe import REPLAY_MODES
 from rlvr.workers.moe.balance import expert_counts, load_balancing_loss, load_entropy
-from rlvr.workers.moe.layout import ROUTED_EXPERTS, TokenLayout
+from rlvr.workers.moe.layout import ROUTED_EXPERTS, SharedPromptLayout, TokenLayout
 from rlvr.workers.moe.routers import RoutingTap
 from rlvr.workers.ulysses import SequenceParallel
 
@@ -73,9 +80,10 @@ class ActorRouting:
         self.sp = sp
         self.world_size = world_size
         self.group = group
-        self.layout: TokenLayout | None = None
+        self.layout: TokenLayout | SharedPromptLayout | None = None
         self.step = ForwardRouting()
         self._counts = torch.zeros(tap.shape.layers, tap.shape.num_experts, dtype=torch.float64)
+        self._fallbacks = 0
 
     def log_prob_step(self) -> ForwardRouting:
         """``compute_log_prob``: replay the rollout's routes (R3) or record the actor's own (R2)."""
@@ -96,24 +104,37 @@ class ActorRouting:
         raise ValueError(f"{method}: router_replay.mode={self.mode} replays the batch's {ROUTED_EXPERTS}, but the "
                          f"batch has none; {why}")
 
-    def start(self, batch: dict[str, torch.Tensor], layout: TokenLayout) -> None:
+    def start(self, batch: dict[str, torch.Tensor], layout: TokenLayout | SharedPromptLayout) -> None:
         """Arm the tap for the forward pass of micro-batch ``batch`` laid out as ``layout``."""
         replay = layout.tokens(batch[ROUTED_EXPERTS]) if self.step.replay else None
         self.layout = layout
-        self.tap.arm(replay, keep_logits=self.step.train)
+        self.tap.arm(replay, keep_logits=self.step.train, segments=layout.segments)
+
+    def can_share(self, batch: dict[str, torch.Tensor], layout: SharedPromptLayout) -> bool:
+        """Whether micro-batch ``batch`` may run on shared prompts (``layout``): always, unless it
+        replays routes and the rows of one prompt carry different prompt routes (counted, for
+        ``actor/moe_shared_prompt_fallback``; the caller then runs the plain forward)."""
+        if not self.step.replay or layout.prompt_routes_agree(batch[ROUTED_EXPERTS]):
+            return True
+        self._fallbacks += 1
+        return False
+
+    def enter_segment(self, index: int) -> None:
+        """Segment ``index`` of a shared-prompt forward runs next (0: the prompts, 1: the responses)."""
+        self.tap.enter_segment(index)
 
     def aux_loss(self) -> torch.Tensor:
         """This rank's load-balancing loss of the latest forward pass (with its gradient); under
         sequence parallelism this rank's part, which adds up over the group to the loss of the rows."""
         group = self.sp.group if self.sp.enabled and self.layout.packed_len is not None else None
-        return load_balancing_loss(self.tap.logits, self.tap.selected, self.layout.token_mask(),
+        return load_balancing_loss(self.tap.logits, self.tap.selected, self.layout.token_weights(),
                                    self.tap.shape.num_experts, group)
 
     def count_load(self) -> None:
         """Add the latest forward pass's expert choices (real tokens) to the mini-batch's load."""
-        mask = self.layout.token_mask()
-        self._counts += expert_counts(self.tap.selected, mask.to(self.tap.selected[0].device),
-                                      self.tap.shape.num_experts).cpu()
+        selected = self.tap.selected
+        weights = self.layout.token_weights().to(selected[0].device)
+        self._counts += expert_counts(selected, weights, self.tap.shape.num_experts).cpu()
 
     def routes(self) -> torch.Tensor:
         """The latest forward pass's routes as ``[b, S, layers, k]`` int16 (collective under sequence parallelism)."""
@@ -121,10 +142,17 @@ class ActorRouting:
 
     def load_metrics(self, device: torch.device) -> dict[str, float]:
         """``actor/moe_load_entropy/layer_<i>`` of the load counted since the last call, over all
-        data-parallel ranks (collective); the count starts again."""
-        counts = all_reduce_sum(self._counts.to(device), self.world_size, self.group).cpu()
-        self._counts = torch.zeros_like(self._counts)
-        return {f"actor/moe_load_entropy/layer_{i}": float(v) for i, v in enumerate(load_entropy(counts))}
+        data-parallel ranks (collective), and ``actor/moe_shared_prompt_fallback``, the micro-batches
+        (``compute_log_prob``'s and the update's) that ran the plain forward for want of equal prompt
+        routes since the last call; the counts start again."""
+        fallbacks = torch.tensor([float(self._fallbacks)], dtype=torch.float64)
+        summed = all_reduce_sum(torch.cat([self._counts.flatten(), fallbacks]).to(device), self.world_size,
+                                self.group).cpu()
+        counts = summed[:-1].view_as(self._counts)
+        self._counts, self._fallbacks = torch.zeros_like(self._counts), 0
+        metrics = {f"actor/moe_load_entropy/layer_{i}": float(v) for i, v in enumerate(load_entropy(counts))}
+        metrics["actor/moe_shared_prompt_fallback"] = float(summed[-1])
+        return metrics
 
     def stop(self) -> None:
         """Disarm the tap (after the backward passes of an update, or after ``compute_log_prob``)."""

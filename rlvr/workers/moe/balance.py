@@ -28,16 +28,18 @@ def expert_counts(selected: list[torch.Tensor], token_mask: torch.Tensor, num_ex
 
     Args:
         selected: per MoE layer, ``[T, k]`` the chosen experts of every token.
-        token_mask: ``[T]`` bool, the real tokens (padding is not counted).
+        token_mask: ``[T]`` bool, the real tokens (padding is not counted); or ``[T]`` float, how many
+            times each token counts (0 for padding; a shared prompt's token once per row of its prompt).
         num_experts: ``E``.
 
     Returns:
-        ``[layers, E]`` float64 counts (every real token adds ``k``).
+        ``[layers, E]`` float64 counts (every real token adds ``k`` times its count).
     """
     rows = []
     for chosen in selected:
-        picked = chosen[token_mask].flatten().long()
-        rows.append(torch.bincount(picked, minlength=num_experts)[:num_experts].double())
+        weights = token_mask.to(device=chosen.device, dtype=torch.float64)[:, None].expand(chosen.shape)
+        counts = torch.bincount(chosen.flatten().long(), weights=weights.flatten(), minlength=num_experts)
+        rows.append(counts[:num_experts])
     return torch.stack(rows)
 
 
@@ -48,7 +50,8 @@ def load_balancing_loss(router_logits: list[torch.Tensor], selected: list[torch.
     Args:
         router_logits: per MoE layer, ``[T, E]`` the router's logits of every token.
         selected: per MoE layer, ``[T, k]`` the experts each token was sent to (``f`` counts these).
-        token_mask: ``[T]`` bool, the real tokens.
+        token_mask: ``[T]`` bool, the real tokens; or ``[T]`` float, how many times each token
+            counts (:func:`expert_counts`): the loss of the tokens repeated that many times.
         num_experts: ``E``.
         group: ranks that hold the other tokens of the same sequences (a sequence-parallel group):
             ``f`` and ``N`` are summed over it and the result is this rank's part (module docstring);

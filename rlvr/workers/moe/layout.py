@@ -10,6 +10,8 @@ The routers see a forward pass's tokens flattened, ``[T, hidden]``: a padded for
 columns`` of the window it runs (``columns x rows`` in megatron-core, whose activations are sequence-major) (:func:`~rlvr.workers.actor.dp_actor.response_window`), or the packed
 row of ``model.use_remove_padding`` (the real tokens row after row, padding for sequence parallelism
 at the end; under Ulysses each rank runs its slice). :class:`TokenLayout` maps between the two.
+The actor's shared-prompt forward (:mod:`rlvr.workers.actor.shared_prompt`) runs in two segments,
+each distinct prompt once and then every row's response on its cache: :class:`SharedPromptLayout`.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import torch
 from rlvr.workers.packing import PackedBatch
 from rlvr.workers.ulysses import SequenceParallel, gather_sequence
 
-__all__ = ["ROUTED_EXPERTS", "ROUTED_EXPERTS_NUM_EXPERTS", "TokenLayout", "empty_routes", "routes_dtype"]
+__all__ = ["ROUTED_EXPERTS", "ROUTED_EXPERTS_NUM_EXPERTS", "SharedPromptLayout", "TokenLayout", "empty_routes",
+           "routes_dtype"]
 
 ROUTED_EXPERTS = "routed_experts"
 """Batch key of the experts each token was routed to, ``[B, S, layers, k]`` (module docstring)."""
@@ -78,6 +81,16 @@ class TokenLayout:
         real = int(self.mask.sum())
         return (torch.arange(self.packed_len, device=self.mask.device) < real)[self.part]
 
+    def token_weights(self) -> torch.Tensor:
+        """``[T]``: how many times each token counts in the load-balancing loss and the expert load
+        (:meth:`token_mask`: each real token once)."""
+        return self.token_mask()
+
+    @property
+    def segments(self) -> None:
+        """One forward pass, one segment (see :attr:`SharedPromptLayout.segments`)."""
+        return None
+
     def tokens(self, routes: torch.Tensor) -> torch.Tensor:
         """``routes [b, S, layers, k]`` in the forward's token order: ``[T, layers, k]`` int64, ``-1`` on padding."""
         routes = routes.to(self.mask.device).long()
@@ -103,4 +116,77 @@ class TokenLayout:
             return out
         whole = gather_sequence(tokens, sp) if sp.enabled else tokens
         out[self.mask] = whole[: int(self.mask.sum())].to(torch.int16)
+        return out
+
+
+@dataclass(frozen=True)
+class SharedPromptLayout:
+    """The tokens of a shared-prompt forward of a padded window ``start:stop`` (the actor's, see
+    :func:`~rlvr.workers.actor.shared_prompt.shared_prompt_hidden`), in the routers' order: segment 0
+    runs columns ``start:prompt_stop`` of one row per distinct prompt (``first``), segment 1 columns
+    ``prompt_stop:stop`` of every row. Each prompt token stands for the ``n`` rows of its prompt.
+
+    Attributes:
+        prompt: the prompt segment's layout (``first``'s rows, columns ``start:prompt_stop``).
+        response: the response segment's layout (every row, columns ``prompt_stop:stop``).
+        first: ``[u]`` a row of each distinct prompt.
+        inverse: ``[b]`` each row's distinct prompt (an index into ``first``).
+    """
+
+    prompt: TokenLayout
+    response: TokenLayout
+    first: torch.Tensor
+    inverse: torch.Tensor
+    packed_len: None = None
+
+    @classmethod
+    def padded(cls, attention_mask: torch.Tensor, start: int, prompt_stop: int, stop: int, first: torch.Tensor,
+               inverse: torch.Tensor) -> SharedPromptLayout:
+        """The shared-prompt forward of window ``start:stop`` of ``attention_mask [b, S]`` whose
+        prompts end at column ``prompt_stop``; ``first``/``inverse`` from
+        :func:`~rlvr.workers.batching.distinct_prompts`."""
+        mask = attention_mask.bool()
+        first, inverse = first.to(mask.device), inverse.to(mask.device)
+        return cls(prompt=TokenLayout.padded(mask.index_select(0, first), start, prompt_stop),
+                   response=TokenLayout.padded(mask, prompt_stop, stop), first=first, inverse=inverse)
+
+    @property
+    def segments(self) -> tuple[int, int]:
+        """The tokens of the two segments: ``(u x prompt columns, b x response columns)``."""
+        return self.prompt.token_mask().numel(), self.response.token_mask().numel()
+
+    def token_mask(self) -> torch.Tensor:
+        """``[T]`` bool: which of the forward's tokens are real (not padding)."""
+        return torch.cat([self.prompt.token_mask(), self.response.token_mask()])
+
+    def token_weights(self) -> torch.Tensor:
+        """``[T]`` float32: a real response token counts once, a real prompt token once per row of its
+        prompt (as often as the plain forward, which runs it in every row, counts it); 0 on padding."""
+        rows = torch.bincount(self.inverse, minlength=self.first.numel()).float()
+        window = self.prompt.window
+        per_token = rows.repeat_interleave(window.stop - window.start)
+        return torch.cat([self.prompt.token_mask().float() * per_token, self.response.token_mask().float()])
+
+    def prompt_routes_agree(self, routes: torch.Tensor) -> bool:
+        """Whether every row of a prompt carries the same routes ``[b, S, layers, k]`` on its (real)
+        prompt tokens as the prompt's ``first`` row, so that replaying that row's is replaying each row's."""
+        window = self.prompt.window
+        mask = self.response.mask[:, window, None, None]
+        own = routes[:, window].to(mask.device).masked_fill(~mask, -1)
+        return bool(torch.equal(own, own.index_select(0, self.first).index_select(0, self.inverse)))
+
+    def tokens(self, routes: torch.Tensor) -> torch.Tensor:
+        """``routes [b, S, layers, k]`` in the forward's token order: ``[T, layers, k]`` int64, ``-1``
+        on padding; the prompt segment takes the routes of each prompt's ``first`` row."""
+        routes = routes.to(self.first.device)
+        return torch.cat([self.prompt.tokens(routes.index_select(0, self.first)), self.response.tokens(routes)])
+
+    def place(self, tokens: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
+        """The inverse of :meth:`tokens`: ``[b, S, layers, k]`` int16, each row's prompt columns the
+        routes of its prompt (as the plain forward records them: the prompt's routes in every row),
+        ``-1`` on padding. ``sp`` is unused (a padded forward holds whole rows)."""
+        split = self.segments[0]
+        out = self.prompt.place(tokens[:split], sp).index_select(0, self.inverse.to(tokens.device))
+        window = self.response.window
+        out[:, window] = self.response.place(tokens[split:], sp)[:, window]
         return out

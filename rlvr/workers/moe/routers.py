@@ -22,12 +22,19 @@ every forward pass, decode steps included (where transformers 5.24's fails on th
 layer's forward again during the backward pass; the tap stays armed until the next
 :meth:`RouterTap.arm` (or :meth:`RouterTap.disarm`), so the recomputation replays the same
 choices.
+
+A forward pass may run in *segments*, one call of the model after another (the actor's shared-prompt
+forward: the distinct prompts, then every row's response on their KV cache). Armed with the tokens
+of each segment, the tap replays and records segment by segment (:meth:`RoutingTap.enter_segment`
+says which one runs) and :attr:`RoutingTap.selected` / :attr:`RoutingTap.logits` hold the segments'
+tokens one after the other, as if one forward pass had run them all.
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -100,9 +107,6 @@ class RoutingTap:
     Attributes:
         shape: the model's :class:`MoeShape`.
         aux_loss_coef: the coefficient of the load-balancing loss the model config asks for (0: none).
-        selected: per MoE layer, ``[T, k]`` the experts of every token in the latest armed forward.
-        logits: per MoE layer, ``[T, E]`` the router logits of the latest armed forward (with their
-            gradient), when armed with ``keep_logits``.
     """
 
     def __init__(self, shape: MoeShape, aux_loss_coef: float) -> None:
@@ -111,54 +115,95 @@ class RoutingTap:
         self.armed = False
         self._replay: torch.Tensor | None = None
         self._keep_logits = False
-        self.selected: list[torch.Tensor | None] = [None] * shape.layers
-        self.logits: list[torch.Tensor | None] = [None] * shape.layers
+        self._bounds: list[int] | None = None
+        self._reset(1)
 
-    def arm(self, replay: torch.Tensor | None = None, keep_logits: bool = False) -> None:
+    def _reset(self, segments: int) -> None:
+        self._segment = 0
+        self._selected: list[list[torch.Tensor | None]] = [[None] * self.shape.layers for _ in range(segments)]
+        self._logits: list[list[torch.Tensor | None]] = [[None] * self.shape.layers for _ in range(segments)]
+
+    def arm(self, replay: torch.Tensor | None = None, keep_logits: bool = False,
+            segments: Sequence[int] | None = None) -> None:
         """Record the routing of the forward passes from now on (until the next ``arm`` or ``disarm``).
 
         Args:
             replay: ``[T, layers, k]`` int experts to use instead of the routers' own choices, ``-1``
                 for a token that keeps its own; ``T`` must be the tokens of every router call (the
-                forward pass's tokens, flattened in the order the routers see them). None: the routers choose.
+                forward pass's tokens, flattened in the order the routers see them; with ``segments``,
+                the segments' tokens one after the other). None: the routers choose.
             keep_logits: also keep the router logits (for the load-balancing loss).
+            segments: the tokens of each segment of a forward pass that runs in several calls of the
+                model (module docstring); the first runs until :meth:`enter_segment` names another.
+                None: one forward pass, one segment.
         """
         if replay is not None and tuple(replay.shape[1:]) != (self.shape.layers, self.shape.top_k):
             raise ValueError(f"routing replay: routes of shape [tokens, layers, k] = [*, {self.shape.layers}, "
                              f"{self.shape.top_k}] expected, got {list(replay.shape)}")
+        if segments is not None and replay is not None and replay.shape[0] != sum(segments):
+            raise ValueError(f"routing replay: routes for {replay.shape[0]} tokens given, but the forward's "
+                             f"segments hold {list(segments)} = {sum(segments)} tokens")
         self.armed = True
         self._replay = None if replay is None else replay.long()
         self._keep_logits = keep_logits
-        self.selected = [None] * self.shape.layers
-        self.logits = [None] * self.shape.layers
+        self._bounds = None if segments is None else [0, *itertools.accumulate(segments)]
+        self._reset(1 if segments is None else len(segments))
+
+    def enter_segment(self, index: int) -> None:
+        """The forward's segment ``index`` runs next (armed with ``segments``)."""
+        if self._bounds is None or not 0 <= index < len(self._bounds) - 1:
+            raise ValueError(f"segment {index} of a forward pass armed with segment bounds {self._bounds}")
+        self._segment = index
 
     def disarm(self) -> None:
         """Stop recording and replaying; drop what was kept."""
-        self.armed, self._replay, self._keep_logits = False, None, False
-        self.selected = [None] * self.shape.layers
-        self.logits = [None] * self.shape.layers
+        self.armed, self._replay, self._keep_logits, self._bounds = False, None, False, None
+        self._reset(1)
+
+    @property
+    def selected(self) -> list[torch.Tensor | None]:
+        """Per MoE layer, ``[T, k]`` the experts of every token in the latest armed forward (the
+        segments' tokens one after the other); None for a layer some segment has not run through."""
+        return [_joined(parts) for parts in zip(*self._selected, strict=True)]
+
+    @property
+    def logits(self) -> list[torch.Tensor | None]:
+        """Per MoE layer, ``[T, E]`` the router logits of the latest armed forward (with their
+        gradient), when armed with ``keep_logits``; laid out as :attr:`selected`."""
+        return [_joined(parts) for parts in zip(*self._logits, strict=True)]
 
     def routes(self) -> torch.Tensor:
         """``[T, layers, k]`` int64 the experts of every token in every MoE layer, latest forward."""
-        if any(chosen is None for chosen in self.selected):
+        selected = self.selected
+        if any(chosen is None for chosen in selected):
             raise RuntimeError("no armed forward pass has run through every router since the tap was armed")
-        return torch.stack(self.selected, dim=1)
+        return torch.stack(selected, dim=1)
 
     def given(self, layer: int, tokens: int, device: torch.device) -> torch.Tensor | None:
         """``[tokens, k]`` the experts to replay in MoE layer ``layer`` (``-1``: the router's own), or None."""
         if self._replay is None:
             return None
-        given = self._replay[:, layer].to(device)
+        replay = self._replay
+        if self._bounds is not None:
+            replay = replay[self._bounds[self._segment] : self._bounds[self._segment + 1]]
+        given = replay[:, layer].to(device)
         if given.shape[0] != tokens:
             raise ValueError(f"routing replay: the router of MoE layer {layer} routes {tokens} tokens but routes "
                              f"for {given.shape[0]} tokens were given")
         return given
 
     def record(self, layer: int, logits: torch.Tensor, experts: torch.Tensor) -> None:
-        """Keep MoE layer ``layer``'s choices ``[T, k]`` (and logits ``[T, E]`` when asked)."""
-        self.selected[layer] = experts.detach()
+        """Keep MoE layer ``layer``'s choices ``[T, k]`` (and logits ``[T, E]`` when asked) of the running segment."""
+        self._selected[self._segment][layer] = experts.detach()
         if self._keep_logits:
-            self.logits[layer] = logits
+            self._logits[self._segment][layer] = logits
+
+
+def _joined(parts: tuple[torch.Tensor | None, ...]) -> torch.Tensor | None:
+    """The segments' tensors one after the other (None when one is missing)."""
+    if any(part is None for part in parts):
+        return None
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 class RouterTap(RoutingTap):
