@@ -80,8 +80,9 @@ def _batch(prompts: int, n: int, prompt_len: int, response_len: int, layers: int
             ROUTED_EXPERTS: routes.masked_fill(~mask.bool()[..., None, None], -1).to(torch.int16)}
 
 
-def _update_seconds(args: argparse.Namespace, share: bool) -> tuple[list[float], list[float]]:
-    """Wall and CPU seconds of each update (the first one first)."""
+def _update_seconds(args: argparse.Namespace, share: bool) -> tuple[list[float], list[float], dict[str, float]]:
+    """Wall and CPU seconds of each update (the first one first), and the first update's ``pg_loss``
+    and fallback count (the same batch and weights in both settings: the losses must agree)."""
     cfg = load_config("moe_job", [f"actor_rollout_ref.actor.share_prompt_forward={share}"])
     actor_cfg = cfg.actor_rollout_ref.actor
     model = _model(args)
@@ -95,7 +96,7 @@ def _update_seconds(args: argparse.Namespace, share: bool) -> tuple[list[float],
     batch = _batch(int(cfg.data.train_batch_size), n, args.prompt_len, args.response_len,
                    actor.routing.tap.shape.layers, model.config.vocab_size)
     assert len(batch["input_ids"]) == rows
-    wall, cpu = [], []
+    wall, cpu, first = [], [], {}
     for _ in range(1 + args.repeats):
         data = DataProto.from_dict(tensors=dict(batch), meta_info={"temperature": 1.0})
         began, began_cpu = time.perf_counter(), time.process_time()
@@ -105,7 +106,9 @@ def _update_seconds(args: argparse.Namespace, share: bool) -> tuple[list[float],
         print(f"share_prompt_forward={share}: {wall[-1]} s, {cpu[-1]} CPU s (pg_loss "
               f"{metrics['actor/pg_loss'][0]:.4f}, fallbacks {metrics['actor/moe_shared_prompt_fallback'][0]:.0f})",
               flush=True)
-    return wall, cpu
+        first = first or {"pg_loss": float(metrics["actor/pg_loss"][0]),
+                          "fallbacks": float(metrics["actor/moe_shared_prompt_fallback"][0])}
+    return wall, cpu, first
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,8 +121,9 @@ def main(argv: list[str] | None = None) -> None:
                "threads": args.threads}
     for share in (False, True):
         name = "shared" if share else "plain"
-        wall, cpu = _update_seconds(args, share)
-        results.update({f"{name}_first": wall[0], name: wall[1:], f"{name}_first_cpu": cpu[0], f"{name}_cpu": cpu[1:]})
+        wall, cpu, first = _update_seconds(args, share)
+        results.update({f"{name}_first": wall[0], name: wall[1:], f"{name}_first_cpu": cpu[0], f"{name}_cpu": cpu[1:],
+                        f"{name}_pg_loss": first["pg_loss"], f"{name}_fallbacks": first["fallbacks"]})
     for suffix in ("", "_cpu"):
         results[f"speedup{suffix}"] = round(statistics.median(results["plain" + suffix])
                                             / statistics.median(results["shared" + suffix]), 2)
