@@ -62,34 +62,39 @@ def _one_level_draw(weights: torch.Tensor, generator: torch.Generator) -> torch.
     return torch.searchsorted(cdf, target, right=True).squeeze(-1)
 
 
+def _uniform(rows: int, seed: int) -> torch.Tensor:
+    """The ``[rows, 1]`` float64 draw the engine makes (``sampling.draw_uniform``) from a seeded generator."""
+    return torch.rand(rows, 1, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
 @pytest.mark.parametrize("vocab", [7, 256, 257, 1000, 49152, 151936])
 def test_two_level_draw_equals_one_running_sum(vocab):
-    from rlvr.workers.rollout.sampling import _inverse_cdf_sample
+    from rlvr.workers.rollout.sampling import _inverse_cdf_pick
 
     weights = (torch.randn(64, vocab, generator=torch.Generator().manual_seed(vocab)) * 3).exp()
-    drawn = _inverse_cdf_sample(weights, torch.Generator().manual_seed(11))
+    drawn = _inverse_cdf_pick(weights, _uniform(64, 11))
     assert torch.equal(drawn, _one_level_draw(weights, torch.Generator().manual_seed(11)))
 
 
 def test_two_level_draw_never_picks_zero_weight_tokens():
-    from rlvr.workers.rollout.sampling import BLOCK, _inverse_cdf_sample
+    from rlvr.workers.rollout.sampling import BLOCK, _inverse_cdf_pick
 
     vocab = 3 * BLOCK + 5  # a short last block
     weights = torch.zeros(2000, vocab)
     weights[:, 3] = 1.0  # first block: one token
     weights[:, 2 * BLOCK + 7] = 3.0  # second block empty, third block: one token
     weights[:, vocab - 3] = 4.0  # last (partial) block: a token followed by zeros
-    drawn = _inverse_cdf_sample(weights, torch.Generator().manual_seed(0))
+    drawn = _inverse_cdf_pick(weights, _uniform(2000, 0))
     assert set(drawn.tolist()) == {3, 2 * BLOCK + 7, vocab - 3}
     shares = [(drawn == t).float().mean().item() for t in (3, 2 * BLOCK + 7, vocab - 3)]
     assert shares == pytest.approx([1 / 8, 3 / 8, 4 / 8], abs=0.04)
 
 
-def test_two_level_draw_at_the_top_of_the_range_takes_the_last_positive_token(monkeypatch):
+def test_two_level_draw_at_the_top_of_the_range_takes_the_last_positive_token():
     from rlvr.workers.rollout import sampling
 
     weights = torch.zeros(1, 600)
     weights[0, 10], weights[0, 300] = 1.0, 2.0  # tokens past 300 (and the whole third block) weigh 0
     # u just below 1: the target sits at the very end of the running sum
-    monkeypatch.setattr(torch, "rand", lambda *shape, **kw: torch.full(shape, 1.0 - 1e-17, dtype=kw["dtype"]))
-    assert sampling._inverse_cdf_sample(weights, None).tolist() == [300]
+    top = torch.full((1, 1), 1.0 - 1e-17, dtype=torch.float64)
+    assert sampling._inverse_cdf_pick(weights, top).tolist() == [300]

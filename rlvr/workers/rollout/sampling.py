@@ -113,14 +113,6 @@ def draw_uniform(rows: int, params: SamplingParams, generator: torch.Generator |
     return torch.rand(rows, 1, generator=generator, device=device, dtype=torch.float64)
 
 
-def _inverse_cdf_sample(weights: torch.Tensor, generator: torch.Generator | None,
-                        block_sums: torch.Tensor | None = None) -> torch.Tensor:
-    """One token per row of ``weights`` ``[batch, vocab]``, drawing its uniform numbers from
-    ``generator`` (see :func:`_inverse_cdf_pick`)."""
-    uniform = torch.rand(weights.shape[0], 1, generator=generator, device=weights.device, dtype=torch.float64)
-    return _inverse_cdf_pick(weights, uniform, block_sums)
-
-
 def _inverse_cdf_pick(weights: torch.Tensor, uniform: torch.Tensor,
                       block_sums: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of ``weights`` ``[batch, vocab]`` (non-negative, not necessarily normalised)
